@@ -1,0 +1,636 @@
+//! Normalized text-model configuration.
+//!
+//! `config.json` comes in two dialects: transformers 4.x (`rope_theta`, `rope_scaling`,
+//! `torch_dtype`) and 5.x (`rope_parameters`, possibly nested per layer type, and `dtype`), and
+//! VLMs nest the language model under `text_config` or `llm_config` (or keep it flat). Keys that
+//! equal the config class default are often omitted, so each known `model_type` has its class
+//! defaults (transformers 5.23) filled in before parsing. Both dialects of one model normalize to
+//! the same [`TextConfig`].
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::bail;
+use crate::error::Result;
+
+/// The language model's configuration, normalized.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TextConfig {
+    /// The text model's type after mapping VLM text types to their LM (`qwen2_5_vl_text` -> `qwen2`).
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub hidden_act: String,
+    pub rms_norm_eps: f64,
+    pub max_position_embeddings: usize,
+    /// The tie flag as the config states it (text level first, then top level), else the class default.
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    /// Attention kind of every layer.
+    pub layer_types: Vec<LayerType>,
+    /// Window of sliding layers (keys kept, including the query itself).
+    pub sliding_window: Option<usize>,
+    /// RoPE of full-attention layers.
+    pub rope: Rope,
+    /// RoPE of sliding-window layers (differs from `rope` for Olmo-3).
+    pub rope_sliding: Rope,
+    pub moe: Option<MoeConfig>,
+    pub clip_qkv: Option<f64>,
+    /// The dtype the config declares (`torch_dtype` or `dtype`), as a torch name.
+    pub dtype: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    FullAttention,
+    SlidingAttention,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rope {
+    pub theta: f64,
+    pub partial_rotary_factor: f64,
+    pub scaling: RopeScaling,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "rope_type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    Default,
+    Linear {
+        factor: f64,
+    },
+    Dynamic {
+        factor: f64,
+        original_max_position_embeddings: Option<usize>,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: Option<usize>,
+        attention_factor: Option<f64>,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        truncate: bool,
+    },
+    /// Multimodal RoPE of Qwen-VL: identical to `Default` on text-only input.
+    Mrope {
+        sections: Vec<usize>,
+        interleaved: bool,
+    },
+    /// Any other rope type, kept by name so callers can refuse it clearly.
+    Other {
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub norm_topk_prob: bool,
+    /// Intermediate size of one expert.
+    pub expert_intermediate_size: usize,
+    pub decoder_sparse_step: usize,
+    pub mlp_only_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// Whether layer `i` has a sparse MoE block (else a dense MLP).
+    pub fn is_moe_layer(&self, i: usize) -> bool {
+        !self.mlp_only_layers.contains(&i)
+            && self.num_experts > 0
+            && (i + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+}
+
+impl TextConfig {
+    /// Normalize a whole `config.json` (plain LM or VLM) to its language model's config.
+    pub fn from_model_config(config: &Value) -> Result<TextConfig> {
+        let (section, _) = text_section(config);
+        Self::from_text_section(section, config)
+    }
+
+    /// Normalize a text section; `top` is the whole config (for top-level fallbacks).
+    pub fn from_text_section(section: &Map<String, Value>, top: &Value) -> Result<TextConfig> {
+        let raw_type = section
+            .get("model_type")
+            .and_then(Value::as_str)
+            .or_else(|| top.get("model_type").and_then(Value::as_str))
+            .unwrap_or("")
+            .to_string();
+        let model_type = lm_type(&raw_type).to_string();
+        let mut cfg = class_defaults(&raw_type);
+        for (k, v) in section {
+            if !v.is_null()
+                || matches!(
+                    k.as_str(),
+                    "sliding_window" | "head_dim" | "num_key_value_heads" | "rope_scaling"
+                )
+            {
+                cfg.insert(k.clone(), v.clone());
+            }
+        }
+        let c = Fields {
+            map: &cfg,
+            model_type: &raw_type,
+        };
+
+        let hidden_size = c.usize("hidden_size")?;
+        let num_attention_heads = c.usize("num_attention_heads")?;
+        let num_hidden_layers = c.usize("num_hidden_layers")?;
+        let num_key_value_heads = c
+            .opt_usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
+        let head_dim = match c.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if num_attention_heads == 0 || hidden_size % num_attention_heads != 0 {
+                    bail!("config ({raw_type}): hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}");
+                }
+                hidden_size / num_attention_heads
+            }
+        };
+        if num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
+            bail!("config ({raw_type}): num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}");
+        }
+
+        let tie_word_embeddings = section
+            .get("tie_word_embeddings")
+            .or_else(|| top.get("tie_word_embeddings"))
+            .and_then(Value::as_bool)
+            .or_else(|| cfg.get("tie_word_embeddings").and_then(Value::as_bool))
+            .unwrap_or(false);
+
+        let sliding_window = sliding_window(&c, &model_type)?;
+        let layer_types = layer_types(&c, &model_type, num_hidden_layers, sliding_window)?;
+        let (rope, rope_sliding) = rope_pair(&c, &model_type)?;
+
+        let moe = match c
+            .opt_usize("num_experts")?
+            .or(c.opt_usize("num_local_experts")?)
+        {
+            Some(n) if n > 0 => Some(MoeConfig {
+                num_experts: n,
+                num_experts_per_tok: c.usize("num_experts_per_tok")?,
+                norm_topk_prob: c.bool("norm_topk_prob").unwrap_or(false),
+                expert_intermediate_size: c
+                    .opt_usize("moe_intermediate_size")?
+                    .map_or_else(|| c.usize("intermediate_size"), Ok)?,
+                decoder_sparse_step: c.opt_usize("decoder_sparse_step")?.unwrap_or(1),
+                mlp_only_layers: match cfg.get("mlp_only_layers") {
+                    Some(Value::Array(v)) => v
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .map(|x| x as usize)
+                        .collect(),
+                    _ => Vec::new(),
+                },
+            }),
+            _ => None,
+        };
+
+        let dtype = section
+            .get("dtype")
+            .or_else(|| section.get("torch_dtype"))
+            .or_else(|| top.get("dtype"))
+            .or_else(|| top.get("torch_dtype"))
+            .and_then(Value::as_str)
+            .map(|s| s.trim_start_matches("torch.").to_string());
+
+        Ok(TextConfig {
+            model_type,
+            vocab_size: c.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: c.usize("intermediate_size")?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            hidden_act: c
+                .str("hidden_act")
+                .or_else(|| c.str("hidden_activation"))
+                .unwrap_or("silu")
+                .to_string(),
+            rms_norm_eps: c
+                .f64("rms_norm_eps")
+                .or_else(|| c.f64("layer_norm_eps"))
+                .unwrap_or(1e-6),
+            max_position_embeddings: c.opt_usize("max_position_embeddings")?.unwrap_or(2048),
+            tie_word_embeddings,
+            attention_bias: c.bool("attention_bias").unwrap_or(false),
+            mlp_bias: c.bool("mlp_bias").unwrap_or(false),
+            layer_types,
+            sliding_window,
+            rope,
+            rope_sliding,
+            moe,
+            clip_qkv: c.f64("clip_qkv"),
+            dtype,
+        })
+    }
+
+    /// RoPE used by layer `i`.
+    pub fn rope_for_layer(&self, i: usize) -> &Rope {
+        match self.layer_types.get(i) {
+            Some(LayerType::SlidingAttention) => &self.rope_sliding,
+            _ => &self.rope,
+        }
+    }
+}
+
+/// Where the language model's config lives: `text_config`, `llm_config`, or the top level.
+/// Returns the section and its key (`None` for flat configs).
+pub fn text_section(config: &Value) -> (&Map<String, Value>, Option<&'static str>) {
+    static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+    for key in ["text_config", "llm_config"] {
+        if let Some(section) = config.get(key).and_then(Value::as_object) {
+            return (section, Some(key));
+        }
+    }
+    (
+        config
+            .as_object()
+            .unwrap_or_else(|| EMPTY.get_or_init(Map::new)),
+        None,
+    )
+}
+
+/// Map a (possibly VLM) text model type to the causal-LM type with the same math.
+pub fn lm_type(model_type: &str) -> &str {
+    match model_type {
+        "qwen2_vl" | "qwen2_vl_text" | "qwen2_5_vl" | "qwen2_5_vl_text" | "llava_qwen" => "qwen2",
+        "qwen3_vl" | "qwen3_vl_text" | "minicpmv" => "qwen3",
+        "qwen3_vl_moe" | "qwen3_vl_moe_text" => "qwen3_moe",
+        other => other,
+    }
+}
+
+/// Class defaults of transformers 5.23 for keys that configs commonly omit.
+fn class_defaults(model_type: &str) -> Map<String, Value> {
+    let common_qwen = json!({
+        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+        "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28,
+    });
+    let mut d = match model_type {
+        "qwen2" => common_qwen,
+        "qwen3" => merge(
+            common_qwen,
+            json!({ "head_dim": 128, "attention_bias": false }),
+        ),
+        "qwen3_moe" => json!({
+            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+            "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+            "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 28,
+            "decoder_sparse_step": 1, "moe_intermediate_size": 768, "num_experts": 128,
+            "num_experts_per_tok": 8, "norm_topk_prob": false,
+        }),
+        "qwen2_vl_text" | "qwen2_5_vl_text" => json!({
+            "vocab_size": 152064, "hidden_size": 8192, "intermediate_size": 29568,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "use_sliding_window": false,
+            "sliding_window": 4096, "max_window_layers": 80, "rope_theta": 1_000_000.0,
+        }),
+        "qwen3_vl_text" => json!({
+            "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "head_dim": 128, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6,
+            "attention_bias": false, "rope_theta": 5_000_000.0,
+        }),
+        "qwen3_vl_moe_text" => json!({
+            "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+            "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "attention_bias": false, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+            "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": true,
+            "rope_theta": 5_000_000.0,
+        }),
+        "llama" => json!({
+            "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "attention_bias": false, "mlp_bias": false,
+        }),
+        "mistral" => json!({
+            "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
+            "sliding_window": 4096,
+        }),
+        "olmo2" => json!({
+            "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "attention_bias": false,
+        }),
+        "olmo3" => json!({
+            "vocab_size": 50304, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "attention_bias": false,
+            "sliding_window": 4096, "rope_theta": 500_000.0,
+        }),
+        "olmoe" => json!({
+            "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+            "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5, "tie_word_embeddings": false, "attention_bias": false,
+            "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": false,
+        }),
+        _ => json!({}),
+    };
+    d.as_object_mut().map(std::mem::take).unwrap_or_default()
+}
+
+fn merge(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+/// Typed access to config fields with errors that name the key.
+struct Fields<'a> {
+    map: &'a Map<String, Value>,
+    model_type: &'a str,
+}
+
+impl Fields<'_> {
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => Ok(Some(n as usize)),
+                None => bail!(
+                    "config ({}): `{key}` must be a non-negative integer, got {v}",
+                    self.model_type
+                ),
+            },
+        }
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        match self.opt_usize(key)? {
+            Some(n) => Ok(n),
+            None => bail!("config ({}): `{key}` is missing", self.model_type),
+        }
+    }
+    fn f64(&self, key: &str) -> Option<f64> {
+        self.map.get(key).and_then(Value::as_f64)
+    }
+    fn bool(&self, key: &str) -> Option<bool> {
+        self.map.get(key).and_then(Value::as_bool)
+    }
+    fn str(&self, key: &str) -> Option<&str> {
+        self.map.get(key).and_then(Value::as_str)
+    }
+}
+
+fn sliding_window(c: &Fields, model_type: &str) -> Result<Option<usize>> {
+    let window = c.opt_usize("sliding_window")?;
+    Ok(match model_type {
+        // Qwen configs carry a window even when it is off (`use_sliding_window: false`).
+        "qwen2" | "qwen3" | "qwen3_moe" => {
+            window.filter(|_| c.bool("use_sliding_window").unwrap_or(false))
+        }
+        _ => window,
+    })
+}
+
+fn layer_types(
+    c: &Fields,
+    model_type: &str,
+    layers: usize,
+    window: Option<usize>,
+) -> Result<Vec<LayerType>> {
+    if let Some(Value::Array(types)) = c.map.get("layer_types") {
+        if types.len() != layers {
+            bail!(
+                "config ({model_type}): layer_types has {} entries for {layers} layers",
+                types.len()
+            );
+        }
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("full_attention") => Ok(LayerType::FullAttention),
+                Some("sliding_attention") => Ok(LayerType::SlidingAttention),
+                _ => bail!("config ({model_type}): unknown layer type {t} in layer_types"),
+            })
+            .collect();
+    }
+    let max_window_layers = c.opt_usize("max_window_layers")?.unwrap_or(0);
+    Ok((0..layers)
+        .map(|i| {
+            let slides = match model_type {
+                "qwen2" | "qwen3" | "qwen3_moe" => window.is_some() && i >= max_window_layers,
+                "mistral" => window.is_some(),
+                "olmo3" => (i + 1) % 4 != 0,
+                _ => false,
+            };
+            if slides {
+                LayerType::SlidingAttention
+            } else {
+                LayerType::FullAttention
+            }
+        })
+        .collect())
+}
+
+/// RoPE for full and sliding layers from either dialect.
+fn rope_pair(c: &Fields, model_type: &str) -> Result<(Rope, Rope)> {
+    let default_theta = if model_type == "olmo3" {
+        500_000.0
+    } else {
+        10_000.0
+    };
+    let theta = c.f64("rope_theta").unwrap_or(default_theta);
+    let partial = c.f64("partial_rotary_factor").unwrap_or(1.0);
+    if let Some(params) = c.map.get("rope_parameters").and_then(Value::as_object) {
+        let nested =
+            params.contains_key("full_attention") || params.contains_key("sliding_attention");
+        if nested {
+            let full = params.get("full_attention").and_then(Value::as_object);
+            let sliding = params.get("sliding_attention").and_then(Value::as_object);
+            let parse = |m: Option<&Map<String, Value>>| match m {
+                Some(m) => parse_rope(m, theta, partial, model_type),
+                None => Ok(Rope {
+                    theta,
+                    partial_rotary_factor: partial,
+                    scaling: RopeScaling::Default,
+                }),
+            };
+            return Ok((parse(full)?, parse(sliding)?));
+        }
+        let rope = parse_rope(params, theta, partial, model_type)?;
+        return Ok((rope.clone(), rope));
+    }
+    let full = match c.map.get("rope_scaling") {
+        Some(Value::Object(scaling)) => parse_rope(scaling, theta, partial, model_type)?,
+        Some(Value::Null) | None => Rope {
+            theta,
+            partial_rotary_factor: partial,
+            scaling: RopeScaling::Default,
+        },
+        Some(other) => {
+            bail!("config ({model_type}): rope_scaling must be an object or null, got {other}")
+        }
+    };
+    // Olmo-3 applies the configured scaling to full-attention layers only.
+    let sliding = if model_type == "olmo3" {
+        Rope {
+            theta,
+            partial_rotary_factor: partial,
+            scaling: RopeScaling::Default,
+        }
+    } else {
+        full.clone()
+    };
+    Ok((full, sliding))
+}
+
+fn parse_rope(m: &Map<String, Value>, theta: f64, partial: f64, model_type: &str) -> Result<Rope> {
+    let f = |k: &str| m.get(k).and_then(Value::as_f64);
+    let u = |k: &str| m.get(k).and_then(Value::as_u64).map(|x| x as usize);
+    let kind = m
+        .get("rope_type")
+        .or_else(|| m.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let need = |k: &str| {
+        f(k).ok_or_else(|| crate::bad!("config ({model_type}): {kind} rope scaling lacks `{k}`"))
+    };
+    let scaling = if let Some(Value::Array(sections)) = m.get("mrope_section") {
+        RopeScaling::Mrope {
+            sections: sections
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|x| x as usize)
+                .collect(),
+            interleaved: m
+                .get("mrope_interleaved")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        }
+    } else {
+        match kind {
+            "default" => RopeScaling::Default,
+            "mrope" => RopeScaling::Mrope { sections: Vec::new(), interleaved: false },
+            "linear" => RopeScaling::Linear { factor: need("factor")? },
+            "dynamic" => RopeScaling::Dynamic {
+                factor: need("factor")?,
+                original_max_position_embeddings: u("original_max_position_embeddings"),
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position_embeddings: u("original_max_position_embeddings").ok_or_else(|| {
+                    crate::bad!("config ({model_type}): llama3 rope scaling lacks `original_max_position_embeddings`")
+                })?,
+            },
+            "yarn" => RopeScaling::Yarn {
+                factor: need("factor")?,
+                original_max_position_embeddings: u("original_max_position_embeddings"),
+                attention_factor: f("attention_factor"),
+                beta_fast: f("beta_fast").unwrap_or(32.0),
+                beta_slow: f("beta_slow").unwrap_or(1.0),
+                mscale: f("mscale"),
+                mscale_all_dim: f("mscale_all_dim"),
+                truncate: m.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            },
+            other => RopeScaling::Other { name: other.to_string() },
+        }
+    };
+    Ok(Rope {
+        theta: f("rope_theta").unwrap_or(theta),
+        partial_rotary_factor: f("partial_rotary_factor").unwrap_or(partial),
+        scaling,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_x_and_five_x_dialects_agree() {
+        let v4 = json!({
+            "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "rms_norm_eps": 1e-5,
+            "rope_theta": 500000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": true,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        });
+        let v5 = json!({
+            "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300, "rms_norm_eps": 1e-5,
+            "dtype": "bfloat16", "tie_word_embeddings": true,
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        });
+        let a = TextConfig::from_model_config(&v4).unwrap();
+        assert_eq!(a, TextConfig::from_model_config(&v5).unwrap());
+        assert_eq!(a.head_dim, 16);
+        assert!(matches!(a.rope.scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+    }
+
+    #[test]
+    fn olmo3_scaling_applies_to_full_layers_only() {
+        let v4 = json!({
+            "model_type": "olmo3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 300, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+                             "attention_factor": 1.2}
+        });
+        let c = TextConfig::from_model_config(&v4).unwrap();
+        assert_eq!(c.layer_types[3], LayerType::FullAttention);
+        assert_eq!(c.layer_types[0], LayerType::SlidingAttention);
+        assert!(matches!(
+            c.rope_for_layer(3).scaling,
+            RopeScaling::Yarn { .. }
+        ));
+        assert_eq!(c.rope_for_layer(0).scaling, RopeScaling::Default);
+        assert_eq!(c.sliding_window, Some(4096));
+    }
+
+    #[test]
+    fn vlm_text_config_is_found_and_mapped() {
+        let vlm = json!({
+            "model_type": "qwen3_vl", "tie_word_embeddings": false,
+            "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 64, "intermediate_size": 128,
+                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "head_dim": 32, "vocab_size": 300,
+                            "rope_scaling": {"rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": true}}
+        });
+        let c = TextConfig::from_model_config(&vlm).unwrap();
+        assert_eq!(c.model_type, "qwen3");
+        assert_eq!(c.head_dim, 32);
+        assert_eq!(c.rope.theta, 5_000_000.0);
+        assert!(matches!(
+            c.rope.scaling,
+            RopeScaling::Mrope {
+                interleaved: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn missing_required_key_names_it() {
+        let err = TextConfig::from_model_config(&json!({"model_type": "weird"})).unwrap_err();
+        assert!(err.to_string().contains("hidden_size"), "{err}");
+    }
+}

@@ -1,0 +1,238 @@
+//! All-or-nothing output directories.
+//!
+//! Everything is written into a hidden temporary directory beside the destination, each file is
+//! fsync'd, and the directory is renamed into place only once the whole model is complete. If the
+//! process fails before [`OutputDir::commit`], the temporary directory is removed and the
+//! destination is untouched.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+use crate::bail;
+use crate::error::{Error, Result};
+
+pub struct OutputDir {
+    dest: PathBuf,
+    temp: PathBuf,
+    committed: bool,
+}
+
+impl OutputDir {
+    /// Prepare to write the model directory `dest`. Refuses a destination that is, contains or
+    /// lies inside any of `inputs`, an existing file, and a non-empty directory unless `force`.
+    pub fn create(dest: &Path, inputs: &[&Path], force: bool) -> Result<OutputDir> {
+        let dest_abs = absolute(dest)?;
+        for input in inputs {
+            let input_abs = absolute(input)?;
+            let relation = if dest_abs == input_abs {
+                "is"
+            } else if dest_abs.starts_with(&input_abs) {
+                "lies inside"
+            } else if input_abs.starts_with(&dest_abs) {
+                "contains"
+            } else {
+                continue;
+            };
+            bail!(
+                "output {} {relation} input {}; inputs are never written, choose another output path",
+                dest.display(),
+                input.display()
+            );
+        }
+        if dest_abs.exists() {
+            if !dest_abs.is_dir() {
+                bail!("output {} exists and is not a directory", dest.display());
+            }
+            let non_empty = fs::read_dir(&dest_abs)
+                .map_err(|e| Error::read(dest, e))?
+                .next()
+                .is_some();
+            if non_empty && !force {
+                bail!(
+                    "output {} exists and is not empty; pass --force to replace it",
+                    dest.display()
+                );
+            }
+        }
+        let parent = dest_abs.parent().unwrap_or(Path::new("/"));
+        fs::create_dir_all(parent).map_err(|e| Error::write(parent, e))?;
+        let name = dest_abs
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "out".into());
+        let temp = parent.join(format!(".{name}.sinkmerge-partial-{}", unique_suffix()));
+        fs::create_dir(&temp).map_err(|e| Error::write(&temp, e))?;
+        Ok(OutputDir {
+            dest: dest_abs,
+            temp,
+            committed: false,
+        })
+    }
+
+    /// The directory to write into (the temporary one until commit).
+    pub fn path(&self) -> &Path {
+        &self.temp
+    }
+
+    /// The final destination.
+    pub fn dest(&self) -> &Path {
+        &self.dest
+    }
+
+    /// Write a whole small file and fsync it.
+    pub fn write_file(&self, name: &str, contents: &[u8]) -> Result<()> {
+        let path = self.temp.join(name);
+        let mut f = File::create(&path).map_err(|e| Error::write(&path, e))?;
+        f.write_all(contents).map_err(|e| Error::write(&path, e))?;
+        f.sync_all().map_err(|e| Error::write(&path, e))
+    }
+
+    /// Write `value` as pretty JSON (with a trailing newline, as `save_pretrained` does).
+    pub fn write_json(&self, name: &str, value: &serde_json::Value) -> Result<()> {
+        let mut text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+        text.push('\n');
+        self.write_file(name, text.as_bytes())
+    }
+
+    /// Copy `src` into the output under `name`.
+    pub fn copy_file(&self, src: &Path, name: &str) -> Result<()> {
+        let bytes = fs::read(src).map_err(|e| Error::read(src, e))?;
+        self.write_file(name, &bytes)
+    }
+
+    /// Make the output visible: fsync the directory, then rename it onto the destination
+    /// (replacing an existing one, which `create` allowed only with `--force` or when empty).
+    pub fn commit(mut self) -> Result<PathBuf> {
+        sync_dir(&self.temp)?;
+        let parent = self.dest.parent().unwrap_or(Path::new("/")).to_path_buf();
+        if self.dest.exists() {
+            let old = parent.join(format!(
+                ".{}.sinkmerge-old-{}",
+                self.dest.file_name().unwrap_or_default().to_string_lossy(),
+                unique_suffix()
+            ));
+            fs::rename(&self.dest, &old).map_err(|e| Error::write(&self.dest, e))?;
+            if let Err(e) = fs::rename(&self.temp, &self.dest) {
+                // Put the previous output back rather than leave nothing.
+                let _ = fs::rename(&old, &self.dest);
+                return Err(Error::write(&self.dest, e));
+            }
+            let _ = fs::remove_dir_all(&old);
+        } else {
+            fs::rename(&self.temp, &self.dest).map_err(|e| Error::write(&self.dest, e))?;
+        }
+        self.committed = true;
+        sync_dir(&parent)?;
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for OutputDir {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.temp);
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::write(dir, e))
+}
+
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{}-{nanos:08x}", std::process::id())
+}
+
+/// An absolute, normalized path. Existing prefixes are canonicalized so that symlinks (the HF
+/// cache is made of them) and `..` cannot hide that two paths are the same.
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| Error::read(path, e))?
+            .join(path)
+    };
+    let mut normal = PathBuf::new();
+    for comp in joined.components() {
+        match comp {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::CurDir => {}
+            other => normal.push(other.as_os_str()),
+        }
+    }
+    // Canonicalize the longest existing ancestor, then re-append the rest.
+    let mut existing = normal.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match existing.file_name() {
+            Some(name) => rest.push(name.to_os_string()),
+            None => break,
+        }
+        existing.pop();
+    }
+    let mut out = fs::canonicalize(&existing).unwrap_or(existing);
+    for name in rest.into_iter().rev() {
+        out.push(name);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_outputs_overlapping_inputs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let input = tmp.path().join("model");
+        fs::create_dir(&input).unwrap();
+        for dest in [
+            input.clone(),
+            input.join("sub"),
+            tmp.path().to_path_buf(),
+            input.join("x/../"),
+        ] {
+            let err = OutputDir::create(&dest, &[&input], true)
+                .err()
+                .expect("must refuse");
+            assert!(err.to_string().contains("input"), "{err}");
+        }
+        assert!(OutputDir::create(&tmp.path().join("other"), &[&input], false).is_ok());
+    }
+
+    #[test]
+    fn uncommitted_output_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        {
+            let out = OutputDir::create(&dest, &[], false).unwrap();
+            out.write_file("a.txt", b"hello").unwrap();
+        }
+        assert!(!dest.exists());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn commit_replaces_with_force_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        fs::create_dir(&dest).unwrap();
+        fs::write(dest.join("old.txt"), b"old").unwrap();
+        assert!(OutputDir::create(&dest, &[], false).is_err());
+        let out = OutputDir::create(&dest, &[], true).unwrap();
+        out.write_file("new.txt", b"new").unwrap();
+        out.commit().unwrap();
+        assert!(dest.join("new.txt").exists() && !dest.join("old.txt").exists());
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+}

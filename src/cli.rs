@@ -1,0 +1,61 @@
+//! Command-line definitions. Each subcommand's arguments live beside its implementation in
+//! `commands/`, so one file tells the whole story of a command; this file holds the top level
+//! and the argument groups several commands share.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::commands;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sinkmerge",
+    version,
+    about = "Weight-space analysis and merging of LLM and VLM checkpoints",
+    long_about = "Weight-space analysis and merging of LLM and vision-language checkpoints, after \
+\"Text Capability Loss in Vision-Language Adaptation: An Attention-Sink Diagnosis\" (arXiv 2609.00746).\n\n\
+MODEL arguments accept a directory, a Hugging Face repo id found in the local HF cache \
+(ORG/NAME[@revision]; $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), or one of \
+the paper's aliases (`qwen2.5-vl` is the VLM, `qwen2.5-vl:ref` its reference LLM; see `sinkmerge aliases`). \
+Nothing is ever downloaded.\n\n\
+Exit codes: 0 success, 1 failure while writing or an internal error, 2 bad input or usage, \
+3 `inspect --check` found NaN/Inf.",
+    after_help = "Run `sinkmerge <COMMAND> --help` for each command's options."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Worker threads (default: all cores, or RAYON_NUM_THREADS). Results do not depend on it.
+    #[arg(long, global = true, value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Never draw progress bars (they are already hidden when output is not a terminal).
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Summarize a checkpoint: architecture, family, dtypes, parameters, layers, QK-norm class
+    Inspect(commands::inspect::Args),
+    /// List the paper's model aliases and whether each is in the local Hugging Face cache
+    Aliases(commands::aliases::Args),
+}
+
+/// Where and how a command writes a model directory.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Output model directory (written atomically: complete or absent)
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+
+    /// Replace OUT if it exists and is not empty
+    #[arg(long)]
+    pub force: bool,
+
+    /// Largest safetensors shard, in bytes with optional k/M/G suffix (decimal) or Ki/Mi/Gi
+    #[arg(long, value_name = "SIZE", default_value = "5G")]
+    pub max_shard_size: String,
+}
