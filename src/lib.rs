@@ -4,7 +4,9 @@
 //! - [`checkpoint`]: reading (validated, mmap'd, sharded safetensors), resolving model references
 //!   (paths, HF cache, aliases), and writing outputs atomically.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
-//! - [`report`]: tables and number formatting.
+//! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
+//! - [`tensor`]: the decoded f32 tensor all math works on.
+//! - [`report`]: tables, number formatting and SVG plots.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 pub mod arch;
@@ -12,7 +14,9 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod error;
+pub mod linalg;
 pub mod progress;
 pub mod report;
+pub mod tensor;
 
 pub use error::{Error, Result};

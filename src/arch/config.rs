@@ -253,6 +253,64 @@ impl TextConfig {
     }
 }
 
+/// Record `dtype` (a torch name such as `bfloat16`) in a config, under whichever of `dtype`
+/// (5.x) and `torch_dtype` (4.x) it already uses; `torch_dtype` if neither, which both read.
+pub fn set_dtype(config: &mut Value, dtype: &str) {
+    if let Some(map) = config.as_object_mut() {
+        let mut set = false;
+        for key in ["dtype", "torch_dtype"] {
+            if map.contains_key(key) {
+                map.insert(key.to_string(), Value::String(dtype.to_string()));
+                set = true;
+            }
+        }
+        if !set {
+            map.insert("torch_dtype".to_string(), Value::String(dtype.to_string()));
+        }
+    }
+}
+
+/// Check that two models share an architecture closely enough to be compared or merged:
+/// same model type, layer count, widths and head layout. Vocabulary size may differ (callers
+/// handle embeddings). `a` and `b` name the models in the error.
+pub fn check_compatible(a: &TextConfig, b: &TextConfig, a_name: &str, b_name: &str) -> Result<()> {
+    let fields: [(&str, String, String); 7] = [
+        ("model_type", a.model_type.clone(), b.model_type.clone()),
+        (
+            "num_hidden_layers",
+            a.num_hidden_layers.to_string(),
+            b.num_hidden_layers.to_string(),
+        ),
+        (
+            "hidden_size",
+            a.hidden_size.to_string(),
+            b.hidden_size.to_string(),
+        ),
+        (
+            "intermediate_size",
+            a.intermediate_size.to_string(),
+            b.intermediate_size.to_string(),
+        ),
+        (
+            "num_attention_heads",
+            a.num_attention_heads.to_string(),
+            b.num_attention_heads.to_string(),
+        ),
+        (
+            "num_key_value_heads",
+            a.num_key_value_heads.to_string(),
+            b.num_key_value_heads.to_string(),
+        ),
+        ("head_dim", a.head_dim.to_string(), b.head_dim.to_string()),
+    ];
+    for (key, x, y) in fields {
+        if x != y {
+            bail!("{a_name} and {b_name} have different architectures: {key} is {x} vs {y}");
+        }
+    }
+    Ok(())
+}
+
 /// Where the language model's config lives: `text_config`, `llm_config`, or the top level.
 /// Returns the section and its key (`None` for flat configs).
 pub fn text_section(config: &Value) -> (&Map<String, Value>, Option<&'static str>) {

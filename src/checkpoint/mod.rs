@@ -246,6 +246,22 @@ impl Checkpoint {
     }
 }
 
+/// Copy the auxiliary files of `from` (tokenizer, generation config, chat template) into `out`;
+/// returns the names copied.
+pub fn copy_aux_files(out: &output::OutputDir, from: &Checkpoint) -> Result<Vec<String>> {
+    let mut copied = Vec::new();
+    for path in from.aux_files() {
+        let name = path
+            .file_name()
+            .expect("listed file")
+            .to_string_lossy()
+            .into_owned();
+        out.copy_file(&path, &name)?;
+        copied.push(name);
+    }
+    Ok(copied)
+}
+
 /// Files carried over from an input model to an output model, as mergekit and
 /// `save_pretrained` do (see merging.md §2, extraction.md §1.5).
 pub const AUX_FILES: &[&str] = &[

@@ -187,6 +187,31 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// Write one file atomically (temp file beside it, fsync, rename): for reports, CSV and SVG.
+pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&dir).map_err(|e| Error::write(&dir, e))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(".{name}.sinkmerge-partial-{}", unique_suffix()));
+    let result = (|| {
+        let mut f = File::create(&temp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        fs::rename(&temp, path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&temp);
+        return Err(Error::write(path, e));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

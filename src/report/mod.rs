@@ -1,4 +1,6 @@
-//! Output formatting shared by the commands: aligned text tables and human-readable numbers.
+//! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots.
+
+pub mod plot;
 
 /// An aligned text table; numeric-looking cells are right-aligned.
 pub struct Table {

@@ -1,0 +1,209 @@
+//! SVG charts (plotters' SVG backend: no fonts or system libraries needed).
+
+use plotters::prelude::*;
+
+/// One named line of points.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Lines against a shared x axis (e.g. a norm against layer index, one line per module).
+#[derive(Debug, Clone)]
+pub struct LineChart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub series: Vec<Series>,
+}
+
+/// Labelled points with an optional fitted line `y = intercept + slope * x`.
+#[derive(Debug, Clone)]
+pub struct Scatter {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub points: Vec<(f64, f64, String)>,
+    pub line: Option<(f64, f64)>,
+}
+
+const SIZE: (u32, u32) = (900, 560);
+
+/// A colour per series index, distinguishable in print.
+pub fn colour(i: usize) -> RGBColor {
+    const PALETTE: [RGBColor; 10] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Axis range covering `values` with 5% padding (and a non-empty span).
+pub fn padded_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.filter(|v| v.is_finite()) {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if !lo.is_finite() {
+        return 0.0..1.0;
+    }
+    let span = if hi > lo { hi - lo } else { lo.abs().max(1.0) };
+    (lo - 0.05 * span)..(hi + 0.05 * span)
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    format!("plot: {e}")
+}
+
+impl LineChart {
+    pub fn to_svg(&self) -> Result<String, String> {
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+            root.fill(&WHITE).map_err(err)?;
+            let xs = padded_range(
+                self.series
+                    .iter()
+                    .flat_map(|s| s.points.iter().map(|p| p.0)),
+            );
+            let ys = padded_range(
+                self.series
+                    .iter()
+                    .flat_map(|s| s.points.iter().map(|p| p.1)),
+            );
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&self.title, ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(xs, ys)
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_desc(&self.x_label)
+                .y_desc(&self.y_label)
+                .draw()
+                .map_err(err)?;
+            for (i, s) in self.series.iter().enumerate() {
+                let c = colour(i);
+                chart
+                    .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                    .map_err(err)?
+                    .label(&s.label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                    });
+                chart
+                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                    .map_err(err)?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(err)?;
+            root.present().map_err(err)?;
+        }
+        Ok(svg)
+    }
+}
+
+impl Scatter {
+    pub fn to_svg(&self) -> Result<String, String> {
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+            root.fill(&WHITE).map_err(err)?;
+            let xs = padded_range(self.points.iter().map(|p| p.0));
+            let ys = padded_range(self.points.iter().map(|p| p.1));
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&self.title, ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(70)
+                .build_cartesian_2d(xs.clone(), ys)
+                .map_err(err)?;
+            chart
+                .configure_mesh()
+                .x_desc(&self.x_label)
+                .y_desc(&self.y_label)
+                .draw()
+                .map_err(err)?;
+            if let Some((a, b)) = self.line {
+                let c = colour(3);
+                chart
+                    .draw_series(LineSeries::new(
+                        [(xs.start, a + b * xs.start), (xs.end, a + b * xs.end)],
+                        c.stroke_width(2),
+                    ))
+                    .map_err(err)?
+                    .label(format!("fit: y = {a:.2} + {b:.2} x"))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                    });
+            }
+            let c = colour(0);
+            chart
+                .draw_series(self.points.iter().map(|(x, y, label)| {
+                    EmptyElement::at((*x, *y))
+                        + Circle::new((0, 0), 4, c.filled())
+                        + Text::new(label.clone(), (6, -12), ("sans-serif", 12))
+                }))
+                .map_err(err)?;
+            if self.line.is_some() {
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(err)?;
+            }
+            root.present().map_err(err)?;
+        }
+        Ok(svg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charts_render_their_labels() {
+        let chart = LineChart {
+            title: "drift".into(),
+            x_label: "layer".into(),
+            y_label: "op norm".into(),
+            series: vec![Series {
+                label: "q_proj".into(),
+                points: vec![(0.0, 1.0), (1.0, 2.0)],
+            }],
+        };
+        let svg = chart.to_svg().unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("q_proj") && svg.contains("layer"));
+        let scatter = Scatter {
+            title: "S vs delta".into(),
+            x_label: "S".into(),
+            y_label: "delta".into(),
+            points: vec![
+                (1.0, -9.6, "Qwen2.5-VL".into()),
+                (2.36, -5.4, "Qwen3-VL".into()),
+            ],
+            line: Some((-12.0, 3.0)),
+        };
+        let svg = scatter.to_svg().unwrap();
+        assert!(svg.contains("Qwen3-VL") && svg.contains("fit"));
+    }
+}
