@@ -178,6 +178,28 @@ impl Checkpoint {
         self.index.get(name).map(|&(s, _)| &self.shards[s])
     }
 
+    /// Drop a tensor's pages from this process's resident memory once it has been used; they
+    /// stay in the page cache and are read back transparently if the tensor is used again.
+    /// Streaming commands call it so reading a whole model does not count as resident memory.
+    pub fn release(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(&(s, t)) = self.index.get(name) {
+            let shard = &self.shards[s];
+            let info = &shard.header.tensors[t];
+            // SAFETY: the mapping is read-only and file-backed, so MADV_DONTNEED only discards
+            // clean pages that the kernel re-reads from the file on the next access.
+            let _ = unsafe {
+                shard.mmap.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    shard.header.data_start + info.begin,
+                    info.byte_len(),
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = name;
+    }
+
     /// Raw stored bytes of a tensor (zero-copy from the mmap).
     pub fn bytes(&self, name: &str) -> Result<&[u8]> {
         let &(s, t) = self

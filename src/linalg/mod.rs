@@ -1,6 +1,8 @@
 //! f32 numerical kernels shared by norms, merges and the controls. Reductions accumulate in f64
 //! in a fixed order so results do not depend on the thread count.
 
+pub mod svd;
+
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
