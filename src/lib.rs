@@ -6,6 +6,7 @@
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
+//! - [`merge`]: linear, task arithmetic, TIES, DARE, TSV and STAR merges, streamed to disk.
 //! - [`report`]: tables, number formatting and SVG plots.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
@@ -15,6 +16,7 @@ pub mod cli;
 pub mod commands;
 pub mod error;
 pub mod linalg;
+pub mod merge;
 pub mod progress;
 pub mod report;
 pub mod tensor;

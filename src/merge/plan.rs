@@ -1,0 +1,574 @@
+//! Running a merge: open the inputs, check they fit together, plan every output tensor, then
+//! stream. Each output tensor is computed from its inputs (in row blocks where the method
+//! allows), encoded, handed to the sharded writer, and its input pages are released; nothing
+//! is written to the destination until the whole model is complete.
+//!
+//! Input handling follows mergekit (merging.md §2):
+//! - The output has the tensors of the base (of the first model for `linear`, or its
+//!   `base_model`), and `lm_head.weight` exactly when some input stores one; an input without it
+//!   contributes its `model.embed_tokens.weight` (tied embeddings). `tie_word_embeddings` is
+//!   never edited.
+//! - Every input must hold every output tensor, with the same shape, except that vocabulary
+//!   tensors (embeddings, lm_head) may differ in rows: task-vector methods crop larger models to
+//!   the base's rows (a smaller model is an error), `linear` crops all to the common rows.
+//! - Non-float tensors are copied from the base (first model), after checking that every input
+//!   has the same dtype and shape.
+//! - Floating-point outputs keep the base tensor's dtype unless an output dtype is given.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use safetensors::Dtype;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::job::{Source, TensorJob};
+use super::params::{default_value, Scope, TensorParams};
+use super::MergeSpec;
+use crate::arch::config::{set_dtype, text_section};
+use crate::arch::{family, names, TextConfig};
+use crate::checkpoint::dtype::{is_float, torch_name};
+use crate::checkpoint::output::OutputDir;
+use crate::checkpoint::resolve::{alias_repo, resolve};
+use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
+use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
+use crate::error::Result;
+use crate::{bad, bail};
+
+const LM_HEAD: &str = "lm_head.weight";
+const EMBED: &str = "model.embed_tokens.weight";
+
+/// Where and how to write the merged model.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub dest: PathBuf,
+    pub force: bool,
+    pub max_shard_size: u64,
+    pub progress: bool,
+}
+
+/// What a merge did, for the text and `--json` reports.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub method: &'static str,
+    pub output: String,
+    pub base: Option<String>,
+    pub models: Vec<String>,
+    pub tokenizer_from: String,
+    /// Output dtype of the floating-point tensors (`mixed` when they keep differing dtypes).
+    pub dtype: String,
+    pub tensors: usize,
+    pub merged: usize,
+    pub copied: usize,
+    pub bytes: u64,
+    pub shards: usize,
+    pub seconds: f64,
+    pub warnings: Vec<String>,
+}
+
+/// An opened input model.
+struct Input {
+    /// As configured.
+    reference: String,
+    /// As recorded in `sinkmerge_config.yml`: an absolute directory or `ORG/NAME@commit`.
+    recorded: String,
+    ckpt: Checkpoint,
+}
+
+/// How one output tensor is produced.
+enum Work {
+    /// Bytes copied from an input (non-float tensors).
+    Copy { input: usize, name: String },
+    /// Computed by the method: index into the jobs.
+    Merge(usize),
+}
+
+/// Run `spec`, writing the merged model to `options.dest`. `warnings` already noted (from the
+/// config) are carried into the summary.
+pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) -> Result<Summary> {
+    let started = Instant::now();
+    let method = spec.method;
+
+    // Inputs: the base first for task-vector methods, then the models.
+    let mut inputs = Vec::new();
+    if method.needs_base() {
+        inputs.push(open(
+            spec.base.as_deref().expect("checked by MergeSpec::new"),
+        )?);
+    }
+    for entry in &spec.models {
+        inputs.push(open(&entry.model)?);
+    }
+    let base = method.needs_base().then_some(0);
+    let models: Vec<usize> = (base.map_or(0, |_| 1)..inputs.len()).collect();
+    let donor = match (&base, &spec.base) {
+        (Some(b), _) => *b,
+        (None, Some(b)) => {
+            models[spec
+                .models
+                .iter()
+                .position(|e| &e.model == b)
+                .expect("checked")]
+        }
+        (None, None) => models[0],
+    };
+
+    let donor_config = TextConfig::from_model_config(&inputs[donor].ckpt.config).map_err(|e| {
+        bad!(
+            "{}: {e}",
+            inputs[donor].ckpt.dir.join("config.json").display()
+        )
+    })?;
+    for (i, input) in inputs.iter().enumerate() {
+        if i == donor {
+            continue;
+        }
+        let config = TextConfig::from_model_config(&input.ckpt.config)
+            .map_err(|e| bad!("{}: {e}", input.ckpt.dir.join("config.json").display()))?;
+        crate::arch::config::check_compatible(
+            &donor_config,
+            &config,
+            &inputs[donor].ckpt.label,
+            &input.ckpt.label,
+        )?;
+    }
+
+    let plan = plan_tensors(&inputs, donor, base, &models, options, spec, &mut warnings)?;
+    let layers = donor_config.num_hidden_layers;
+    let mut params = Vec::with_capacity(plan.jobs.len());
+    for job in &plan.jobs {
+        let p = resolve_params(spec, &job.name, layers)?;
+        method.check(job, &p)?;
+        params.push(p);
+    }
+    let prepared = method.prepare(&plan.jobs, &params)?;
+
+    // Tokenizer donor: `tokenizer_source`, else the base (first model).
+    let tokenizer = match spec.tokenizer_source.as_deref() {
+        None | Some("base") => inputs[donor].reference.clone(),
+        Some(other) => other.to_string(),
+    };
+    let tokenizer_dir = match inputs.iter().find(|i| i.reference == tokenizer) {
+        Some(input) => input.ckpt.dir.clone(),
+        None => resolve(&tokenizer)?.dir,
+    };
+
+    let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
+    input_dirs.push(&tokenizer_dir);
+    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
+    let bar = crate::progress::items(plan.planned.len() as u64, "merging", options.progress);
+    let written = write_tensors(
+        &out,
+        &plan.planned,
+        options.max_shard_size,
+        Some((&bar, Progress::Tensors)),
+        |i| match &plan.work[i] {
+            Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
+            Work::Merge(j) => {
+                let job = &plan.jobs[*j];
+                let bytes = method.merge(job, &params[*j], &prepared)?;
+                for source in job.base.iter().chain(&job.models) {
+                    source.ckpt.release(&source.tensor);
+                }
+                Ok(Cow::Owned(bytes))
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+
+    let mut config = inputs[donor].ckpt.config.clone();
+    let dtype = output_dtype_name(&plan.planned, &inputs[donor].ckpt, spec);
+    if let Some(name) = &dtype {
+        set_dtype(&mut config, name);
+    }
+    if let Some(rows) = plan.embed_rows {
+        fix_vocab_size(&mut config, rows, &mut warnings);
+    }
+    out.write_json("config.json", &config)?;
+    for file in AUX_FILES {
+        let path = tokenizer_dir.join(file);
+        if path.is_file() {
+            out.copy_file(&path, file)?;
+        }
+    }
+    let record = spec.to_record(&|reference: &str| {
+        inputs
+            .iter()
+            .find(|i| i.reference == reference)
+            .map(|i| i.recorded.clone())
+            .unwrap_or_else(|| recorded_reference(reference))
+    });
+    out.write_file("sinkmerge_config.yml", record.as_bytes())?;
+    let dest = out.commit()?;
+
+    Ok(Summary {
+        method: method.name(),
+        output: dest.display().to_string(),
+        base: base.map(|b| inputs[b].reference.clone()),
+        models: models
+            .iter()
+            .map(|&m| inputs[m].reference.clone())
+            .collect(),
+        tokenizer_from: tokenizer,
+        dtype: dtype.unwrap_or_else(|| "mixed".into()),
+        tensors: plan.planned.len(),
+        merged: plan.jobs.len(),
+        copied: plan.planned.len() - plan.jobs.len(),
+        bytes: written.total_bytes,
+        shards: written.files.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        warnings,
+    })
+}
+
+fn open(reference: &str) -> Result<Input> {
+    let ckpt = Checkpoint::open_ref(reference)?;
+    Ok(Input {
+        reference: reference.to_string(),
+        recorded: recorded_reference(reference),
+        ckpt,
+    })
+}
+
+/// The exact form of a model reference for the record: an existing directory becomes its
+/// absolute path; an alias or repo id becomes `ORG/NAME@commit` of the cached snapshot.
+fn recorded_reference(reference: &str) -> String {
+    let path = Path::new(reference);
+    if path.exists() {
+        return std::fs::canonicalize(path)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| reference.to_string());
+    }
+    let Ok(model) = resolve(reference) else {
+        return reference.to_string();
+    };
+    let repo =
+        alias_repo(reference).unwrap_or_else(|| reference.split('@').next().unwrap_or(reference));
+    match model.dir.file_name() {
+        Some(commit) => format!("{repo}@{}", commit.to_string_lossy()),
+        None => reference.to_string(),
+    }
+}
+
+struct Plan<'a> {
+    planned: Vec<PlannedTensor>,
+    work: Vec<Work>,
+    jobs: Vec<TensorJob<'a>>,
+    /// Rows of the output embedding when they differ from the donor config's `vocab_size`.
+    embed_rows: Option<usize>,
+}
+
+/// The stored tensor that input `ckpt` contributes for output tensor `name`.
+fn source_name(ckpt: &Checkpoint, name: &str) -> Option<String> {
+    if ckpt.contains(name) {
+        Some(name.to_string())
+    } else if name == LM_HEAD && ckpt.contains(EMBED) {
+        Some(EMBED.to_string())
+    } else {
+        None
+    }
+}
+
+fn is_vocab(name: &str) -> bool {
+    names::standard_name(name)
+        .and_then(|s| names::parse(&s))
+        .is_some_and(|n| n.module.is_vocab())
+}
+
+fn plan_tensors<'a>(
+    inputs: &'a [Input],
+    donor: usize,
+    base: Option<usize>,
+    models: &[usize],
+    options: &RunOptions,
+    spec: &MergeSpec,
+    warnings: &mut Vec<String>,
+) -> Result<Plan<'a>> {
+    let d = &inputs[donor].ckpt;
+    let mut names: Vec<String> = d.names().to_vec();
+    if !d.contains(LM_HEAD) && inputs.iter().any(|i| i.ckpt.contains(LM_HEAD)) {
+        names.push(LM_HEAD.to_string());
+        names.sort_by(|a, b| natural_cmp(a, b));
+        if TextConfig::from_model_config(&d.config).is_ok_and(|c| c.tie_word_embeddings) {
+            warnings.push(format!(
+                "an input stores lm_head.weight, so the output does too (as in mergekit), but {}'s config says tie_word_embeddings: true, so transformers will tie lm_head to the merged embedding and ignore it",
+                d.label
+            ));
+        }
+    }
+    let known: HashSet<&str> = names.iter().map(String::as_str).collect();
+    for (i, input) in inputs.iter().enumerate() {
+        if let Some(extra) = input
+            .ckpt
+            .names()
+            .iter()
+            .find(|n| !known.contains(n.as_str()))
+        {
+            bail!(
+                "{} has tensor `{extra}` that {} ({}) lacks; merged models must have the same tensors{}",
+                input.ckpt.describe(extra),
+                d.label,
+                if base == Some(donor) { "the base" } else { "the first model" },
+                if i == donor { "" } else { vlm_hint(&input.ckpt) }
+            );
+        }
+    }
+
+    let out_dtype = spec.out_dtype.or(spec.dtype);
+    let mergeable: Vec<usize> = base.into_iter().chain(models.iter().copied()).collect();
+    let mut planned = Vec::with_capacity(names.len());
+    let mut work = Vec::with_capacity(names.len());
+    let mut jobs = Vec::new();
+    let mut embed_rows = None;
+    for name in &names {
+        let mut sources = Vec::with_capacity(mergeable.len());
+        for &i in &mergeable {
+            let ckpt = &inputs[i].ckpt;
+            let Some(stored) = source_name(ckpt, name) else {
+                bail!(
+                    "{}: tensor `{name}` is missing; every merged model needs it{}",
+                    ckpt.label,
+                    vlm_hint(ckpt)
+                );
+            };
+            let info = ckpt.info(&stored).expect("listed");
+            sources.push((i, stored, info));
+        }
+        let (_, _, reference) = &sources[mergeable.iter().position(|&i| i == donor).unwrap_or(0)];
+        if !is_float(reference.dtype) {
+            for (i, stored, info) in &sources {
+                if info.dtype != reference.dtype || info.shape != reference.shape {
+                    bail!(
+                        "{}: non-float tensor is {:?} {:?}, but {:?} {:?} in {}; it cannot be merged or copied",
+                        inputs[*i].ckpt.describe(stored),
+                        info.dtype,
+                        info.shape,
+                        reference.dtype,
+                        reference.shape,
+                        d.label
+                    );
+                }
+            }
+            planned.push(PlannedTensor {
+                name: name.clone(),
+                dtype: reference.dtype,
+                shape: reference.shape.clone(),
+            });
+            work.push(Work::Copy {
+                input: donor,
+                name: source_name(d, name).expect("donor has it"),
+            });
+            continue;
+        }
+        let shape = output_shape(name, &sources, inputs, base, donor, warnings)?;
+        if name == EMBED {
+            let configured = TextConfig::from_model_config(&d.config).map(|c| c.vocab_size);
+            if configured.is_ok_and(|v| v != shape[0]) {
+                embed_rows = Some(shape[0]);
+            }
+        }
+        let dtype = out_dtype.unwrap_or(reference.dtype);
+        let mut srcs = Vec::with_capacity(sources.len());
+        for (i, stored, info) in &sources {
+            if !is_float(info.dtype) {
+                bail!(
+                    "{}: dtype {:?} is not floating point, but `{name}` is {:?} in {}",
+                    inputs[*i].ckpt.describe(stored),
+                    info.dtype,
+                    reference.dtype,
+                    d.label
+                );
+            }
+            srcs.push(Source {
+                ckpt: &inputs[*i].ckpt,
+                tensor: stored.clone(),
+                dtype: info.dtype,
+            });
+        }
+        let base_source = base.map(|_| srcs.remove(0));
+        planned.push(PlannedTensor {
+            name: name.clone(),
+            dtype,
+            shape: shape.clone(),
+        });
+        work.push(Work::Merge(jobs.len()));
+        jobs.push(TensorJob {
+            name: name.clone(),
+            shape,
+            out_dtype: dtype,
+            base: base_source,
+            models: srcs,
+        });
+    }
+    let _ = options;
+    Ok(Plan {
+        planned,
+        work,
+        jobs,
+        embed_rows,
+    })
+}
+
+/// The output shape of a float tensor, checking every input's shape against it.
+fn output_shape(
+    name: &str,
+    sources: &[(usize, String, &crate::checkpoint::TensorInfo)],
+    inputs: &[Input],
+    base: Option<usize>,
+    donor: usize,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<usize>> {
+    let reference = sources
+        .iter()
+        .find(|(i, _, _)| *i == donor)
+        .map(|(_, _, info)| info.shape.clone())
+        .expect("donor is an input");
+    let vocab = is_vocab(name) && sources.iter().all(|(_, _, info)| info.shape.len() == 2);
+    let same_cols = sources
+        .iter()
+        .all(|(_, _, info)| info.shape.get(1) == reference.get(1));
+    let rows = match base {
+        Some(_) => reference[0],
+        None => sources
+            .iter()
+            .map(|(_, _, info)| info.shape.first().copied().unwrap_or(0))
+            .min()
+            .unwrap_or(0),
+    };
+    let mut shape = reference.clone();
+    if vocab && same_cols {
+        shape[0] = rows;
+    }
+    for (i, stored, info) in sources {
+        if info.shape == shape {
+            continue;
+        }
+        let label = &inputs[*i].ckpt.label;
+        if vocab && same_cols && info.shape[0] > rows {
+            warnings.push(format!(
+                "{label}: `{stored}` has {} rows; using the first {rows} ({})",
+                info.shape[0],
+                if base.is_some() {
+                    "task-vector methods crop to the base's vocabulary, as mergekit does"
+                } else {
+                    "linear crops to the rows all models share, as mergekit does"
+                }
+            ));
+            continue;
+        }
+        if vocab && same_cols {
+            bail!(
+                "{}: has {} rows, fewer than the base's {rows}; task vectors need every model's vocabulary to cover the base's (use the smaller model as base, or linear)",
+                inputs[*i].ckpt.describe(stored),
+                info.shape[0]
+            );
+        }
+        bail!(
+            "{}: shape {:?} does not match {:?} in {}",
+            inputs[*i].ckpt.describe(stored),
+            info.shape,
+            reference,
+            inputs[donor].ckpt.label
+        );
+    }
+    Ok(shape)
+}
+
+fn vlm_hint(ckpt: &Checkpoint) -> &'static str {
+    if family::detect(&ckpt.config, ckpt.names()).is_some() {
+        " (it is a vision-language model: extract its language model first with `sinkmerge extract`)"
+    } else {
+        ""
+    }
+}
+
+/// Resolve every parameter of the method for tensor `name`: per-model settings, then the
+/// top-level `parameters`, then the default. `t` is the layer's position in [0, 1] (0 for
+/// tensors outside the layers), as mergekit computes it.
+pub fn resolve_params(spec: &MergeSpec, name: &str, layers: usize) -> Result<TensorParams> {
+    let layer = names::standard_name(name)
+        .and_then(|s| names::parse(&s))
+        .and_then(|n| n.layer);
+    let t = match layer {
+        None => 0.0,
+        Some(_) if layers <= 1 => 1.0,
+        Some(l) => l as f64 / (layers - 1) as f64,
+    };
+    let mut out = TensorParams {
+        global: Default::default(),
+        models: vec![Default::default(); spec.models.len()],
+    };
+    for p in spec.method.params() {
+        let top = spec.params.get(p.name).and_then(|s| s.resolve(name, t));
+        match p.scope {
+            Scope::Global => {
+                let value = top.or_else(|| default_value(p)).ok_or_else(|| {
+                    bad!("{}: parameter `{}` is required", spec.method.name(), p.name)
+                })?;
+                out.global.insert(p.name, value);
+            }
+            Scope::PerModel => {
+                for (i, entry) in spec.models.iter().enumerate() {
+                    let value = entry
+                        .params
+                        .get(p.name)
+                        .and_then(|s| s.resolve(name, t))
+                        .or_else(|| top.clone())
+                        .or_else(|| default_value(p))
+                        .ok_or_else(|| {
+                            bad!(
+                                "{}: model `{}` needs parameter `{}` for tensor `{name}` (set it under its `parameters` or the top-level ones)",
+                                spec.method.name(),
+                                entry.model,
+                                p.name
+                            )
+                        })?;
+                    out.models[i].insert(p.name, value);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The dtype recorded in the output config: the one every float tensor has, else the donor's.
+fn output_dtype_name(
+    planned: &[PlannedTensor],
+    donor: &Checkpoint,
+    spec: &MergeSpec,
+) -> Option<String> {
+    let chosen = spec.out_dtype.or(spec.dtype);
+    let float: Vec<Dtype> = planned
+        .iter()
+        .map(|t| t.dtype)
+        .filter(|&d| is_float(d))
+        .collect();
+    let uniform = float
+        .first()
+        .filter(|&&f| float.iter().all(|&d| d == f))
+        .copied();
+    chosen
+        .or(uniform)
+        .or_else(|| donor.main_float_dtype())
+        .and_then(torch_name)
+        .map(str::to_string)
+}
+
+/// Set `vocab_size` (in the text section) to the output embedding's rows.
+fn fix_vocab_size(config: &mut Json, rows: usize, warnings: &mut Vec<String>) {
+    let key = text_section(config).1;
+    let section = match key {
+        Some(k) => config.get_mut(k),
+        None => Some(&mut *config),
+    };
+    if let Some(Json::Object(map)) = section {
+        let old = map.get("vocab_size").cloned();
+        map.insert("vocab_size".into(), Json::from(rows));
+        warnings.push(format!(
+            "the merged embedding has {rows} rows, so the output config's vocab_size ({}) is set to {rows}",
+            old.map(|v| v.to_string()).unwrap_or_else(|| "unset".into())
+        ));
+    }
+}

@@ -1,0 +1,152 @@
+//! STAR, Spectral Truncation And Rescale (Lee et al., NAACL 2025), as the official code's
+//! `merger/STAR.py` computes it (merging.md §1.6):
+//!
+//! ```text
+//! for each task i and 2-D tensor:  U, s, V = svd(delta_i)
+//!     total = sum(s)                                     (nuclear norm)
+//!     r = searchsorted(cumsum(s), total * eta / 100) + 1 (fewest components holding eta% of it)
+//!     delta_i' = U_r diag(s_r * total / sum(s_r)) V_r^T  (rescaled: nuclear norm preserved)
+//! merged = sum_i delta_i' / T;  theta = base + merged
+//! ```
+//!
+//! Guards the official code lacks: a zero task vector (total = 0) contributes zero instead of
+//! NaN, and r is capped at min(m, n) when rounding pushes eta = 100 past the last cumulative
+//! sum. The cumulative sums are in f64. STAR's task vectors are LoRA products (never 1-D), so
+//! it defines nothing else: 1-D tensors, and embeddings unless `svd_embeddings`, are averaged
+//! with the same 1/T weights.
+
+use rayon::prelude::*;
+
+use super::params::{Default, Kind, ParamSpec, Scope};
+use super::tsv::{is_spectral, row_major, SVD_EMBEDDINGS};
+use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use crate::error::Result;
+use crate::linalg::svd::thin_svd;
+use crate::tensor::Tensor;
+use crate::{bad, bail};
+use faer::Mat;
+
+pub struct Star;
+
+const PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "eta",
+        scope: Scope::Global,
+        kind: Kind::Number,
+        default: Default::Number(40.0),
+        doc: "percent of each task vector's nuclear norm KEPT by the truncation, in (0, 100] (official code: --eta 40)",
+    },
+    SVD_EMBEDDINGS,
+];
+
+impl MergeMethod for Star {
+    fn name(&self) -> &'static str {
+        "star"
+    }
+
+    fn summary(&self) -> &'static str {
+        "spectral truncation to eta% of the nuclear norm and rescale, then average (Lee et al. 2025, official STAR code)"
+    }
+
+    fn needs_base(&self) -> bool {
+        true
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        PARAMS
+    }
+
+    fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
+        let eta = params.number("eta");
+        if !(eta > 0.0 && eta <= 100.0) {
+            bail!(
+                "star: eta {eta} at tensor `{}` is outside (0, 100]; eta is the percent of the nuclear norm kept",
+                job.name
+            );
+        }
+        Ok(())
+    }
+
+    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
+        let eta = params.number("eta");
+        let tasks = job.models.len();
+        let weight = 1.0 / tasks as f32;
+        let spectral = is_spectral(job, params.flag("svd_embeddings"));
+        let parts = (0..tasks)
+            .into_par_iter()
+            .map(|i| {
+                let delta = job.read_delta(i)?;
+                if spectral {
+                    truncate(&delta, eta).map_err(|e| bad!("star: tensor `{}`: {e}", job.name))
+                } else {
+                    Ok(delta.data)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut out = job.read_base()?.data;
+        let mut merged = vec![0f32; out.len()];
+        for part in &parts {
+            for (m, &x) in merged.iter_mut().zip(part) {
+                *m += weight * x;
+            }
+        }
+        for (o, m) in out.iter_mut().zip(&merged) {
+            *o += m;
+        }
+        job.encode(&out)
+    }
+}
+
+/// The number of leading singular values that hold `eta` percent of their sum:
+/// `searchsorted(cumsum(s), total * eta / 100) + 1`, capped at `s.len()`.
+pub fn kept_rank(s: &[f32], eta: f64) -> usize {
+    let total: f64 = s.iter().map(|&x| x as f64).sum();
+    let target = total * (eta / 100.0);
+    let mut cumsum = 0f64;
+    for (i, &x) in s.iter().enumerate() {
+        cumsum += x as f64;
+        if cumsum >= target {
+            return i + 1;
+        }
+    }
+    s.len()
+}
+
+/// One task vector truncated to eta% of its nuclear norm and rescaled (row-major).
+pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
+    let (m, n) = (delta.rows(), delta.cols());
+    let svd = thin_svd(delta.mat()).map_err(|e| bad!("{e}"))?;
+    let total: f64 = svd.s.iter().map(|&x| x as f64).sum();
+    if total == 0.0 {
+        return Ok(vec![0.0; m * n]);
+    }
+    let r = kept_rank(&svd.s, eta);
+    let kept: f64 = svd.s[..r].iter().map(|&x| x as f64).sum();
+    let scale = (total / kept) as f32;
+    let scaled = Mat::<f32>::from_fn(m, r, |i, j| svd.u[(i, j)] * (svd.s[j] * scale));
+    let product = &scaled * svd.v.subcols(0, r).transpose();
+    Ok(row_major(&product))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_rank_follows_searchsorted_and_is_capped() {
+        let s = [4.0f32, 3.0, 2.0, 1.0]; // total 10, cumsum 4, 7, 9, 10
+        assert_eq!(kept_rank(&s, 40.0), 1);
+        assert_eq!(kept_rank(&s, 41.0), 2);
+        assert_eq!(kept_rank(&s, 70.0), 2);
+        assert_eq!(kept_rank(&s, 100.0), 4);
+        // Rounding cannot push eta = 100 past the end.
+        let odd = [0.1f32, 0.2, 0.7000001];
+        assert_eq!(kept_rank(&odd, 100.0), 3);
+    }
+
+    #[test]
+    fn zero_task_vector_stays_zero() {
+        let zero = Tensor::zeros(vec![5, 3]);
+        assert_eq!(truncate(&zero, 40.0).unwrap(), vec![0.0; 15]);
+    }
+}

@@ -1,0 +1,156 @@
+//! TSV-Merge (Gargiulo et al., CVPR 2025, "Task Singular Vectors"), as the official code's
+//! `compute_and_sum_svd_mem_reduction` computes it (merging.md §1.5):
+//!
+//! ```text
+//! for each 2-D tensor, T tasks, k = min(m, n), r = int(k * (1/T)):
+//!     U_i, s_i, V_i = svd(delta_i);  keep the top r triplets of each task
+//!     U_cat = [U_1r .. U_Tr],  s_cat,  V_cat = [V_1r .. V_Tr]
+//!     merged = polar(U_cat) diag(s_cat) polar(V_cat)^T        polar(X) = U_X V_X^T of svd(X)
+//! other tensors: merged = running mean of the deltas
+//! theta = base + alpha * merged                               (alpha scales every tensor)
+//! ```
+//!
+//! Choices (documented in docs/merge.md):
+//! - Embeddings and lm_head are averaged, not SVD'd, as mergekit PR #639 does; set
+//!   `svd_embeddings: true` for the official code's behaviour (it SVDs every 2-D tensor).
+//! - The official code leaves the last `k - T r` columns of `U_cat` zero and orthogonalizes the
+//!   full m x k matrix; their singular values are zero, so dropping them gives the same product.
+//!   Triplets whose singular value is exactly 0 (a zero task vector) are dropped the same way:
+//!   the official code orthogonalizes whatever arbitrary vectors its SVD returns for them.
+//! - `T > min(m, n)` gives r = 0 and an unchanged tensor, as in the official code.
+
+use rayon::prelude::*;
+
+use super::params::{Default, Kind, ParamSpec, Scope};
+use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use crate::error::Result;
+use crate::linalg::svd::{polar, thin_svd};
+use crate::tensor::Tensor;
+use crate::{bad, bail};
+use faer::Mat;
+
+pub struct Tsv;
+
+/// `svd_embeddings`, shared with STAR.
+pub const SVD_EMBEDDINGS: ParamSpec = ParamSpec {
+    name: "svd_embeddings",
+    scope: Scope::Global,
+    kind: Kind::Bool,
+    default: Default::Bool(false),
+    doc: "also decompose embed_tokens and lm_head (official code); by default they are averaged like 1-D tensors (mergekit PR #639)",
+};
+
+const PARAMS: &[ParamSpec] = &[
+    ParamSpec {
+        name: "alpha",
+        scope: Scope::Global,
+        kind: Kind::Number,
+        default: Default::Number(1.0),
+        doc: "scale of the merged task vector, every tensor included (official code and FusionBench; default 1)",
+    },
+    SVD_EMBEDDINGS,
+];
+
+/// Whether a job's tensor is decomposed (2-D, and not a vocabulary tensor unless asked).
+pub fn is_spectral(job: &TensorJob, svd_embeddings: bool) -> bool {
+    job.shape.len() == 2 && (svd_embeddings || !job.is_vocab())
+}
+
+/// The official code's running mean `m += (x_i - m) / (i + 1)` of the task vectors.
+pub fn running_mean(deltas: &[Tensor]) -> Vec<f32> {
+    let mut mean = deltas[0].data.clone();
+    for (i, d) in deltas.iter().enumerate().skip(1) {
+        let count = (i + 1) as f32;
+        for (m, &x) in mean.iter_mut().zip(&d.data) {
+            *m += (x - *m) / count;
+        }
+    }
+    mean
+}
+
+impl MergeMethod for Tsv {
+    fn name(&self) -> &'static str {
+        "tsv"
+    }
+
+    fn summary(&self) -> &'static str {
+        "task singular vectors: top 1/T of each task's spectrum, decorrelated by polar factors (Gargiulo et al. 2025, official TSVM code)"
+    }
+
+    fn needs_base(&self) -> bool {
+        true
+    }
+
+    fn params(&self) -> &'static [ParamSpec] {
+        PARAMS
+    }
+
+    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
+        let alpha = params.number("alpha") as f32;
+        let deltas = (0..job.models.len())
+            .map(|i| job.read_delta(i))
+            .collect::<Result<Vec<_>>>()?;
+        let merged = if is_spectral(job, params.flag("svd_embeddings")) {
+            merge_matrix(&deltas).map_err(|e| bad!("tsv: tensor `{}`: {e}", job.name))?
+        } else {
+            running_mean(&deltas)
+        };
+        drop(deltas);
+        let mut out = job.read_base()?.data;
+        for (o, m) in out.iter_mut().zip(&merged) {
+            *o += alpha * m;
+        }
+        job.encode(&out)
+    }
+}
+
+/// The merged task vector of one matrix (row-major, like the inputs).
+pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
+    let (m, n) = (deltas[0].rows(), deltas[0].cols());
+    let tasks = deltas.len();
+    let k = m.min(n);
+    // int(k * (1/T)) in f64, exactly as the official code computes it.
+    let r = (k as f64 * (1.0 / tasks as f64)) as usize;
+    if r == 0 {
+        return Ok(vec![0.0; m * n]);
+    }
+    let svds = deltas
+        .par_iter()
+        .map(|d| thin_svd(d.mat()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad!("{e}"))?;
+    let kept: Vec<(usize, usize)> = (0..tasks)
+        .flat_map(|i| (0..r).map(move |j| (i, j)))
+        .filter(|&(i, j)| svds[i].s[j] > 0.0)
+        .collect();
+    if kept.is_empty() {
+        return Ok(vec![0.0; m * n]);
+    }
+    let p = kept.len();
+    let u_cat = Mat::<f32>::from_fn(m, p, |row, c| svds[kept[c].0].u[(row, kept[c].1)]);
+    let v_cat = Mat::<f32>::from_fn(n, p, |row, c| svds[kept[c].0].v[(row, kept[c].1)]);
+    let s_cat: Vec<f32> = kept.iter().map(|&(i, j)| svds[i].s[j]).collect();
+    drop(svds);
+    let (pu, pv) = rayon::join(|| polar(u_cat.as_ref()), || polar(v_cat.as_ref()));
+    let (pu, pv) = match (pu, pv) {
+        (Ok(a), Ok(b)) => (a, b),
+        _ => bail!("the SVD of the concatenated singular vectors did not converge"),
+    };
+    let scaled = Mat::<f32>::from_fn(m, p, |row, c| pu[(row, c)] * s_cat[c]);
+    let merged = &scaled * pv.transpose();
+    Ok(row_major(&merged))
+}
+
+/// A faer matrix as a row-major vector.
+pub fn row_major(x: &Mat<f32>) -> Vec<f32> {
+    let (m, n) = (x.nrows(), x.ncols());
+    let mut out = vec![0f32; m * n];
+    out.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(i, row)| {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = x[(i, j)];
+            }
+        });
+    out
+}
