@@ -42,6 +42,13 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    Linear(commands::methods::LinearArgs),
+    TaskArithmetic(commands::methods::TaskArithmeticArgs),
+    Ties(commands::methods::TiesArgs),
+    Dare(commands::methods::DareArgs),
+    Tsv(commands::methods::TsvArgs),
+    Star(commands::methods::StarArgs),
+    Merge(commands::merge::Args),
 }
 
 /// Where and how a command writes a model directory.

@@ -2,6 +2,8 @@
 
 pub mod aliases;
 pub mod inspect;
+pub mod merge;
+pub mod methods;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -18,5 +20,12 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Linear(args) => methods::run_linear(args, progress),
+        Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),
+        Command::Ties(args) => methods::run_ties(args, progress),
+        Command::Dare(args) => methods::run_dare(args, progress),
+        Command::Tsv(args) => methods::run_tsv(args, progress),
+        Command::Star(args) => methods::run_star(args, progress),
+        Command::Merge(args) => merge::run(args, progress),
     }
 }

@@ -1,0 +1,108 @@
+//! `sinkmerge merge CONFIG.yaml`: run a mergekit-style YAML config (or a `sinkmerge_config.yml`
+//! record), and the reporting every merge command shares.
+
+use std::path::PathBuf;
+
+use safetensors::Dtype;
+
+use super::methods::CommonArgs;
+use crate::checkpoint::dtype::parse_float_dtype;
+use crate::checkpoint::writer::parse_size;
+use crate::error::Result;
+use crate::merge::plan::{self, RunOptions, Summary};
+use crate::merge::MergeSpec;
+use crate::report::human_bytes;
+use crate::{bad, bail};
+
+/// Run a merge described by a mergekit-style YAML config.
+///
+/// Supported: merge_method (linear, task_arithmetic, ties, dare_linear, dare_ties, tsv, star),
+/// base_model, models[].model, models[].parameters, parameters, dtype, out_dtype and
+/// tokenizer_source (base or a model). Parameter values may be scalars, layer gradients (lists,
+/// interpolated over layers) or [{filter, value}] lists. slices, modules, tokenizer surgery and
+/// unknown keys are errors. A model's sinkmerge_config.yml replays the merge that made it.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The YAML config
+    #[arg(value_name = "CONFIG.yaml")]
+    pub config: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let (mut spec, warnings) = MergeSpec::from_yaml_file(&args.config)?;
+    if let Some(dtype) = out_dtype(args.common.out_dtype.as_deref())? {
+        spec.out_dtype = Some(dtype);
+    }
+    if let Some(t) = &args.common.tokenizer_from {
+        spec.tokenizer_source = Some(t.clone());
+    }
+    execute(&spec, &args.common, progress, warnings)
+}
+
+/// Parse `--out-dtype`.
+pub fn out_dtype(text: Option<&str>) -> Result<Option<Dtype>> {
+    text.map(|t| {
+        parse_float_dtype(t)
+            .ok_or_else(|| bad!("--out-dtype {t}: expected float32, bfloat16 or float16"))
+    })
+    .transpose()
+}
+
+/// Run `spec` with the shared output flags and report the result.
+pub fn execute(
+    spec: &MergeSpec,
+    common: &CommonArgs,
+    progress: bool,
+    warnings: Vec<String>,
+) -> Result<()> {
+    let Some(dest) = common.output.output.clone() else {
+        bail!(
+            "{}: the output directory is missing; pass -o OUT",
+            spec.method.name()
+        );
+    };
+    let options = RunOptions {
+        dest,
+        force: common.output.force,
+        max_shard_size: parse_size(&common.output.max_shard_size)?,
+        progress: progress && !common.json,
+    };
+    let summary = plan::run(spec, &options, warnings)?;
+    for w in &summary.warnings {
+        eprintln!("sinkmerge: warning: {w}");
+    }
+    if common.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).expect("summaries serialize")
+        );
+    } else {
+        print!("{}", text_report(&summary));
+    }
+    Ok(())
+}
+
+fn text_report(s: &Summary) -> String {
+    let mut out = format!(
+        "{}: {} tensors ({} merged, {} copied), {} {} in {} shard{}, written to {} in {:.1} s\n",
+        s.method,
+        s.tensors,
+        s.merged,
+        s.copied,
+        human_bytes(s.bytes),
+        s.dtype,
+        s.shards,
+        if s.shards == 1 { "" } else { "s" },
+        s.output,
+        s.seconds
+    );
+    if let Some(b) = &s.base {
+        out.push_str(&format!("  base:      {b}\n"));
+    }
+    out.push_str(&format!("  models:    {}\n", s.models.join(", ")));
+    out.push_str(&format!("  tokenizer: {}\n", s.tokenizer_from));
+    out.push_str("  recorded:  sinkmerge_config.yml (replay with `sinkmerge merge`)\n");
+    out
+}
