@@ -85,7 +85,12 @@ pub struct TaskArithmeticArgs {
     #[command(flatten)]
     pub weights: Weights,
     /// Scale of the summed task vectors
-    #[arg(long = "lambda", default_value_t = 1.0, value_name = "L")]
+    #[arg(
+        long = "lambda",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_name = "L"
+    )]
     pub lambda: f64,
     /// Divide the weighted sum by the sum of the weights (mergekit default: off)
     #[arg(long)]
@@ -123,10 +128,21 @@ pub struct TiesArgs {
     #[command(flatten)]
     pub weights: Weights,
     /// Fraction of each task vector's entries kept, in (0, 1]; comma-separated per model
-    #[arg(long, required = true, value_delimiter = ',', value_name = "D,...")]
+    #[arg(
+        long,
+        required = true,
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        value_name = "D,..."
+    )]
     pub density: Vec<f64>,
     /// Scale of the merged task vector
-    #[arg(long = "lambda", default_value_t = 1.0, value_name = "L")]
+    #[arg(
+        long = "lambda",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_name = "L"
+    )]
     pub lambda: f64,
     /// Where the top-k threshold is taken
     #[arg(long, value_enum, default_value = "local")]
@@ -175,10 +191,20 @@ pub struct DareArgs {
     #[command(flatten)]
     pub weights: Weights,
     /// Probability of keeping an entry, in (0, 1]; comma-separated per model
-    #[arg(long, value_delimiter = ',', value_name = "D,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        value_name = "D,..."
+    )]
     pub density: Vec<f64>,
     /// Probability of dropping an entry (the paper's p; density = 1 - p); comma-separated
-    #[arg(long, value_delimiter = ',', value_name = "P,...")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        allow_negative_numbers = true,
+        value_name = "P,..."
+    )]
     pub drop_rate: Vec<f64>,
     /// How the dropped task vectors are combined
     #[arg(long, value_enum, default_value = "none")]
@@ -190,7 +216,12 @@ pub struct DareArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Scale of the merged task vector
-    #[arg(long = "lambda", default_value_t = 1.0, value_name = "L")]
+    #[arg(
+        long = "lambda",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_name = "L"
+    )]
     pub lambda: f64,
     /// Divide by the (agreeing) models' weight sum (mergekit default: off)
     #[arg(long)]
@@ -210,7 +241,7 @@ pub struct TsvArgs {
     #[command(flatten)]
     pub models: TaskModels,
     /// Scale of the merged task vector
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub alpha: f64,
     /// Also decompose embed_tokens and lm_head, as the official code does
     #[arg(long)]
@@ -230,7 +261,7 @@ pub struct StarArgs {
     #[command(flatten)]
     pub models: TaskModels,
     /// Percent of each task vector's nuclear norm kept, in (0, 100]
-    #[arg(long, default_value_t = 40.0)]
+    #[arg(long, default_value_t = 40.0, allow_negative_numbers = true)]
     pub eta: f64,
     /// Also decompose embed_tokens and lm_head
     #[arg(long)]

@@ -1,12 +1,24 @@
-//! Singular value decompositions for the spectral merge methods (TSV, STAR), on faer.
+//! Singular value decompositions and products for the spectral merge methods (TSV, STAR), on
+//! faer.
 //!
 //! - [`thin_svd`]: every singular triplet in f32 (faer's QR + divide-and-conquer bidiagonal
-//!   SVD; 4-6x faster than torch's MKL `linalg.svd` on the same machine).
+//!   SVD; several times faster than torch's MKL `linalg.svd` on the same machine).
 //! - [`polar`]: the orthogonal polar factor `U V^T` of a thin SVD. It is taken from the SVD
 //!   rather than from `A (A^T A)^{-1/2}`, which loses half the digits in f32 on the badly
 //!   conditioned concatenations TSV builds (merging.md, numerical notes).
+//! - [`matmul`]: a product split into fixed row blocks computed in parallel.
+//!
+//! Every faer call runs single-threaded (`Par::Seq`): faer splits parallel work by thread
+//! count, which would change rounding between machines. Callers parallelize over independent
+//! work instead (tasks, the two polar factors, fixed row blocks), so results are the same bytes
+//! at any thread count.
 
-use faer::{Mat, MatRef};
+use faer::diag::Diag;
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::matmul::matmul as faer_matmul;
+use faer::linalg::svd::{svd, svd_scratch, ComputeSvdVectors};
+use faer::{Accum, Mat, MatRef, Par};
+use rayon::prelude::*;
 
 /// Singular triplets: `A ~ U diag(s) V^T`, `u` is m x r, `v` is n x r, `s` non-increasing.
 #[derive(Debug, Clone)]
@@ -40,19 +52,29 @@ impl std::fmt::Display for SvdFailed {
 
 /// The thin SVD (k = min(m, n) triplets).
 pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
-    if a.nrows() == 0 || a.ncols() == 0 {
-        return Ok(Svd {
-            u: Mat::zeros(a.nrows(), 0),
-            s: Vec::new(),
-            v: Mat::zeros(a.ncols(), 0),
-        });
+    let (m, n) = a.shape();
+    let k = m.min(n);
+    let mut u = Mat::<f32>::zeros(m, k);
+    let mut v = Mat::<f32>::zeros(n, k);
+    let mut s = Diag::<f32>::zeros(k);
+    if k > 0 {
+        let thin = ComputeSvdVectors::Thin;
+        let scratch = svd_scratch::<f32>(m, n, thin, thin, Par::Seq, Default::default());
+        svd(
+            a,
+            s.as_mut(),
+            Some(u.as_mut()),
+            Some(v.as_mut()),
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        )
+        .map_err(|_| SvdFailed)?;
     }
-    let svd = a.thin_svd().map_err(|_| SvdFailed)?;
-    let s = svd.S().column_vector().iter().copied().collect();
     Ok(Svd {
-        u: svd.U().to_owned(),
-        s,
-        v: svd.V().to_owned(),
+        u,
+        s: s.column_vector().iter().copied().collect(),
+        v,
     })
 }
 
@@ -60,7 +82,40 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
 /// columns nearest to `a` (orthogonal Procrustes).
 pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
     let svd = thin_svd(a)?;
-    Ok(&svd.u * svd.v.transpose())
+    Ok(matmul(svd.u.as_ref(), svd.v.transpose()))
+}
+
+/// Rows per block of [`matmul`]: fixed, so the rounding does not depend on the thread count.
+const MATMUL_ROWS: usize = 256;
+
+/// `lhs * rhs`, computed in parallel over fixed blocks of rows.
+pub fn matmul(lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) -> Mat<f32> {
+    let (m, n) = (lhs.nrows(), rhs.ncols());
+    let blocks: Vec<Mat<f32>> = (0..m)
+        .step_by(MATMUL_ROWS)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|start| {
+            let rows = MATMUL_ROWS.min(m - start);
+            let mut out = Mat::<f32>::zeros(rows, n);
+            faer_matmul(
+                out.as_mut(),
+                Accum::Replace,
+                lhs.subrows(start, rows),
+                rhs,
+                1.0,
+                Par::Seq,
+            );
+            out
+        })
+        .collect();
+    let mut out = Mat::<f32>::zeros(m, n);
+    for (b, block) in blocks.iter().enumerate() {
+        out.as_mut()
+            .subrows_mut(b * MATMUL_ROWS, block.nrows())
+            .copy_from(block.as_ref());
+    }
+    out
 }
 
 #[cfg(test)]
@@ -115,10 +170,10 @@ mod tests {
     fn polar_factor_is_orthonormal_and_nearest() {
         let a = matrix(30, 12, 0.3, 2);
         let p = polar(a.as_ref()).unwrap();
-        let gram = p.transpose() * &p;
+        let gram = matmul(p.transpose(), p.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(12, 12)) < 1e-5);
         // For A = U S V^T, P = U V^T, so P^T A = V S V^T is symmetric.
-        let pa = p.transpose() * &a;
+        let pa = matmul(p.transpose(), a.as_ref());
         assert!(max_abs_diff(&pa, &pa.transpose().to_owned()) < 1e-5);
     }
 }

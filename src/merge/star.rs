@@ -21,7 +21,7 @@ use super::params::{Default, Kind, ParamSpec, Scope};
 use super::tsv::{is_spectral, row_major, SVD_EMBEDDINGS};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
 use crate::error::Result;
-use crate::linalg::svd::thin_svd;
+use crate::linalg::svd::{matmul, thin_svd};
 use crate::tensor::Tensor;
 use crate::{bad, bail};
 use faer::Mat;
@@ -70,7 +70,6 @@ impl MergeMethod for Star {
     fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
         let eta = params.number("eta");
         let tasks = job.models.len();
-        let weight = 1.0 / tasks as f32;
         let spectral = is_spectral(job, params.flag("svd_embeddings"));
         let parts = (0..tasks)
             .into_par_iter()
@@ -83,18 +82,25 @@ impl MergeMethod for Star {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
+        let merged = average(&parts);
         let mut out = job.read_base()?.data;
-        let mut merged = vec![0f32; out.len()];
-        for part in &parts {
-            for (m, &x) in merged.iter_mut().zip(part) {
-                *m += weight * x;
-            }
-        }
         for (o, m) in out.iter_mut().zip(&merged) {
             *o += m;
         }
         job.encode(&out)
     }
+}
+
+/// The official merge rule `sum_i (1/T) part_i` (`merger/simple_avg.py: weighted_merge`).
+pub fn average(parts: &[Vec<f32>]) -> Vec<f32> {
+    let weight = 1.0 / parts.len() as f32;
+    let mut merged = vec![0f32; parts[0].len()];
+    for part in parts {
+        for (m, &x) in merged.iter_mut().zip(part) {
+            *m += weight * x;
+        }
+    }
+    merged
 }
 
 /// The number of leading singular values that hold `eta` percent of their sum:
@@ -124,7 +130,7 @@ pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let kept: f64 = svd.s[..r].iter().map(|&x| x as f64).sum();
     let scale = (total / kept) as f32;
     let scaled = Mat::<f32>::from_fn(m, r, |i, j| svd.u[(i, j)] * (svd.s[j] * scale));
-    let product = &scaled * svd.v.subcols(0, r).transpose();
+    let product = matmul(scaled.as_ref(), svd.v.subcols(0, r).transpose());
     Ok(row_major(&product))
 }
 

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::params::{Default, Kind, ParamSpec, Scope};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
 use crate::error::Result;
-use crate::linalg::svd::{polar, thin_svd};
+use crate::linalg::svd::{matmul, polar, thin_svd};
 use crate::tensor::Tensor;
 use crate::{bad, bail};
 use faer::Mat;
@@ -137,7 +137,7 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
         _ => bail!("the SVD of the concatenated singular vectors did not converge"),
     };
     let scaled = Mat::<f32>::from_fn(m, p, |row, c| pu[(row, c)] * s_cat[c]);
-    let merged = &scaled * pv.transpose();
+    let merged = matmul(scaled.as_ref(), pv.transpose());
     Ok(row_major(&merged))
 }
 
