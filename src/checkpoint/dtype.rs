@@ -111,6 +111,26 @@ pub fn encode(dtype: Dtype, values: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Encode f32 values as `dtype` bytes into `out`, which must hold exactly one value per element
+/// (for callers that fill a larger buffer piece by piece).
+pub fn encode_into(dtype: Dtype, values: &[f32], out: &mut [u8]) -> Result<()> {
+    if !is_float(dtype) {
+        bail!("cannot write floating-point values as {dtype:?}");
+    }
+    let size = byte_size(dtype);
+    if out.len() != values.len() * size {
+        bail!(
+            "internal: {} bytes cannot hold {} {dtype:?} values",
+            out.len(),
+            values.len()
+        );
+    }
+    out.par_chunks_mut(CHUNK * size)
+        .zip(values.par_chunks(CHUNK))
+        .for_each(|(o, v)| encode_chunk(dtype, v, o));
+    Ok(())
+}
+
 fn encode_chunk(dtype: Dtype, values: &[f32], out: &mut [u8]) {
     match dtype {
         Dtype::BF16 => {

@@ -11,9 +11,9 @@
 //! same bytes at any thread count; mergekit draws from torch's global RNG instead, so its masks
 //! cannot be reproduced here (parity is tested statistically).
 
-use super::job::{Block, TensorJob};
+use super::job::{Block, Scratch, TensorJob};
 use super::params::{Default, Kind, ParamSpec, Scope};
-use super::sparsify::{self, bit};
+use super::sparsify;
 use super::task_vector::{self, Combine, Election};
 use super::{MergeMethod, Prepared, TensorParams};
 use crate::error::Result;
@@ -120,93 +120,138 @@ impl MergeMethod for DareTies {
     }
 }
 
-/// One block's masks (`None` for a model that keeps everything).
-type BlockMasks = Vec<Option<Vec<u64>>>;
+/// One task vector's entries in one block after dropping: which survived (bits) and their
+/// values, in order.
+struct Dropped {
+    mask: Vec<u64>,
+    kept: Vec<f32>,
+}
+
+impl Dropped {
+    fn new(d: &[f32], mask: Vec<u64>) -> Dropped {
+        let count: u32 = mask.iter().map(|w| w.count_ones()).sum();
+        let mut kept = Vec::with_capacity(count as usize);
+        for (c, &w) in mask.iter().enumerate() {
+            let mut bits = w;
+            while bits != 0 {
+                kept.push(d[c * 64 + bits.trailing_zeros() as usize]);
+                bits &= bits - 1;
+            }
+        }
+        Dropped { mask, kept }
+    }
+
+    /// The sparsified task vector: `rescale(survivor)`, zeros elsewhere.
+    fn expand(&self, n: usize, rescale: impl Fn(f32) -> f32) -> Scratch {
+        let mut d = Scratch::zeroed(n);
+        let mut values = self.kept.iter();
+        for (c, &w) in self.mask.iter().enumerate() {
+            let mut bits = w;
+            while bits != 0 {
+                let x = values.next().expect("one value per set bit");
+                d[c * 64 + bits.trailing_zeros() as usize] = rescale(*x);
+                bits &= bits - 1;
+            }
+        }
+        d
+    }
+}
+
+/// Sum of |x| in f64, from f32 partial sums of 16 lanes over 64-entry chunks: a fixed order
+/// (deterministic) that vectorizes.
+fn abs_sum(d: &[f32]) -> f64 {
+    d.chunks(64)
+        .map(|chunk| {
+            let mut lanes = [0f32; 16];
+            let groups = chunk.chunks_exact(16);
+            let tail: f32 = groups.remainder().iter().map(|x| x.abs()).sum();
+            for g in groups {
+                for (l, x) in lanes.iter_mut().zip(g) {
+                    *l += x.abs();
+                }
+            }
+            lanes.iter().map(|&l| l as f64).sum::<f64>() + tail as f64
+        })
+        .sum()
+}
 
 fn dare(job: &TensorJob, params: &TensorParams, election: Option<Election>) -> Result<Vec<u8>> {
     let densities = params.model_numbers("density");
     let seed = params.integer("seed");
     let rescale = params.choice("rescale").to_string();
-    let masks_of = |block: &Block| -> BlockMasks {
-        densities
+    let combine = Combine::new(params, election);
+    let mask_of = |i: usize, block: &Block| -> Option<Vec<u64>> {
+        let d = densities[i];
+        (d < 1.0).then(|| sparsify::bernoulli_mask(seed, &job.name, i, block.range.clone(), d))
+    };
+
+    if rescale != "l1" {
+        // Rescaling by a constant (1/density or 1): one pass, masks drawn as blocks are made.
+        let inverse = rescale == "inverse";
+        return job.produce(|block, out| {
+            let base = block.base()?;
+            let mut deltas = block.deltas_from(&base)?;
+            for (i, d) in deltas.iter_mut().enumerate() {
+                let Some(mask) = mask_of(i, block) else {
+                    continue;
+                };
+                let density = densities[i] as f32;
+                let kept = Dropped::new(d, mask);
+                // The official code divides (x / (1 - p)); so does this, for the same rounding.
+                *d = if inverse {
+                    kept.expand(block.len(), |x| x / density)
+                } else {
+                    kept.expand(block.len(), |x| x)
+                };
+            }
+            combine.apply(&base, &deltas, out);
+            Ok(())
+        });
+    }
+
+    // The L1 rescale needs each whole task vector's norm before and after dropping: a first pass
+    // draws the masks, sums the norms and keeps the survivors (a `density` fraction), a second
+    // makes the output from them and the base.
+    let per_block = job.map_blocks(|block| {
+        let base = block.base()?;
+        let mut dropped = Vec::with_capacity(densities.len());
+        let mut sums = Vec::with_capacity(densities.len());
+        for i in 0..densities.len() {
+            match mask_of(i, block) {
+                Some(mask) => {
+                    let d = block.delta_from(i, &base)?;
+                    let kept = Dropped::new(&d, mask);
+                    sums.push((abs_sum(&d), abs_sum(&kept.kept)));
+                    dropped.push(Some(kept));
+                }
+                None => {
+                    sums.push((0.0, 0.0));
+                    dropped.push(None);
+                }
+            }
+        }
+        Ok((dropped, sums))
+    })?;
+    let factors: Vec<f32> = (0..densities.len())
+        .map(|i| {
+            let (before, after) = per_block
+                .iter()
+                .fold((0f64, 0f64), |(a, b), (_, s)| (a + s[i].0, b + s[i].1));
+            sparsify::l1_factor(before, after)
+        })
+        .collect();
+    let block_starts: Vec<usize> = job.blocks().iter().map(|r| r.start).collect();
+    job.produce(|block, out| {
+        let (dropped, _) = &per_block[block_starts.partition_point(|&s| s < block.start())];
+        let base = block.base()?;
+        let deltas = dropped
             .iter()
             .enumerate()
-            .map(|(i, &d)| {
-                (d < 1.0)
-                    .then(|| sparsify::bernoulli_mask(seed, &job.name, i, block.range.clone(), d))
+            .map(|(i, kept)| match kept {
+                Some(kept) => Ok(kept.expand(block.len(), |x| x * factors[i])),
+                None => block.delta_from(i, &base),
             })
-            .collect()
-    };
-
-    // The L1 rescale needs each whole task vector's norms before and after dropping, so the
-    // masks are drawn once, kept as bits, and reused for the output.
-    let (stored, factors): (Option<Vec<BlockMasks>>, Vec<f32>) = match rescale.as_str() {
-        "l1" => {
-            let per_block = job.map_blocks(|block| {
-                let masks = masks_of(block);
-                let base = block.base()?;
-                let mut sums = Vec::with_capacity(masks.len());
-                for (i, mask) in masks.iter().enumerate() {
-                    let Some(mask) = mask else {
-                        sums.push((0.0, 0.0));
-                        continue;
-                    };
-                    let d = block.delta_from(i, &base)?;
-                    let (mut before, mut after) = (0f64, 0f64);
-                    for (j, &x) in d.iter().enumerate() {
-                        before += x.abs() as f64;
-                        if bit(mask, j) {
-                            after += x.abs() as f64;
-                        }
-                    }
-                    sums.push((before, after));
-                }
-                Ok((masks, sums))
-            })?;
-            let factors = (0..densities.len())
-                .map(|i| {
-                    let (before, after) = per_block
-                        .iter()
-                        .fold((0f64, 0f64), |(a, b), (_, s)| (a + s[i].0, b + s[i].1));
-                    sparsify::l1_factor(before, after)
-                })
-                .collect();
-            (
-                Some(per_block.into_iter().map(|(m, _)| m).collect()),
-                factors,
-            )
-        }
-        _ => (None, vec![1.0; densities.len()]),
-    };
-    let inverse = rescale == "inverse";
-    let block_starts: Vec<usize> = job.blocks().iter().map(|r| r.start).collect();
-    let combine = Combine::new(params, election);
-
-    job.produce(|block, out| {
-        let drawn;
-        let masks = match &stored {
-            Some(all) => &all[block_starts.partition_point(|&s| s < block.start())],
-            None => {
-                drawn = masks_of(block);
-                &drawn
-            }
-        };
-        let base = block.base()?;
-        let mut deltas = block.deltas_from(&base)?;
-        for (i, d) in deltas.iter_mut().enumerate() {
-            let Some(mask) = &masks[i] else { continue };
-            let density = densities[i] as f32;
-            let factor = factors[i];
-            for (j, x) in d.iter_mut().enumerate() {
-                if !bit(mask, j) {
-                    *x = 0.0;
-                } else if inverse {
-                    *x /= density;
-                } else if factor != 1.0 {
-                    *x *= factor;
-                }
-            }
-        }
+            .collect::<Result<Vec<_>>>()?;
         combine.apply(&base, &deltas, out);
         Ok(())
     })

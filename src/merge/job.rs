@@ -6,7 +6,8 @@
 //! count, and per-block results are combined in block order, so outputs are identical at any
 //! thread count.
 
-use std::ops::Range;
+use std::cell::RefCell;
+use std::ops::{Deref, DerefMut, Range};
 
 use rayon::prelude::*;
 use safetensors::Dtype;
@@ -19,6 +20,59 @@ use crate::tensor::Tensor;
 
 /// Elements per block (per input). Blocks hold whole rows, at least one.
 pub const BLOCK_ELEMS: usize = 1 << 18;
+
+thread_local! {
+    static POOL: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A block-sized f32 buffer from a per-thread pool. Blocks are processed by the thousand, and a
+/// fresh 1 MB allocation each time would cost page faults (glibc maps such sizes anew).
+pub struct Scratch(Vec<f32>);
+
+impl Scratch {
+    /// A buffer of `n` zeros.
+    pub fn zeroed(n: usize) -> Scratch {
+        let mut s = Scratch::for_overwrite(n);
+        s.fill(0.0);
+        s
+    }
+
+    /// A buffer of `n` values left over from earlier use, for callers that overwrite all of it
+    /// (decoding) and so need not pay for zeroing.
+    pub fn for_overwrite(n: usize) -> Scratch {
+        let mut v = POOL.with(|p| p.borrow_mut().pop()).unwrap_or_default();
+        if v.len() < n {
+            v.resize(n, 0.0);
+        }
+        v.truncate(n);
+        Scratch(v)
+    }
+}
+
+impl Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.0);
+        POOL.with(|p| {
+            let mut pool = p.borrow_mut();
+            if pool.len() < 32 {
+                pool.push(v);
+            }
+        });
+    }
+}
 
 /// One input tensor of a job: the model, the stored tensor (the embedding for a tied lm_head),
 /// and how many leading rows are used (vocabulary tensors may be cropped).
@@ -144,11 +198,10 @@ impl<'a> TensorJob<'a> {
             .zip(chunks)
             .try_for_each(|(range, chunk)| {
                 let block = Block { job: self, range };
-                let mut values = vec![0f32; block.len()];
+                let mut values = Scratch::zeroed(block.len());
                 f(&block, &mut values)?;
                 self.check_finite(&block, &values)?;
-                chunk.copy_from_slice(&dtype::encode(self.out_dtype, &values)?);
-                Ok(())
+                dtype::encode_into(self.out_dtype, &values, chunk)
             })?;
         Ok(bytes)
     }
@@ -172,11 +225,14 @@ impl<'a> TensorJob<'a> {
 
     /// Task vector `models[i] - base` as f32 (whole).
     pub fn read_delta(&self, i: usize) -> Result<Tensor> {
-        let block = Block {
-            job: self,
-            range: 0..self.numel(),
-        };
-        Ok(Tensor::new(self.shape.clone(), block.delta(i)?))
+        let mut data = vec![0f32; self.numel()];
+        self.models[i].read(0, &mut data)?;
+        let mut base = vec![0f32; self.numel()];
+        self.base_source().read(0, &mut base)?;
+        for (x, b) in data.iter_mut().zip(&base) {
+            *x -= b;
+        }
+        Ok(Tensor::new(self.shape.clone(), data))
     }
 
     fn check_finite(&self, block: &Block<'_, 'a>, values: &[f32]) -> Result<()> {
@@ -185,7 +241,7 @@ impl<'a> TensorJob<'a> {
         }
         // Name the input that carries NaN/Inf, or say the arithmetic overflowed.
         for source in self.base.iter().chain(&self.models) {
-            let mut buf = vec![0f32; block.len()];
+            let mut buf = Scratch::for_overwrite(block.len());
             source.read(block.range.start, &mut buf)?;
             if let Some(k) = buf.iter().position(|v| !v.is_finite()) {
                 bail!(
@@ -234,27 +290,27 @@ impl Block<'_, '_> {
         self.range.start / cols..self.range.end / cols
     }
 
-    pub fn base(&self) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.len()];
+    pub fn base(&self) -> Result<Scratch> {
+        let mut out = Scratch::for_overwrite(self.len());
         self.job.base_source().read(self.range.start, &mut out)?;
         Ok(out)
     }
 
     /// Model `i`'s values.
-    pub fn model(&self, i: usize) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.len()];
+    pub fn model(&self, i: usize) -> Result<Scratch> {
+        let mut out = Scratch::for_overwrite(self.len());
         self.job.models[i].read(self.range.start, &mut out)?;
         Ok(out)
     }
 
     /// Task vector of model `i`: `model - base` in f32.
-    pub fn delta(&self, i: usize) -> Result<Vec<f32>> {
+    pub fn delta(&self, i: usize) -> Result<Scratch> {
         let base = self.base()?;
         self.delta_from(i, &base)
     }
 
     /// Task vector of model `i` given this block's base values.
-    pub fn delta_from(&self, i: usize, base: &[f32]) -> Result<Vec<f32>> {
+    pub fn delta_from(&self, i: usize, base: &[f32]) -> Result<Scratch> {
         let mut d = self.model(i)?;
         for (x, b) in d.iter_mut().zip(base) {
             *x -= b;
@@ -263,7 +319,7 @@ impl Block<'_, '_> {
     }
 
     /// Every task vector of this block, given its base values.
-    pub fn deltas_from(&self, base: &[f32]) -> Result<Vec<Vec<f32>>> {
+    pub fn deltas_from(&self, base: &[f32]) -> Result<Vec<Scratch>> {
         (0..self.job.models.len())
             .map(|i| self.delta_from(i, base))
             .collect()

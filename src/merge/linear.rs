@@ -72,7 +72,7 @@ impl MergeMethod for Linear {
             out.fill(0.0);
             for (i, &wi) in w.iter().enumerate() {
                 let x = block.model(i)?;
-                for (o, v) in out.iter_mut().zip(&x) {
+                for (o, v) in out.iter_mut().zip(x.iter()) {
                     *o += v * wi;
                 }
             }

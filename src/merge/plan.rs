@@ -135,7 +135,7 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         )?;
     }
 
-    let plan = plan_tensors(&inputs, donor, base, &models, options, spec, &mut warnings)?;
+    let plan = plan_tensors(&inputs, donor, base, &models, spec, &mut warnings)?;
     let layers = donor_config.num_hidden_layers;
     let mut params = Vec::with_capacity(plan.jobs.len());
     for job in &plan.jobs {
@@ -282,7 +282,6 @@ fn plan_tensors<'a>(
     donor: usize,
     base: Option<usize>,
     models: &[usize],
-    options: &RunOptions,
     spec: &MergeSpec,
     warnings: &mut Vec<String>,
 ) -> Result<Plan<'a>> {
@@ -402,7 +401,6 @@ fn plan_tensors<'a>(
             models: srcs,
         });
     }
-    let _ = options;
     Ok(Plan {
         planned,
         work,

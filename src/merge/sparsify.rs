@@ -17,7 +17,7 @@
 
 use std::ops::Range;
 
-use rand::RngCore;
+use rand::Rng;
 use rayon::prelude::*;
 
 use super::job::{Block, TensorJob};
@@ -70,12 +70,24 @@ impl Cut {
 
     /// Zero the entries of `delta` (a block starting at flat index `start`) that are cut.
     pub fn apply(&self, delta: &mut [f32], start: usize) {
-        if *self == Cut::KeepAll {
+        let Cut::Above { key, ties } = self else {
             return;
+        };
+        let key = *key;
+        // Below the threshold: a branch-free pass. At it: rare, decided one by one.
+        let mut at_threshold = false;
+        for x in delta.iter_mut() {
+            let k = magnitude_key(*x);
+            at_threshold |= k == key;
+            *x = if k < key { 0.0 } else { *x };
         }
-        for (j, x) in delta.iter_mut().enumerate() {
-            if !self.keeps(*x, start + j) {
-                *x = 0.0;
+        if at_threshold {
+            if let Ties::Listed(list) = ties {
+                for (j, x) in delta.iter_mut().enumerate() {
+                    if magnitude_key(*x) == key && list.binary_search(&(start + j)).is_err() {
+                        *x = 0.0;
+                    }
+                }
             }
         }
     }
@@ -194,7 +206,7 @@ where
                 if h.is_empty() {
                     h.resize(BUCKETS, 0);
                 }
-                for &x in &d {
+                for &x in d.iter() {
                     if let Some(b) = bin(i, magnitude_key(x)) {
                         h[b] += 1;
                     }
@@ -328,23 +340,34 @@ pub fn bernoulli_mask(
     rng.set_stream(model as u64);
     rng.set_word_pos(range.start as u128);
     let mut bits = vec![0u64; range.len().div_ceil(64)];
-    for j in 0..range.len() {
-        if (rng.next_u32() as u64) < threshold {
-            bits[j / 64] |= 1 << (j % 64);
+    // Draw 4096 words at a time (a multiple of 64, so chunks fill whole mask words).
+    let mut words = [0u32; 4096];
+    for (chunk, out) in (0..range.len())
+        .step_by(words.len())
+        .zip(bits.chunks_mut(words.len() / 64))
+    {
+        let n = words.len().min(range.len() - chunk);
+        rng.fill(&mut words[..n]);
+        for (w, draws) in out.iter_mut().zip(words[..n].chunks(64)) {
+            let mut b = 0u64;
+            for (k, &r) in draws.iter().enumerate() {
+                b |= (((r as u64) < threshold) as u64) << k;
+            }
+            *w = b;
         }
     }
     bits
 }
 
-/// Whether bit `j` of a mask is set.
-#[inline]
-pub fn bit(mask: &[u64], j: usize) -> bool {
-    mask[j / 64] >> (j % 64) & 1 == 1
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether bit `j` of a mask is set.
+    #[inline]
+    fn bit(mask: &[u64], j: usize) -> bool {
+        mask[j / 64] >> (j % 64) & 1 == 1
+    }
 
     /// The stable-descending-sort reference: indices of the k largest |x|, ties to lower index.
     fn reference_top_k(x: &[f32], k: usize) -> Vec<usize> {
@@ -405,6 +428,17 @@ mod tests {
         let other_seed = bernoulli_mask(8, "t", 1, 0..1000, 0.3);
         assert_ne!(whole, other_model);
         assert_ne!(whole, other_seed);
+        // Element e is decided by word e of the stream: the same as drawing one by one.
+        let mut rng = tensor_rng(7, "t");
+        rng.set_stream(1);
+        for j in 0..1000 {
+            let r = rand::RngCore::next_u32(&mut rng) as u64;
+            assert_eq!(
+                bit(&whole, j),
+                r < (0.3f64 * 4_294_967_296.0).round() as u64,
+                "{j}"
+            );
+        }
         let kept = (0..1000).filter(|&j| bit(&whole, j)).count();
         // 3 sigma of Binomial(1000, 0.3) is about 43.
         assert!((kept as f64 - 300.0).abs() < 43.5, "{kept}");

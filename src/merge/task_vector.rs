@@ -14,6 +14,9 @@
 //! The f32 operations come in mergekit's order, so results match it to rounding.
 
 use super::params::{Default, Kind, ParamSpec, Scope, TensorParams};
+use std::ops::Deref;
+
+use super::job::Scratch;
 use super::TensorJob;
 use crate::bail;
 use crate::error::Result;
@@ -127,60 +130,81 @@ impl Combine {
     }
 
     /// `out = base + combine(deltas)` element-wise; `deltas[i]` are the (sparsified) task vectors.
-    pub fn apply(&self, base: &[f32], deltas: &[Vec<f32>], out: &mut [f32]) {
+    /// Written as loops over whole blocks (models outer, elements inner) so they vectorize; each
+    /// element still sees mergekit's operations in mergekit's order.
+    pub fn apply<D: Deref<Target = [f32]>>(&self, base: &[f32], deltas: &[D], out: &mut [f32]) {
         let w = &self.weights;
-        let plain_divisor = {
-            let d = w.iter().fold(0f32, |s, &x| s + x);
-            if d.abs() < 1e-8 {
-                1.0
-            } else {
-                d
+        let n = out.len();
+        let mut mixed = Scratch::zeroed(n);
+        let mut divisor = Scratch::zeroed(n);
+        match self.election {
+            None => {
+                for (d, &wi) in deltas.iter().zip(w) {
+                    for (m, &x) in mixed.iter_mut().zip(d.iter()) {
+                        *m += x * wi;
+                    }
+                }
+                let sum = w.iter().fold(0f32, |s, &x| s + x);
+                divisor.fill(if sum.abs() < 1e-8 { 1.0 } else { sum });
             }
-        };
-        let mut wd = vec![0f32; w.len()];
-        for (j, (o, &b)) in out.iter_mut().zip(base).enumerate() {
-            for (i, x) in wd.iter_mut().enumerate() {
-                *x = deltas[i][j] * w[i];
-            }
-            let (mut mixed, divisor) = match self.election {
-                None => (wd.iter().fold(0f32, |s, &x| s + x), plain_divisor),
-                Some(election) => {
-                    let majority = match election {
-                        Election::Sum => wd.iter().fold(0f32, |s, &x| s + x) >= 0.0,
-                        Election::Count => wd.iter().fold(0f32, |s, &x| s + sign(x)) >= 0.0,
-                    };
-                    let maj = if majority { 1.0 } else { -1.0 };
-                    let mut mixed = 0f32;
-                    let mut divisor = 0f32;
-                    for (i, &x) in wd.iter().enumerate() {
-                        if sign(x) == maj {
-                            mixed += x;
-                            divisor += w[i];
+            Some(election) => {
+                // The elected sign: +1 where the vote is >= 0.
+                let mut vote = Scratch::zeroed(n);
+                for (d, &wi) in deltas.iter().zip(w) {
+                    match election {
+                        Election::Sum => {
+                            for (v, &x) in vote.iter_mut().zip(d.iter()) {
+                                *v += x * wi;
+                            }
+                        }
+                        Election::Count => {
+                            for (v, &x) in vote.iter_mut().zip(d.iter()) {
+                                *v += sign(x * wi);
+                            }
                         }
                     }
-                    (mixed, if divisor == 0.0 { 1.0 } else { divisor })
                 }
-            };
-            if self.normalize {
-                mixed /= divisor;
+                for (d, &wi) in deltas.iter().zip(w) {
+                    for (((m, dv), &v), &x) in mixed
+                        .iter_mut()
+                        .zip(divisor.iter_mut())
+                        .zip(vote.iter())
+                        .zip(d.iter())
+                    {
+                        let wd = x * wi;
+                        // sign(wd) == elected sign; zero (and NaN) never agrees.
+                        let agrees = if v >= 0.0 { wd > 0.0 } else { wd < 0.0 };
+                        *m += if agrees { wd } else { 0.0 };
+                        *dv += if agrees { wi } else { 0.0 };
+                    }
+                }
+                for dv in divisor.iter_mut() {
+                    *dv = if *dv == 0.0 { 1.0 } else { *dv };
+                }
             }
-            if self.lambda != 1.0 {
-                mixed *= self.lambda;
+        }
+        let (normalize, lambda) = (self.normalize, self.lambda);
+        for (((o, &b), &m), &dv) in out
+            .iter_mut()
+            .zip(base)
+            .zip(mixed.iter())
+            .zip(divisor.iter())
+        {
+            let mut m = m;
+            if normalize {
+                m /= dv;
             }
-            *o = b + mixed;
+            if lambda != 1.0 {
+                m *= lambda;
+            }
+            *o = b + m;
         }
     }
 }
 
 /// torch.sign: -1, 0 or +1.
 fn sign(x: f32) -> f32 {
-    if x > 0.0 {
-        1.0
-    } else if x < 0.0 {
-        -1.0
-    } else {
-        0.0
-    }
+    (x > 0.0) as i32 as f32 - (x < 0.0) as i32 as f32
 }
 
 #[cfg(test)]

@@ -1,0 +1,125 @@
+//! Merge kernels on one 4096 x 4096 f32 tensor (a base and two task models on disk, read from the
+//! page cache): the TIES top-k cut by radix selection against a full sort of the magnitudes (what
+//! mergekit's argsort does), DARE masks, and whole-tensor merges per method.
+//!
+//!     cargo bench --bench merge_kernels
+
+use std::path::Path;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use rand::{Rng, SeedableRng};
+use safetensors::tensor::TensorView;
+use sinkmerge::checkpoint::Checkpoint;
+use sinkmerge::merge::job::{Source, TensorJob};
+use sinkmerge::merge::params::Value;
+use sinkmerge::merge::{self, sparsify, TensorParams};
+
+const N: usize = 4096;
+const NAME: &str = "model.layers.0.mlp.up_proj.weight";
+
+fn write_model(dir: &Path, seed: u64, base: &[f32]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/merge/models/base/config.json");
+    std::fs::copy(fixture, dir.join("config.json")).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let bytes: Vec<u8> = base
+        .iter()
+        .flat_map(|&x| {
+            let d = if seed == 0 {
+                0.0
+            } else {
+                (rng.random::<f32>() - 0.5) * 0.01
+            };
+            (x + d).to_le_bytes()
+        })
+        .collect();
+    let view = TensorView::new(safetensors::Dtype::F32, vec![N, N], &bytes).unwrap();
+    safetensors::tensor::serialize_to_file([(NAME, view)], None, &dir.join("model.safetensors"))
+        .unwrap();
+}
+
+fn params(method: &str, models: usize) -> TensorParams {
+    let m = merge::method(method).unwrap();
+    let mut p = TensorParams {
+        global: Default::default(),
+        models: vec![Default::default(); models],
+    };
+    for spec in m.params() {
+        let value = match spec.name {
+            "weight" => Value::Number(1.0),
+            "density" => Value::Number(0.2),
+            _ => merge::params::default_value(spec).unwrap(),
+        };
+        match spec.scope {
+            merge::params::Scope::Global => {
+                p.global.insert(spec.name, value);
+            }
+            merge::params::Scope::PerModel => {
+                for model in &mut p.models {
+                    model.insert(spec.name, value.clone());
+                }
+            }
+        }
+    }
+    p
+}
+
+fn bench(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
+    let base: Vec<f32> = (0..N * N).map(|_| rng.random::<f32>() - 0.5).collect();
+    for (name, seed) in [("base", 0), ("a", 1), ("b", 2)] {
+        write_model(&tmp.path().join(name), seed, &base);
+    }
+    let open = |name: &str| Checkpoint::open_dir(&tmp.path().join(name), name).unwrap();
+    let (b, a, bb) = (open("base"), open("a"), open("b"));
+    let source = |ckpt| Source {
+        ckpt,
+        tensor: NAME.to_string(),
+        dtype: safetensors::Dtype::F32,
+    };
+    let job = TensorJob {
+        name: NAME.to_string(),
+        shape: vec![N, N],
+        out_dtype: safetensors::Dtype::F32,
+        base: Some(source(&b)),
+        models: vec![source(&a), source(&bb)],
+    };
+
+    let mut g = c.benchmark_group("ties_top_k_16M");
+    g.sample_size(10);
+    g.bench_function("radix_selection", |bench| {
+        bench.iter(|| sparsify::top_k_cuts(&job, &[0.2]).unwrap())
+    });
+    g.bench_function("full_sort_of_magnitudes", |bench| {
+        bench.iter(|| {
+            let delta = job.read_delta(0).unwrap();
+            let mut mags: Vec<f32> = delta.data.iter().map(|x| x.abs()).collect();
+            mags.sort_unstable_by(|p, q| q.total_cmp(p));
+            mags[sparsify::keep_count(0.2, mags.len()) - 1]
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("dare_mask_16M");
+    g.sample_size(10);
+    g.bench_function("bernoulli_mask", |bench| {
+        bench.iter(|| sparsify::bernoulli_mask(0, NAME, 0, 0..N * N, 0.1))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("merge_one_4096x4096_tensor");
+    g.sample_size(10);
+    for method in ["task_arithmetic", "ties", "dare_linear"] {
+        let m = merge::method(method).unwrap();
+        let p = params(method, 2);
+        g.bench_function(method, |bench| {
+            bench.iter(|| m.merge(&job, &p, &None).unwrap())
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
