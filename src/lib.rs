@@ -7,6 +7,7 @@
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`report`]: tables, number formatting and SVG plots.
+//! - [`sink`]: the layer-streaming sink scorer and the paper's sink metrics.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 pub mod arch;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod linalg;
 pub mod progress;
 pub mod report;
+pub mod sink;
 pub mod tensor;
 
 pub use error::{Error, Result};
