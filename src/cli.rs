@@ -42,6 +42,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
+    Score(commands::score::Args),
 }
 
 /// Where and how a command writes a model directory.
