@@ -12,7 +12,7 @@ It writes, under tests/fixtures/score/:
                       so attention is peaked and a wrong rope, norm or mask shows in the probabilities.
   goldens/<case>.safetensors
                       input_ids [T] (I64), attentions [L, heads, T*(T+1)/2] (F32, the causal lower triangle
-                      row by row), logits [T, V] (F32); metadata key "golden": JSON with model dir, prompt, versions, resolved rope.
+                      row by row), logits [8, V] (F32, the last 8 positions); metadata key "golden": JSON with model dir, prompt, versions, resolved rope.
   tokenization.json   token ids of AutoTokenizer (add_special_tokens=True) and of apply_chat_template
                       (add_generation_prompt=True, tokenize=True) for every fixture tokenizer flavour.
 
@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoTokenizer,
     LlamaConfig,
     MistralConfig,
@@ -62,10 +63,15 @@ SHARED = FIX / "models"
 OUT = FIX / "score"
 TMP = Path(tempfile.mkdtemp(prefix="sinkmerge_score_"))
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
+# Extras that the CLI and metric tests score from text (the others are parity-only, fed token ids).
+WITH_TOKENIZER = {"qwen3_moe", "olmoe", "qwen3_bias", "olmo3_sw", "llama31_rope", "mistral_hd"}
 
 # One prompt for every parity case: 22 tokens with the fixtures' tokenizer (23 with a BOS), longer than the
 # sliding windows (8, 16) so the window masks are exercised.
 PROMPT = "List three rivers in one line."
+
+# Logits are kept for the last positions only (the fixtures budget); attentions cover every position.
+LOGIT_ROWS = 8
 
 DT = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}
 
@@ -77,7 +83,7 @@ def seed_of(name):
 def small(vocab=320, **kw):
     d = dict(vocab_size=vocab, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, rms_norm_eps=1e-6,
-             tie_word_embeddings=False, pad_token_id=301, bos_token_id=301, eos_token_id=303)
+             tie_word_embeddings=True, pad_token_id=301, bos_token_id=301, eos_token_id=303)
     d.update(kw)
     return d
 
@@ -106,7 +112,7 @@ EXTRAS = {
         max_position_embeddings=16, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
         "llama31-tied", None),
     "qwen3_bias": (Qwen3Config, "Qwen3ForCausalLM", "bf16", small(
-        head_dim=16, attention_bias=True, tie_word_embeddings=True,
+        head_dim=16, attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), "qwen2", None),
     "olmo3_sw": (Olmo3Config, "Olmo3ForCausalLM", "bf16", small(
         num_hidden_layers=4, sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"],
@@ -114,16 +120,17 @@ EXTRAS = {
                                             "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}), "olmo3", None),
     "llama31_rope": (LlamaConfig, "LlamaForCausalLM", "bf16", small(
-        tie_word_embeddings=True, bos_token_id=304, rms_norm_eps=1e-5,
+        bos_token_id=304, rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}), "llama31-tied", None),
     "mistral_hd": (MistralConfig, "MistralForCausalLM", "bf16", small(
-        head_dim=16, sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+        head_dim=16, sliding_window=8, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
         "mistral", None),
 }
 
 # Parity cases: name -> model directory. The shared fixtures first (as on disk), then the extras.
-SHARED_CASES = ["qwen2", "qwen2-sharded", "qwen3", "llama31-tied", "mistral", "olmo3"]
+SHARED_CASES = ["qwen2", "qwen2-sharded", "qwen3", "llama31-tied", "mistral", "olmo3",
+                "qwen3_vl"]  # a VLM: nested text_config, model.language_model.* names, interleaved mrope
 # Shared fixture -> its 4.x config (tests/fixtures/configs), checked to give the same attentions.
 FOUR_X = {"qwen2": "qwen2", "qwen3": "qwen3", "llama31-tied": "llama31", "mistral": "mistral", "olmo3": "olmo3"}
 
@@ -179,7 +186,7 @@ def build_extra(name):
     if out.exists():
         shutil.rmtree(out)
     model.to(DT[dtype]).save_pretrained(str(out))
-    for f in TOKENIZER_FILES:
+    for f in TOKENIZER_FILES if name in WITH_TOKENIZER else []:
         src = SHARED / tok_src / f
         if src.exists():
             shutil.copy(src, out / f)
@@ -199,7 +206,9 @@ def load(model_dir):
     cfg = AutoConfig.from_pretrained(str(model_dir))
     if getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None):
         kw["experts_implementation"] = "eager"
-    m = AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager", dtype=torch.float32, **kw)
+    # A VLM runs text-only: its language model with multimodal RoPE on text positions.
+    auto = AutoModelForImageTextToText if hasattr(cfg, "vision_config") else AutoModelForCausalLM
+    m = auto.from_pretrained(str(model_dir), attn_implementation="eager", dtype=torch.float32, **kw)
     return m.eval()
 
 
@@ -219,13 +228,13 @@ def lower_triangle(att):
 
 
 def rope_of(cfg):
-    rp = getattr(cfg, "rope_parameters", None)
+    rp = getattr(cfg.get_text_config(), "rope_parameters", None)
     return json.dumps(rp, sort_keys=True, default=str)
 
 
-def golden(case, model_dir, four_x_config=None):
+def golden(case, model_dir, four_x_config=None, tokenizer_dir=None):
     """Run one case; `four_x_config` is the same model's config in the other dialect, checked to agree."""
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
     ids = tok(PROMPT, add_special_tokens=True)["input_ids"]
     att, logits, cfg = run(model_dir, ids)
     checked = []
@@ -247,7 +256,7 @@ def golden(case, model_dir, four_x_config=None):
         "prompt": PROMPT,
         "same_for_configs": json.dumps(checked),
         "rope_parameters": rope_of(cfg),
-        "layer_types": json.dumps(getattr(cfg, "layer_types", None)),
+        "layer_types": json.dumps(getattr(cfg.get_text_config(), "layer_types", None)),
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "attn_implementation": "eager",
@@ -256,7 +265,7 @@ def golden(case, model_dir, four_x_config=None):
     tensors = {
         "input_ids": torch.tensor(ids, dtype=torch.int64),
         "attentions": lower_triangle(att),
-        "logits": logits.contiguous(),
+        "logits": logits[-LOGIT_ROWS:].contiguous(),
     }
     path = OUT / "goldens" / f"{case}.safetensors"
     # One metadata key: safetensors orders a multi-key metadata map differently on every run.
@@ -305,7 +314,7 @@ def main():
         four = FIX / "configs" / f"{FOUR_X[name]}.4x.json" if name in FOUR_X else None
         golden(name, SHARED / name, four)
     for name in EXTRAS:
-        golden(name, OUT / "models" / name, other_dialect[name])
+        golden(name, OUT / "models" / name, other_dialect[name], SHARED / EXTRAS[name][4])
     tokenization()
 
 

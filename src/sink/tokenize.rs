@@ -212,14 +212,14 @@ impl ChatTemplate {
             .template_from_str(&self.source)
             .map_err(|e| bad!("chat template does not parse: {e}"))?;
         let content = if self.origin == TemplateSource::ProcessorJson {
-            Value::from(vec![Value::from_iter([
+            Value::from(vec![Value::from_pairs([
                 ("type", Value::from("text")),
                 ("text", Value::from(prompt)),
             ])])
         } else {
             Value::from(prompt)
         };
-        let message = Value::from_iter([("role", Value::from("user")), ("content", content)]);
+        let message = Value::from_pairs([("role", Value::from("user")), ("content", content)]);
         let mut ctx: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from(vec![message])),
             ("add_generation_prompt".into(), Value::from(true)),
@@ -230,7 +230,7 @@ impl ChatTemplate {
             ctx.push((k.clone(), Value::from(v.as_str())));
         }
         template
-            .render(Value::from_iter(ctx))
+            .render(Value::from_pairs(ctx))
             .map_err(|e| bad!("chat template failed to render: {e}"))
     }
 }
