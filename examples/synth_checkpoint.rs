@@ -2,7 +2,7 @@
 //! benchmarks that need gigabytes of real-looking safetensors without downloading a model.
 //!
 //! cargo run --release --example synth_checkpoint -- OUT --layers 4 --hidden 3584 \
-//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0
+//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0 [--tie 1]
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -24,6 +24,8 @@ struct Opts {
     dtype: safetensors::Dtype,
     seed: u64,
     shard: u64,
+    /// Tied embeddings: no `lm_head.weight` on disk (Qwen2.5-0.5B/1.5B/3B).
+    tie: bool,
 }
 
 fn parse() -> Opts {
@@ -42,6 +44,7 @@ fn parse() -> Opts {
         dtype: safetensors::Dtype::BF16,
         seed: 0,
         shard: writer::DEFAULT_MAX_SHARD_SIZE,
+        tie: false,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -60,6 +63,7 @@ fn parse() -> Opts {
             "--kv-heads" => o.kv_heads = n(),
             "--vocab" => o.vocab = n(),
             "--seed" => o.seed = n() as u64,
+            "--tie" => o.tie = n() != 0,
             "--dtype" => {
                 o.dtype = dtype::parse_float_dtype(&value).expect("dtype: bf16, f16 or f32")
             }
@@ -95,7 +99,9 @@ fn main() {
         }
     }
     tensors.push(("model.norm.weight".into(), vec![h]));
-    tensors.push(("lm_head.weight".into(), vec![o.vocab, h]));
+    if !o.tie {
+        tensors.push(("lm_head.weight".into(), vec![o.vocab, h]));
+    }
     let planned: Vec<writer::PlannedTensor> = tensors
         .into_iter()
         .map(|(name, shape)| writer::PlannedTensor {
@@ -110,7 +116,7 @@ fn main() {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h,
         "intermediate_size": i, "num_hidden_layers": o.layers, "num_attention_heads": o.heads,
         "num_key_value_heads": o.kv_heads, "vocab_size": o.vocab, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": o.tie,
         "use_sliding_window": false, "hidden_act": "silu",
         "torch_dtype": dtype::torch_name(o.dtype).unwrap(),
     });

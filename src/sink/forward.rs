@@ -297,12 +297,15 @@ impl<'m, 'a> State<'m, 'a> {
     }
 
     /// Run layer `layer`'s attention block: every prompt's and head's scores and probabilities go
-    /// to `visit` (in parallel; results come back in prompt-major order), then the output
-    /// projection and the residual update. The layer's attention weights are dropped on return.
+    /// to `visit` (in parallel; results come back in prompt-major order), then, if
+    /// `update_residual`, the values, output projection and residual update (the last layer of a
+    /// scoring pass skips them: nothing downstream reads them). The layer's attention weights
+    /// are dropped on return.
     pub fn attention<R: Send>(
         &mut self,
         layer: usize,
         visit: &(dyn Fn(&HeadView) -> R + Sync),
+        update_residual: bool,
     ) -> Result<AttentionOutput<R>> {
         let model = self.model;
         let spec = &model.spec;
@@ -339,9 +342,13 @@ impl<'m, 'a> State<'m, 'a> {
         let mut k = k_proj.forward_no_bias(input, n);
         let k_bias = k_proj.bias.take();
         drop(k_proj);
-        let v_proj = model.linear(&format!("{p}.self_attn.v_proj"), kd, hidden, spec.qkv_bias)?;
-        let mut v = v_proj.forward(input, n);
-        drop(v_proj);
+        let mut v = if update_residual {
+            let v_proj =
+                model.linear(&format!("{p}.self_attn.v_proj"), kd, hidden, spec.qkv_bias)?;
+            v_proj.forward(input, n)
+        } else {
+            Vec::new()
+        };
 
         let (q_norm_len, k_norm_len) = match spec.qk_norm {
             QkNorm::PerHead => (hd, hd),
@@ -400,6 +407,9 @@ impl<'m, 'a> State<'m, 'a> {
                 .for_each(|(t, row)| row.chunks_mut(hd).for_each(|h| table.apply(h, t)));
         }
 
+        if !(q.par_iter().all(|x| x.is_finite()) && k.par_iter().all(|x| x.is_finite())) {
+            return Err(self.non_finite_error(layer, "query/key projections"));
+        }
         let scale = (hd as f32).powf(-0.5);
         let group = spec.group();
         let window = lspec.window;
@@ -413,43 +423,25 @@ impl<'m, 'a> State<'m, 'a> {
                 let range = &prompts[pi];
                 let (off, len) = (range.start, range.len());
                 let g = h / group;
-                let qv =
-                    MatRef::from_row_major_slice_with_stride(&q[off * qd + h * hd..], len, hd, qd);
-                let kv =
-                    MatRef::from_row_major_slice_with_stride(&k[off * kd + g * hd..], len, hd, kd);
-                let vv =
-                    MatRef::from_row_major_slice_with_stride(&v[off * kd + g * hd..], len, hd, kd);
-                let mut scores = vec![0f32; len * len];
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut scores, len, len),
-                    Accum::Replace,
-                    qv,
-                    kv.transpose(),
+                let view = |buf, width, head| head_view(buf, off, len, width, head * hd, hd);
+                attend_head(
+                    view(&q, qd, h),
+                    view(&k, kd, g),
+                    update_residual.then(|| view(&v, kd, g)),
                     scale,
-                    Par::Seq,
-                );
-                let probs = softmax_causal(&scores, len, window);
-                let out = visit(&HeadView {
-                    prompt: pi,
-                    head: h,
-                    len,
-                    scores: &scores,
-                    probs: &probs,
                     window,
-                });
-                let mut ctx = vec![0f32; len * hd];
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut ctx, len, hd),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&probs, len, len),
-                    vv,
-                    1.0f32,
-                    Par::Seq,
-                );
-                (out, ctx)
+                    (pi, h),
+                    visit,
+                )
             })
             .collect();
         drop((q, k, v));
+        if !update_residual {
+            return Ok(AttentionOutput {
+                heads: results.into_iter().map(|(out, _)| out).collect(),
+                qk_norm: qk_stats,
+            });
+        }
 
         let mut ctx = vec![0f32; n * qd];
         let mut heads = Vec::with_capacity(results.len());
@@ -596,6 +588,10 @@ impl<'m, 'a> State<'m, 'a> {
         if self.x.par_iter().all(|v| v.is_finite()) {
             return Ok(());
         }
+        Err(self.non_finite_error(layer, &format!("{block} block")))
+    }
+
+    fn non_finite_error(&self, layer: usize, what: &str) -> crate::error::Error {
         let culprit = self
             .model
             .non_finite_tensor(layer)
@@ -603,11 +599,23 @@ impl<'m, 'a> State<'m, 'a> {
             .unwrap_or_else(|| {
                 "no weight of the layer holds NaN/Inf, so activations overflowed f32".into()
             });
-        bail!(
-            "{}: hidden states became NaN/Inf after layer {layer}'s {block} block: {culprit}",
+        bad!(
+            "{}: values became NaN/Inf in layer {layer}'s {what}: {culprit}",
             self.model.ckpt.dir.display()
         )
     }
+}
+
+/// Rows `off..off+len`, columns `col..col+hd` of a row-major matrix of `width` columns.
+fn head_view(
+    buf: &[f32],
+    off: usize,
+    len: usize,
+    width: usize,
+    col: usize,
+    hd: usize,
+) -> MatRef<'_, f32> {
+    MatRef::from_row_major_slice_with_stride(&buf[off * width + col..], len, hd, width)
 }
 
 fn add_bias_opt(y: &mut [f32], bias: &Option<Vec<f32>>) {
@@ -697,6 +705,52 @@ fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32>
     probs
 }
 
+/// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
+/// the masked softmax, the visitor, and the head's context `P v` (`[len, head_dim]`, row-major;
+/// empty without `v`). `at` is (prompt, head) for the visitor.
+pub fn attend_head<R>(
+    q: MatRef<'_, f32>,
+    k: MatRef<'_, f32>,
+    v: Option<MatRef<'_, f32>>,
+    scale: f32,
+    window: Option<usize>,
+    at: (usize, usize),
+    visit: &(dyn Fn(&HeadView) -> R + Sync),
+) -> (R, Vec<f32>) {
+    let (len, hd) = (q.nrows(), q.ncols());
+    let mut scores = vec![0f32; len * len];
+    matmul(
+        MatMut::from_row_major_slice_mut(&mut scores, len, len),
+        Accum::Replace,
+        q,
+        k.transpose(),
+        scale,
+        Par::Seq,
+    );
+    let probs = softmax_causal(&scores, len, window);
+    let out = visit(&HeadView {
+        prompt: at.0,
+        head: at.1,
+        len,
+        scores: &scores,
+        probs: &probs,
+        window,
+    });
+    let Some(v) = v else {
+        return (out, Vec::new());
+    };
+    let mut ctx = vec![0f32; len * hd];
+    matmul(
+        MatMut::from_row_major_slice_mut(&mut ctx, len, hd),
+        Accum::Replace,
+        MatRef::from_row_major_slice(&probs, len, len),
+        v,
+        1.0f32,
+        Par::Seq,
+    );
+    (out, ctx)
+}
+
 /// Per-layer attention probabilities and final logits of a full forward pass: the library entry
 /// point the parity tests compare against transformers.
 pub struct Trace {
@@ -714,7 +768,7 @@ pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
     let nh = model.spec.num_heads;
     let mut attentions = Vec::with_capacity(model.spec.num_layers());
     for layer in 0..model.spec.num_layers() {
-        let out = state.attention(layer, &|h: &HeadView| h.probs.to_vec())?;
+        let out = state.attention(layer, &|h: &HeadView| h.probs.to_vec(), true)?;
         let mut per_prompt: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
         for (i, probs) in out.heads.into_iter().enumerate() {
             per_prompt[i / nh].extend(probs);

@@ -299,7 +299,8 @@ pub fn score(
                     obs,
                 }
             };
-            let out = states[mi].attention(layer, &visit)?;
+            let last = layer + 1 == spec.num_layers();
+            let out = states[mi].attention(layer, &visit, !last)?;
             let mut obs = Vec::with_capacity(out.heads.len());
             let mut refs = Vec::new();
             for r in out.heads {
@@ -315,8 +316,8 @@ pub fn score(
                 ref_heads = Some(refs);
             }
             accs[mi].add_layer(layer, heads, &obs, out.qk_norm);
-            // The last layer's MLP cannot change any attention.
-            if layer + 1 < spec.num_layers() {
+            // Nothing after the last layer's attention scores can change any attention.
+            if !last {
                 states[mi].mlp(layer)?;
             }
             on_layer();
