@@ -469,7 +469,7 @@ fn head_heatmap(scores: &Scores) -> Heatmap {
                 })
                 .collect();
             Panel {
-                title: m.model.clone(),
+                title: short(&m.model),
                 row_labels: layers.iter().map(|l| l.to_string()).collect(),
                 values,
             }

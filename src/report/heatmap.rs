@@ -52,7 +52,7 @@ fn err(e: impl std::fmt::Display) -> String {
 impl Heatmap {
     pub fn to_svg(&self) -> Result<String, String> {
         let n = self.panels.len().max(1);
-        let width = 140 + 320 * n as u32;
+        let width = 150 + 320 * n as u32;
         let rows = self
             .panels
             .iter()
@@ -72,18 +72,20 @@ impl Heatmap {
             let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
             root.fill(&WHITE).map_err(err)?;
             let root = root.titled(&self.title, ("sans-serif", 20)).map_err(err)?;
-            let (panels_area, bar_area) = root.split_horizontally(width - 110);
+            let (panels_area, bar_area) = root.split_horizontally(width - 120);
             for (area, panel) in panels_area.split_evenly((1, n)).iter().zip(&self.panels) {
                 let cols = panel.values.iter().map(Vec::len).max().unwrap_or(1);
                 let nrows = panel.values.len().max(1);
+                // Cell (r, c) spans [c - 0.5, c + 0.5]: integer ticks land on cell centres.
                 let mut chart = ChartBuilder::on(area)
                     .caption(&panel.title, ("sans-serif", 14))
                     .margin(8)
                     .x_label_area_size(36)
                     .y_label_area_size(48)
-                    .build_cartesian_2d(0f64..cols as f64, 0f64..nrows as f64)
+                    .build_cartesian_2d(-0.5f64..cols as f64 - 0.5, -0.5f64..nrows as f64 - 0.5)
                     .map_err(err)?;
                 let labels = panel.row_labels.clone();
+                let integer = |v: f64| (v - v.round()).abs() < 1e-9;
                 chart
                     .configure_mesh()
                     .disable_mesh()
@@ -91,11 +93,22 @@ impl Heatmap {
                     .y_desc(&self.y_label)
                     .x_labels(cols.min(16))
                     .y_labels(nrows.min(24))
-                    .x_label_formatter(&|x| format!("{}", x.floor() as i64))
+                    .label_style(("sans-serif", 12))
+                    .x_label_formatter(&|x| {
+                        if integer(*x) {
+                            format!("{}", x.round() as i64)
+                        } else {
+                            String::new()
+                        }
+                    })
                     .y_label_formatter(&|y| {
                         // Row 0 is drawn at the top.
-                        let r = nrows as f64 - 1.0 - y.floor();
-                        labels.get(r.max(0.0) as usize).cloned().unwrap_or_default()
+                        let r = nrows as f64 - 1.0 - y.round();
+                        if integer(*y) && r >= 0.0 {
+                            labels.get(r as usize).cloned().unwrap_or_default()
+                        } else {
+                            String::new()
+                        }
                     })
                     .draw()
                     .map_err(err)?;
@@ -107,8 +120,9 @@ impl Heatmap {
                                 Some(v) => viridis(scale(*v)),
                                 None => RGBColor(200, 200, 200),
                             };
+                            let x = c as f64;
                             Rectangle::new(
-                                [(c as f64, y), (c as f64 + 1.0, y + 1.0)],
+                                [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)],
                                 colour.filled(),
                             )
                         })
@@ -119,12 +133,15 @@ impl Heatmap {
             let mut bar = ChartBuilder::on(&bar_area)
                 .margin(12)
                 .margin_top(40)
-                .y_label_area_size(50)
+                .margin_bottom(44)
+                .y_label_area_size(70)
                 .build_cartesian_2d(0f64..1f64, lo..hi)
                 .map_err(err)?;
             bar.configure_mesh()
                 .disable_mesh()
                 .disable_x_axis()
+                .label_style(("sans-serif", 12))
+                .axis_desc_style(("sans-serif", 13))
                 .y_desc(&self.value_label)
                 .draw()
                 .map_err(err)?;

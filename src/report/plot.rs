@@ -90,6 +90,7 @@ impl LineChart {
                 .iter()
                 .flat_map(|s| s.points.iter().map(|p| p.1)),
         );
+        let (xs_start, xs_end) = (xs.start, xs.end);
         let mut chart = ChartBuilder::on(area)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
@@ -97,10 +98,31 @@ impl LineChart {
             .y_label_area_size(70)
             .build_cartesian_2d(xs, ys)
             .map_err(err)?;
+        // Integer x data (layer indices) get integer ticks only.
+        let integer_x = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .all(|p| p.0.fract() == 0.0);
+        let x_span = (xs_end - xs_start).round() as usize;
         chart
             .configure_mesh()
             .x_desc(&self.x_label)
             .y_desc(&self.y_label)
+            .x_labels(if integer_x {
+                (x_span + 1).clamp(2, 12)
+            } else {
+                10
+            })
+            .x_label_formatter(&|x| {
+                if !integer_x {
+                    format!("{x}")
+                } else if (x - x.round()).abs() < 1e-9 {
+                    format!("{}", x.round() as i64)
+                } else {
+                    String::new()
+                }
+            })
             .draw()
             .map_err(err)?;
         for (i, s) in self.series.iter().enumerate() {
