@@ -644,7 +644,11 @@ fn min_rms_ratio(proj: &[f32], width: usize, group_len: usize, input_norms: &[f6
         )
 }
 
-/// `down(silu(gate(h)) * up(h))`.
+/// Tokens per chunk of the MLP: bounds its `[tokens, intermediate]` activations (2 x 155 MB at a
+/// 7B's width) however many prompt tokens there are. Fixed, so results do not depend on threads.
+const MLP_ROWS: usize = 1024;
+
+/// `down(silu(gate(h)) * up(h))`, over chunks of [`MLP_ROWS`] tokens.
 fn dense_mlp(
     model: &Model,
     prefix: &str,
@@ -655,15 +659,16 @@ fn dense_mlp(
     n: usize,
 ) -> Result<Vec<f32>> {
     let gate = model.linear(&format!("{prefix}.gate_proj"), inter, hidden, bias)?;
-    let mut a = gate.forward(h, n);
-    drop(gate);
     let up = model.linear(&format!("{prefix}.up_proj"), inter, hidden, bias)?;
-    let u = up.forward(h, n);
-    drop(up);
-    silu_mul(&mut a, &u);
-    drop(u);
     let down = model.linear(&format!("{prefix}.down_proj"), hidden, inter, bias)?;
-    Ok(down.forward(&a, n))
+    let mut out = Vec::with_capacity(n * hidden);
+    for chunk in h.chunks(MLP_ROWS * hidden) {
+        let rows = chunk.len() / hidden;
+        let mut a = gate.forward(chunk, rows);
+        silu_mul(&mut a, &up.forward(chunk, rows));
+        out.extend(down.forward(&a, rows));
+    }
+    Ok(out)
 }
 
 /// Router decision for one token: softmax in f32, top `k` (ties to the lower expert index),

@@ -57,7 +57,8 @@ pub struct HeadObservations {
     pub pos0: Vec<f64>,
 }
 
-/// What a reference head keeps for the gap perturbation B of its targets.
+/// What a reference head keeps for the gap perturbation B of its targets: its causal scores
+/// (the lower triangle, row `q` at offset `q(q+1)/2`) and its valid queries and sinks.
 #[derive(Debug, Clone)]
 pub struct ReferenceHead {
     pub len: usize,
@@ -151,9 +152,14 @@ pub fn observe(view: &HeadView, mode: SinkPosition) -> HeadObservations {
 impl ReferenceHead {
     /// Keep what B needs from a reference head: its scores and its valid queries and sinks.
     pub fn new(view: &HeadView, obs: &HeadObservations) -> ReferenceHead {
+        let len = view.len;
+        let mut scores = Vec::with_capacity(len * (len + 1) / 2);
+        for q in 0..len {
+            scores.extend_from_slice(&view.scores[q * len..q * len + q + 1]);
+        }
         ReferenceHead {
-            len: view.len,
-            scores: view.scores.to_vec(),
+            len,
+            scores,
             queries: obs.queries.clone(),
             sinks: obs.sinks.clone(),
         }
@@ -169,7 +175,7 @@ impl ReferenceHead {
             .zip(&self.sinks)
             .map(|(&q, &sink)| {
                 let (q, sink) = (q as usize, sink as usize);
-                let r = &self.scores[q * len..q * len + q + 1];
+                let r = &self.scores[q * (q + 1) / 2..(q + 1) * (q + 2) / 2];
                 let t = &target.scores[q * len..q * len + q + 1];
                 let (r_sink, t_sink) = (r[sink] as f64, t[sink] as f64);
                 (target.first_key(q)..=q)
