@@ -71,7 +71,7 @@ if [ "$MODE" = small ]; then
   echo "Qwen2.5-0.5B shapes, 15 prompts, $("$PY" - <<EOF
 from tokenizers import Tokenizer
 t = Tokenizer.from_file("$TOK/tokenizer.json")
-print(sum(len(t.encode(l).ids) for l in open("$P") if l.strip()), end="")
+print(sum(len(t.encode(l).ids) for l in open("$P", encoding="utf-8").read().splitlines() if l.strip()), end="")
 EOF
 ) tokens; medians of $RUNS runs (machine shared with other jobs: load $(cut -d' ' -f1 /proc/loadavg))"
   printf '%-14s %9s %9s %12s\n' tool wall_s cpu_s peak_rss_MB
