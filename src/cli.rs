@@ -43,6 +43,7 @@ pub enum Command {
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
     /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
+    #[command(long_about = commands::score::LONG_ABOUT, after_help = commands::score::AFTER_HELP)]
     Score(commands::score::Args),
 }
 

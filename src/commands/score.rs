@@ -29,26 +29,30 @@ pub enum Device {
     Cuda,
 }
 
-#[derive(Debug, clap::Args)]
-#[command(
-    about = "Attention-sink scores: Sink Strength S, pos0 share, and with --ref B_gap and the margin",
-    long_about = "Runs each MODEL (and REF) on the calibration prompts, layer by layer in f32 (weights \
-upcast, eager attention, no cache, batch of one per prompt; only one layer's weights resident), and \
-reports the attention-sink metrics of \"Text Capability Loss in Vision-Language Adaptation\" \
-(arXiv 2609.00746):\n\n\
+/// `sinkmerge score --help`: what the command computes.
+pub const LONG_ABOUT: &str = "Attention-sink scores of each MODEL, and with --ref the margin of each \
+MODEL against the reference.\n\n\
+Runs each MODEL (and REF) on the calibration prompts, layer by layer in f32 (weights upcast, eager \
+attention, no cache, batch of one per prompt; only one layer's weights resident), and reports the \
+attention-sink metrics of \"Text Capability Loss in Vision-Language Adaptation\" (arXiv 2609.00746):\n\n\
   S (sink_strength)   median over the window of G = log(a/(1-a)), a = the sink's attention share\n\
   pos0_share          mean attention on token 0 over the window's valid queries\n\
   strong_sink_frac    share of observations with G > 2 (a > 0.881)\n\
-  b_gap_median        with --ref: median over the window of B, the largest shift of a query's \
-score gaps to the sink between REF and MODEL on the same tokens\n\
+  b_gap_median        with --ref: median over the window of B, the largest shift of a query's score \
+gaps to the sink between REF and MODEL on the same tokens\n\
   margin              with --ref: G_base - B_gap (REF's median G minus B_gap)\n\n\
-Observations are (prompt, layer, head, query) with query >= max(1, sink position). The window is \
-the last --last layers. Architectures: qwen2 (Qwen2/2.5 and the Qwen-VL/LLaVA-OV/InternVL \
-language models), qwen3 (and Qwen3-VL's), llama, mistral, olmo2, olmo3, qwen3_moe, olmoe.",
-    after_help = "Examples:\n  sinkmerge score --ref assets/models/tiny-qwen3/ref assets/models/tiny-qwen3/vl\n  \
+Observations are (prompt, layer, head, query) with query >= max(1, sink position). The window is the \
+last --last layers. Architectures: qwen2 (Qwen2/2.5 and the Qwen-VL, LLaVA-OneVision and InternVL \
+language models), qwen3 (and Qwen3-VL's), llama (and Idefics3's), mistral, olmo2, olmo3, qwen3_moe, \
+olmoe; a VLM directory is scored through its language model.";
+
+/// `sinkmerge score --help`: examples.
+pub const AFTER_HELP: &str = "Examples:\n  \
+sinkmerge score --ref assets/models/tiny-qwen3/ref assets/models/tiny-qwen3/vl\n  \
 sinkmerge score qwen2.5-vl:ref --n 50 --seed 1 --json\n  \
-sinkmerge score --ref REF VLM_LM MERGED --plot layers.svg --heatmap heads.svg"
-)]
+sinkmerge score --ref REF VLM_LM MERGED --plot layers.svg --heatmap heads.svg";
+
+#[derive(Debug, clap::Args)]
 pub struct Args {
     /// Models to score: directories, HF repo ids (ORG/NAME[@rev]) or aliases
     #[arg(required = true, value_name = "MODEL")]
