@@ -67,13 +67,28 @@ pub struct ReferenceHead {
     pub sinks: Vec<u32>,
 }
 
-/// Log of `Σ exp(s)` over `values`, stable, in f64.
-fn log_sum_exp(values: impl Iterator<Item = f64> + Clone) -> f64 {
-    let max = values.clone().fold(f64::NEG_INFINITY, f64::max);
-    if max == f64::NEG_INFINITY {
-        return max;
+/// For one query's visible scores `row` with the sink at `sink`: the sink gap
+/// `G = row[sink] - log Σ_{p != sink} exp(row[p])` and `log Σ_p exp(row[p])`, both in f64 and
+/// stable (each log-sum-exp is taken about its own maximum), in two passes over the row.
+fn sink_gap(row: &[f32], sink: usize) -> (f64, f64) {
+    let s_sink = row[sink] as f64;
+    let mut m_others = f64::NEG_INFINITY;
+    for (p, &v) in row.iter().enumerate() {
+        if p != sink {
+            m_others = m_others.max(v as f64);
+        }
     }
-    max + values.map(|v| (v - max).exp()).sum::<f64>().ln()
+    let mut sum_others = 0f64;
+    for (p, &v) in row.iter().enumerate() {
+        if p != sink {
+            sum_others += (v as f64 - m_others).exp();
+        }
+    }
+    let lse_others = m_others + sum_others.ln();
+    // Σ over all keys about the overall maximum: the others' sum rescaled, plus the sink.
+    let m_all = m_others.max(s_sink);
+    let sum_all = sum_others * (m_others - m_all).exp() + (s_sink - m_all).exp();
+    (s_sink - lse_others, m_all + sum_all.ln())
 }
 
 /// The lowest index of the largest value.
@@ -133,11 +148,9 @@ pub fn observe(view: &HeadView, mode: SinkPosition) -> HeadObservations {
         let sink = sink as usize;
         let lo = view.first_key(q);
         let row = &view.scores[q * len..q * len + q + 1];
-        let others = (lo..=q).filter(|&p| p != sink).map(|p| row[p] as f64);
-        let g = row[sink] as f64 - log_sum_exp(others);
+        let (g, lse_all) = sink_gap(&row[lo..], sink - lo);
         let pos0 = if lo == 0 {
-            let all = log_sum_exp((lo..=q).map(|p| row[p] as f64));
-            (row[0] as f64 - all).exp()
+            (row[0] as f64 - lse_all).exp()
         } else {
             0.0
         };
