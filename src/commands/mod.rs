@@ -1,6 +1,7 @@
 //! One file per subcommand: its arguments and the glue between the library rooms.
 
 pub mod aliases;
+pub mod extract;
 pub mod inspect;
 
 use crate::cli::{Cli, Command};
@@ -18,5 +19,6 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Extract(args) => extract::run(args, progress),
     }
 }
