@@ -52,7 +52,7 @@ fn families_help() -> String {
         "OUT defaults to ./<alias-or-directory-name>-lm (for a repo id, its NAME).\n\nFamilies (--family):\n",
     );
     for f in families::FAMILIES {
-        s += &format!("  {:<16} {}\n", f.name(), f.help());
+        s += &format!("  {}\n      {}\n", f.name(), f.help());
     }
     s += "\nUNVERIFIED layouts are implemented as shared/reference/extraction.md documents them; check such an \
 extraction against the VLM (docs/extract.md, tools/check_extract.py).";

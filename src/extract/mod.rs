@@ -68,27 +68,7 @@ pub struct Count {
 pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let out = OutputDir::create(dest, &[&ckpt.dir], opts.force)?;
-    let planned: Vec<PlannedTensor> = plan
-        .outputs
-        .iter()
-        .map(|t| PlannedTensor {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-        })
-        .collect();
-    let total: u64 = plan.outputs.iter().map(|t| t.byte_len() as u64).sum();
-    let bar = crate::progress::bytes(total, "extracting", opts.progress);
-    let written = writer::write_tensors(
-        &out,
-        &planned,
-        opts.max_shard_size,
-        Some((&bar, Progress::Bytes)),
-        |i| plan.outputs[i].bytes(ckpt),
-    )?;
-    bar.finish_and_clear();
-    out.write_json(CONFIG_FILE, &plan.config)?;
-    let aux = aux_files::copy(&out, ckpt, plan.target)?;
+    let (written, aux) = write(&out, ckpt, plan, opts)?;
     let mut notes = plan.notes.clone();
     notes.extend(aux.notes.iter().cloned());
 
@@ -154,6 +134,37 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
     out.commit()?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// Write the tensors, config.json and the tokenizer files of `plan` into `out` (not committed).
+pub fn write(
+    out: &OutputDir,
+    ckpt: &Checkpoint,
+    plan: &Plan,
+    opts: &Options,
+) -> Result<(writer::Written, aux_files::Aux)> {
+    let planned: Vec<PlannedTensor> = plan
+        .outputs
+        .iter()
+        .map(|t| PlannedTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    let total: u64 = plan.outputs.iter().map(|t| t.byte_len() as u64).sum();
+    let bar = crate::progress::bytes(total, "extracting", opts.progress);
+    let written = writer::write_tensors(
+        out,
+        &planned,
+        opts.max_shard_size,
+        Some((&bar, Progress::Bytes)),
+        |i| plan.outputs[i].bytes(ckpt),
+    )?;
+    bar.finish_and_clear();
+    out.write_json(CONFIG_FILE, &plan.config)?;
+    let aux = aux_files::copy(out, ckpt, plan.target)?;
+    Ok((written, aux))
 }
 
 /// A short model card: where the model came from and what was done to it.

@@ -73,3 +73,57 @@ pub fn check(out: &OutputDir, src: &Checkpoint, plan: &Plan, progress: bool) -> 
     bar.finish_and_clear();
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::arch::families;
+    use crate::extract::{write, Options};
+
+    fn written(dir: &Path, fixture: &str, family: &str) -> (OutputDir, Checkpoint, Plan) {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(fixture);
+        let ckpt = Checkpoint::open_dir(&src, fixture).unwrap();
+        let plan = families::by_name(family).unwrap().plan(&ckpt).unwrap();
+        let out = OutputDir::create(&dir.join("out"), &[&ckpt.dir], false).unwrap();
+        let opts = Options {
+            max_shard_size: 5_000_000_000,
+            force: false,
+            verify: true,
+            progress: false,
+        };
+        write(&out, &ckpt, &plan, &opts).unwrap();
+        (out, ckpt, plan)
+    }
+
+    #[test]
+    fn a_changed_byte_fails_verification() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, ckpt, plan) = written(
+            tmp.path(),
+            "tests/fixtures/families/qwen3_vl_moe-hub",
+            "qwen3-vl-moe",
+        );
+        check(&out, &ckpt, &plan, false).unwrap();
+        // Flip one bit in the last tensor's data (the end of the data area).
+        let path = out.path().join("model.safetensors");
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = check(&out, &ckpt, &plan, false).unwrap_err();
+        assert!(matches!(err, Error::Write(_)), "{err}");
+        assert!(err.to_string().contains("differs from its source"), "{err}");
+    }
+
+    #[test]
+    fn a_config_that_no_longer_matches_the_tensors_fails_verification() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, ckpt, mut plan) =
+            written(tmp.path(), "tests/fixtures/families/qwen2_vl", "qwen2-vl");
+        plan.config["num_hidden_layers"] = serde_json::json!(3);
+        out.write_json("config.json", &plan.config).unwrap();
+        let err = check(&out, &ckpt, &plan, false).unwrap_err();
+        assert!(err.to_string().contains("model.layers.2."), "{err}");
+    }
+}
