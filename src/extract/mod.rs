@@ -8,9 +8,11 @@ pub mod verify;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use serde::Serialize;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::arch::families::{DropKind, Piece, Plan};
 use crate::checkpoint::output::OutputDir;
@@ -68,7 +70,7 @@ pub struct Count {
 pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let out = OutputDir::create(dest, &[&ckpt.dir], opts.force)?;
-    let (written, aux) = write(&out, ckpt, plan, opts)?;
+    let (written, aux, hashes) = write(&out, ckpt, plan, opts)?;
     let mut notes = plan.notes.clone();
     notes.extend(aux.notes.iter().cloned());
 
@@ -128,7 +130,7 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
     files.push("README.md".to_string());
     summary.files = files;
     if opts.verify {
-        verify::check(&out, ckpt, plan, opts.progress)?;
+        verify::check(&out, plan, &hashes, opts.progress)?;
         summary.verified = true;
     }
     out.commit()?;
@@ -137,12 +139,15 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
 }
 
 /// Write the tensors, config.json and the tokenizer files of `plan` into `out` (not committed).
+/// With `opts.verify`, also returns the xxh3-128 of every output tensor's bytes as they were taken
+/// from the source (empty otherwise), for [`verify::check`].
 pub fn write(
     out: &OutputDir,
     ckpt: &Checkpoint,
     plan: &Plan,
     opts: &Options,
-) -> Result<(writer::Written, aux_files::Aux)> {
+) -> Result<(writer::Written, aux_files::Aux, Vec<u128>)> {
+    let hashes: Vec<OnceLock<u128>> = plan.outputs.iter().map(|_| OnceLock::new()).collect();
     let planned: Vec<PlannedTensor> = plan
         .outputs
         .iter()
@@ -159,12 +164,22 @@ pub fn write(
         &planned,
         opts.max_shard_size,
         Some((&bar, Progress::Bytes)),
-        |i| plan.outputs[i].bytes(ckpt),
+        |i| {
+            let bytes = plan.outputs[i].bytes(ckpt)?;
+            if opts.verify {
+                hashes[i].get_or_init(|| xxh3_128(&bytes));
+            }
+            Ok(bytes)
+        },
     )?;
     bar.finish_and_clear();
     out.write_json(CONFIG_FILE, &plan.config)?;
     let aux = aux_files::copy(out, ckpt, plan.target)?;
-    Ok((written, aux))
+    let hashes = hashes
+        .into_iter()
+        .filter_map(OnceLock::into_inner)
+        .collect();
+    Ok((written, aux, hashes))
 }
 
 /// A short model card: where the model came from and what was done to it.

@@ -1,7 +1,7 @@
 //! Verification of a written extraction before it is committed: reopen the output as a model,
 //! check its tensor set and shapes against what its own config.json implies (nothing missing,
-//! nothing extra), and every tensor's bytes against its source (xxh3-128 of the output tensor vs
-//! of the bytes its plan takes from the source, borrowed from the mmap for plain copies).
+//! nothing extra), and every tensor's bytes against its source: the xxh3-128 of the bytes read back
+//! from the output must equal the one computed while they were taken from the source.
 
 use rayon::prelude::*;
 use xxhash_rust::xxh3::xxh3_128;
@@ -13,8 +13,9 @@ use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 
-/// Check the output written into `out` against `plan` and `src`.
-pub fn check(out: &OutputDir, src: &Checkpoint, plan: &Plan, progress: bool) -> Result<()> {
+/// Check the output written into `out` against `plan`; `source_hashes[i]` is the xxh3-128 of the
+/// source bytes of `plan.outputs[i]`.
+pub fn check(out: &OutputDir, plan: &Plan, source_hashes: &[u128], progress: bool) -> Result<()> {
     let fail = |what: String| {
         Error::Write(format!(
             "verification of {} failed: {what}; nothing was written",
@@ -49,27 +50,32 @@ pub fn check(out: &OutputDir, src: &Checkpoint, plan: &Plan, progress: bool) -> 
     }
     let total: u64 = plan.outputs.iter().map(|t| t.byte_len() as u64).sum();
     let bar = crate::progress::bytes(total, "verifying", progress);
-    let result = plan.outputs.par_iter().try_for_each(|t| -> Result<()> {
-        let info = written
-            .info(&t.name)
-            .ok_or_else(|| fail(format!("tensor `{}` is missing", t.name)))?;
-        if info.dtype != t.dtype || info.shape != t.shape {
-            return Err(fail(format!(
-                "tensor `{}` is {:?} {:?}, planned {:?} {:?}",
-                t.name, info.dtype, info.shape, t.dtype, t.shape
-            )));
-        }
-        let got = xxh3_128(written.bytes(&t.name)?);
-        if got != xxh3_128(&t.bytes(src)?) {
-            return Err(fail(format!(
-                "tensor `{}` differs from its source {}",
-                t.name,
-                src.describe(&t.parts[0].source)
-            )));
-        }
-        bar.inc(t.byte_len() as u64);
-        Ok(())
-    });
+    if source_hashes.len() != plan.outputs.len() {
+        return Err(fail("internal: source hashes were not recorded".into()));
+    }
+    let result =
+        plan.outputs
+            .par_iter()
+            .zip(source_hashes)
+            .try_for_each(|(t, &source)| -> Result<()> {
+                let info = written
+                    .info(&t.name)
+                    .ok_or_else(|| fail(format!("tensor `{}` is missing", t.name)))?;
+                if info.dtype != t.dtype || info.shape != t.shape {
+                    return Err(fail(format!(
+                        "tensor `{}` is {:?} {:?}, planned {:?} {:?}",
+                        t.name, info.dtype, info.shape, t.dtype, t.shape
+                    )));
+                }
+                if xxh3_128(written.bytes(&t.name)?) != source {
+                    return Err(fail(format!(
+                        "tensor `{}` differs from its source `{}`",
+                        t.name, t.parts[0].source
+                    )));
+                }
+                bar.inc(t.byte_len() as u64);
+                Ok(())
+            });
     bar.finish_and_clear();
     result
 }
@@ -82,7 +88,7 @@ mod tests {
     use crate::arch::families;
     use crate::extract::{write, Options};
 
-    fn written(dir: &Path, fixture: &str, family: &str) -> (OutputDir, Checkpoint, Plan) {
+    fn written(dir: &Path, fixture: &str, family: &str) -> (OutputDir, Vec<u128>, Plan) {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(fixture);
         let ckpt = Checkpoint::open_dir(&src, fixture).unwrap();
         let plan = families::by_name(family).unwrap().plan(&ckpt).unwrap();
@@ -93,25 +99,25 @@ mod tests {
             verify: true,
             progress: false,
         };
-        write(&out, &ckpt, &plan, &opts).unwrap();
-        (out, ckpt, plan)
+        let (_, _, hashes) = write(&out, &ckpt, &plan, &opts).unwrap();
+        (out, hashes, plan)
     }
 
     #[test]
     fn a_changed_byte_fails_verification() {
         let tmp = tempfile::tempdir().unwrap();
-        let (out, ckpt, plan) = written(
+        let (out, hashes, plan) = written(
             tmp.path(),
             "tests/fixtures/families/qwen3_vl_moe-hub",
             "qwen3-vl-moe",
         );
-        check(&out, &ckpt, &plan, false).unwrap();
+        check(&out, &plan, &hashes, false).unwrap();
         // Flip one bit in the last tensor's data (the end of the data area).
         let path = out.path().join("model.safetensors");
         let mut bytes = std::fs::read(&path).unwrap();
         *bytes.last_mut().unwrap() ^= 1;
         std::fs::write(&path, bytes).unwrap();
-        let err = check(&out, &ckpt, &plan, false).unwrap_err();
+        let err = check(&out, &plan, &hashes, false).unwrap_err();
         assert!(matches!(err, Error::Write(_)), "{err}");
         assert!(err.to_string().contains("differs from its source"), "{err}");
     }
@@ -119,11 +125,11 @@ mod tests {
     #[test]
     fn a_config_that_no_longer_matches_the_tensors_fails_verification() {
         let tmp = tempfile::tempdir().unwrap();
-        let (out, ckpt, mut plan) =
+        let (out, hashes, mut plan) =
             written(tmp.path(), "tests/fixtures/families/qwen2_vl", "qwen2-vl");
         plan.config["num_hidden_layers"] = serde_json::json!(3);
         out.write_json("config.json", &plan.config).unwrap();
-        let err = check(&out, &ckpt, &plan, false).unwrap_err();
+        let err = check(&out, &plan, &hashes, false).unwrap_err();
         assert!(err.to_string().contains("model.layers.2."), "{err}");
     }
 }

@@ -55,12 +55,10 @@ fn tiled<const N: usize>(dst: &mut [u8], src: &[u8], b: &Block) {
         let r1 = (r0 + TILE).min(b.rows);
         for c0 in (0..b.cols).step_by(TILE) {
             for c in c0..(c0 + TILE).min(b.cols) {
-                let row_out = c * b.rows;
-                for r in r0..r1 {
-                    let s = (b.start + r * b.stride + c) * N;
-                    let o = (row_out + r) * N;
-                    let elem: [u8; N] = src[s..s + N].try_into().expect("N bytes");
-                    dst[o..o + N].copy_from_slice(&elem);
+                let out = &mut dst[(c * b.rows + r0) * N..(c * b.rows + r1) * N];
+                for (k, elem) in out.chunks_exact_mut(N).enumerate() {
+                    let s = (b.start + (r0 + k) * b.stride + c) * N;
+                    elem.copy_from_slice(&src[s..s + N]);
                 }
             }
         }
