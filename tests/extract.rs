@@ -530,3 +530,23 @@ fn an_existing_output_needs_force() {
     assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").is_file());
     assert_only(tmp.path(), &["out"]);
 }
+
+#[test]
+fn a_fused_projection_that_does_not_match_the_config_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("vlm");
+    copy_dir(&root().join("tests/fixtures/families/molmo2-o"), &src);
+    let mut cfg: Value =
+        serde_json::from_str(&fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["text_config"]["num_key_value_heads"] = Value::from(2);
+    fs::write(src.join("config.json"), cfg.to_string()).unwrap();
+    let o = extract(&src, &tmp.path().join("out"), &[]);
+    assert_bad(
+        &o,
+        &[
+            "model.transformer.blocks.0.self_attn.att_proj.weight",
+            "rows",
+        ],
+    );
+    assert_only(tmp.path(), &["vlm"]);
+}

@@ -260,9 +260,14 @@ fn block_tensor(b: &mut PlanBuilder, text: &Text, stored: &str, rest: &str) -> R
                 Param::Weight
             };
             let (q, kv) = (text.q_rows, text.kv_rows);
-            b.rows(stored, 0, q, layer_name(layer, Module::QProj, param))?;
-            b.rows(stored, q, kv, layer_name(layer, Module::KProj, param))?;
-            b.rows(stored, q + kv, kv, layer_name(layer, Module::VProj, param))
+            b.split_rows(
+                stored,
+                &[
+                    (q, layer_name(layer, Module::QProj, param)),
+                    (kv, layer_name(layer, Module::KProj, param)),
+                    (kv, layer_name(layer, Module::VProj, param)),
+                ],
+            )
         }
         "self_attn.attn_out.weight" => b.keep(stored, name(Module::OProj)),
         "self_attn.q_norm.weight" => b.keep(stored, name(Module::QNorm)),
@@ -273,8 +278,10 @@ fn block_tensor(b: &mut PlanBuilder, text: &Text, stored: &str, rest: &str) -> R
         "ff_norm.weight" => b.keep(stored, name(Module::PostAttentionLayernorm)),
         "mlp.ff_proj.weight" => {
             let i = text.intermediate;
-            b.rows(stored, 0, i, name(Module::UpProj))?;
-            b.rows(stored, i, i, name(Module::GateProj))
+            b.split_rows(
+                stored,
+                &[(i, name(Module::UpProj)), (i, name(Module::GateProj))],
+            )
         }
         "mlp.ff_out.weight" => b.keep(stored, name(Module::DownProj)),
         _ => Err(unknown()),

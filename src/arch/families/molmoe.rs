@@ -240,9 +240,12 @@ fn block_tensor(b: &mut PlanBuilder, cfg: &Config, stored: &str, rest: &str) -> 
     match attn {
         "att_proj.weight" => {
             let (q, kv) = (cfg.q_rows, cfg.kv_rows);
-            b.rows(stored, 0, q, name(Module::QProj))?;
-            b.rows(stored, q, kv, name(Module::KProj))?;
-            b.rows(stored, q + kv, kv, name(Module::VProj))?;
+            let pieces = [
+                (q, name(Module::QProj)),
+                (kv, name(Module::KProj)),
+                (kv, name(Module::VProj)),
+            ];
+            b.split_rows(stored, &pieces)?;
             return Ok(style);
         }
         "attn_out.weight" => return b.keep(stored, name(Module::OProj)).map(|_| style),

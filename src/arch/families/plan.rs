@@ -147,7 +147,7 @@ impl OutTensor {
 }
 
 /// A source tensor left out of the output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Dropped {
     pub name: String,
     pub kind: DropKind,
@@ -274,6 +274,31 @@ impl<'a> PlanBuilder<'a> {
                 }],
             },
         )
+    }
+
+    /// Split the stored tensor by rows into consecutive `(rows, name)` pieces that must cover it
+    /// exactly (fused q/k/v, fused up/gate).
+    pub fn split_rows(&mut self, stored: &str, pieces: &[(usize, String)]) -> Result<()> {
+        let info = self.ckpt.require(stored)?;
+        let wanted: usize = pieces.iter().map(|(n, _)| n).sum();
+        if info.shape.first() != Some(&wanted) {
+            bail!(
+                "{}: shape {:?}, but the config implies {wanted} rows to split into {}",
+                self.ckpt.describe(stored),
+                info.shape,
+                pieces
+                    .iter()
+                    .map(|(n, name)| format!("`{name}` ({n})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let mut first = 0;
+        for (count, name) in pieces {
+            self.rows(stored, first, *count, name.clone())?;
+            first += count;
+        }
+        Ok(())
     }
 
     /// Add an output tensor made of arbitrary parts (`stored` names its main source for messages).
