@@ -110,9 +110,10 @@ def main():
         note = f"{type(tok).__name__} ({len(tok)})"
         if tok.chat_template:
             try:
-                tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                        add_generation_prompt=True)
-                note += ", template renders string content"
+                text = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], tokenize=False,
+                                               add_generation_prompt=True)
+                ok_text = "Hello there" in text
+                note += ", template renders string content" if ok_text else ", template drops string content"
             except Exception as e:  # list-content processor templates (extraction.md 1.5)
                 note += f", template needs list content ({type(e).__name__})"
         print(f"{case:24s} {g['family']:16s} {cls:20s} {mx:10.3g} {mean:9.3g} {top1:5.2f} {row4[0]:>11s} "
