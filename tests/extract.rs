@@ -550,3 +550,39 @@ fn a_fused_projection_that_does_not_match_the_config_is_refused() {
     );
     assert_only(tmp.path(), &["vlm"]);
 }
+
+#[test]
+fn a_saved_rotary_buffer_is_dropped_not_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("vlm");
+    copy_dir(&root().join("tests/fixtures/models/qwen2_5_vl"), &src);
+    let path = src.join("model.safetensors");
+    let bytes = fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let inv_freq = vec![0u8; 8 * 4];
+    let mut views = st.tensors();
+    views.push((
+        "model.layers.0.self_attn.rotary_emb.inv_freq".to_string(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![8], &inv_freq).unwrap(),
+    ));
+    let out_bytes = safetensors::serialize(views, None).unwrap();
+    fs::write(&path, out_bytes).unwrap();
+    let o = extract(&src, &tmp.path().join("out"), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["dropped"]["other"]["tensors"], Value::from(1));
+    assert_eq!(
+        tensor_digests(&tmp.path().join("out")),
+        tensor_digests(&{
+            let plain = tmp.path().join("plain");
+            assert!(extract(
+                &root().join("tests/fixtures/models/qwen2_5_vl"),
+                &plain,
+                &[]
+            )
+            .status
+            .success());
+            plain
+        })
+    );
+}

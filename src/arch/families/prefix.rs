@@ -89,6 +89,11 @@ pub fn route_all(
                 if surgery(b, name, &standard)? {
                     continue;
                 }
+                // A non-persistent buffer some older transformers versions saved; loaders ignore it.
+                if standard.ends_with(".rotary_emb.inv_freq") {
+                    b.drop(name, DropKind::Other)?;
+                    continue;
+                }
                 if names::parse(&standard).is_none() {
                     bail!(
                         "{}: unknown tensor under the language-model prefix `{}` (it would be `{standard}`, which no causal LM has); the {} layout may have changed",
