@@ -240,7 +240,7 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     };
     if !repo_dir.is_dir() {
         bail!(
-            "{repo} is not in the Hugging Face cache ({}). Download it with:\n    {download}\n(or `huggingface-cli download` with the same arguments; set HF_HUB_CACHE or HF_HOME if your cache lives elsewhere)",
+            "{repo} is not in the Hugging Face cache ({}); download it with `{download}` (or `huggingface-cli download` with the same arguments), or set HF_HUB_CACHE / HF_HOME if your cache lives elsewhere",
             cache.display()
         );
     }
@@ -256,7 +256,7 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     let snapshot = repo_dir.join("snapshots").join(&commit);
     if !snapshot.is_dir() {
         bail!(
-            "{repo}@{rev}: revision not found in the Hugging Face cache ({}). Download it with:\n    {download}",
+            "{repo}@{rev}: revision not found in the Hugging Face cache ({}); download it with `{download}`",
             repo_dir.display()
         );
     }

@@ -1,0 +1,134 @@
+//! Model references: directories, Hugging Face cache repo ids (with revisions and the cache
+//! environment variables) and the paper's aliases, through the real binary.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/models")
+        .join(name)
+}
+
+/// Lay out `models--ORG--NAME` in an HF hub cache as `huggingface_hub` does: refs/<rev> holds a
+/// commit hash, snapshots/<hash>/ holds the files (symlinks to blobs in the real cache).
+fn cache_repo(hub: &Path, repo: &str, commit: &str, refs: &[&str], from: &Path) {
+    let repo_dir = hub.join(format!("models--{}", repo.replace('/', "--")));
+    let snapshot = repo_dir.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
+    }
+    for r in refs {
+        std::fs::write(repo_dir.join("refs").join(r), commit).unwrap();
+    }
+}
+
+fn inspect(reference: &str, env: &[(&str, &Path)]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
+    cmd.args(["inspect", "--json", reference])
+        .env_remove("HF_HUB_CACHE")
+        .env_remove("HF_HOME");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn repo_ids_resolve_through_hf_hub_cache_and_revisions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    cache_repo(
+        &hub,
+        "Qwen/Qwen3-8B",
+        "aaaa1111",
+        &["main"],
+        &fixture("qwen3"),
+    );
+    cache_repo(
+        &hub,
+        "Qwen/Qwen3-8B",
+        "bbbb2222",
+        &["v2"],
+        &fixture("qwen2"),
+    );
+
+    let (code, out, err) = inspect("Qwen/Qwen3-8B", &[("HF_HUB_CACHE", &hub)]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"model_type\": \"qwen3\"") && out.contains("aaaa1111"));
+
+    // A branch name and a commit hash both select a snapshot.
+    for rev in ["v2", "bbbb2222"] {
+        let (code, out, err) = inspect(&format!("Qwen/Qwen3-8B@{rev}"), &[("HF_HUB_CACHE", &hub)]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(out.contains("\"model_type\": \"qwen2\""), "{rev}");
+    }
+
+    // HF_HOME/hub is the fallback when HF_HUB_CACHE is unset.
+    let (code, _, err) = inspect("Qwen/Qwen3-8B", &[("HF_HOME", tmp.path())]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn aliases_resolve_to_the_paper_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    cache_repo(
+        tmp.path(),
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        "c0ffee",
+        &["main"],
+        &fixture("qwen2_5_vl"),
+    );
+    cache_repo(
+        tmp.path(),
+        "Qwen/Qwen2.5-7B-Instruct",
+        "beef",
+        &["main"],
+        &fixture("qwen2"),
+    );
+    let (code, out, err) = inspect("qwen2.5-vl", &[("HF_HUB_CACHE", tmp.path())]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"family\": \"qwen2.5-vl\""));
+    let (code, out, err) = inspect("qwen2.5-vl:ref", &[("HF_HUB_CACHE", tmp.path())]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"family\": null") && out.contains("\"model_type\": \"qwen2\""));
+}
+
+#[test]
+fn models_missing_from_the_cache_name_the_download_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (code, out, err) = inspect("qwen3-vl", &[("HF_HUB_CACHE", tmp.path())]);
+    assert_eq!(code, Some(2));
+    assert!(out.is_empty());
+    assert!(
+        err.contains("hf download Qwen/Qwen3-VL-8B-Instruct"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    cache_repo(
+        tmp.path(),
+        "Qwen/Qwen3-8B",
+        "aaaa",
+        &["main"],
+        &fixture("qwen3"),
+    );
+    let (code, _, err) = inspect("Qwen/Qwen3-8B@nope", &[("HF_HUB_CACHE", tmp.path())]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--revision nope"), "{err}");
+
+    let (code, _, err) = inspect("not-a-model", &[("HF_HUB_CACHE", tmp.path())]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("qwen2.5-vl"),
+        "the error should list the aliases: {err}"
+    );
+}
