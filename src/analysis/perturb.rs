@@ -9,6 +9,8 @@
 //! (the realized squared drift is close to linear in it) until the relative mismatch is below
 //! [`TOLERANCE`] or no longer improves.
 
+use std::ops::Range;
+
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -27,7 +29,7 @@ use crate::linalg::tensor_rng;
 const BLOCK: usize = 1 << 16;
 
 /// Relative mismatch between realized and target drift at which the search stops.
-pub const TOLERANCE: f64 = 1e-6;
+pub const TOLERANCE: f64 = 1e-5;
 
 /// Refinement steps after the first guess.
 const MAX_STEPS: usize = 30;
@@ -68,10 +70,28 @@ pub fn perturb_tensor(
     what: &str,
 ) -> Result<(Option<Vec<u8>>, TensorReport)> {
     let w = dtype::decode(w_dtype, w, what)?;
-    let t = dtype::decode(t_dtype, target, what)?;
-    let w_norm = sum_blocks(&w, |i| (w[i] as f64).powi(2)).sqrt();
-    let target_sq = sum_blocks(&w, |i| (t[i] as f64 - w[i] as f64).powi(2));
-    let target_dw = target_sq.sqrt();
+    if !dtype::is_float(t_dtype) || target.len() != w.len() * dtype::byte_size(t_dtype) {
+        crate::bail!(
+            "{what}: TARGET's tensor holds {} bytes of {t_dtype:?}, not {} values",
+            target.len(),
+            w.len()
+        );
+    }
+    // TARGET is decoded a block at a time where it is needed, so that only three f32 copies of
+    // the tensor (W, the noise, the output) are ever alive.
+    let target_block = |r: &Range<usize>| {
+        let size = dtype::byte_size(t_dtype);
+        dtype::decode(t_dtype, &target[r.start * size..r.end * size], what)
+            .expect("dtype and length checked above")
+    };
+    let (w_sq, target_sq) = sum_blocks(w.len(), |r| {
+        let t = target_block(&r);
+        w[r].iter().zip(&t).fold((0.0, 0.0), |(a, b), (&wi, &ti)| {
+            let d = ti as f64 - wi as f64;
+            (a + wi as f64 * wi as f64, b + d * d)
+        })
+    });
+    let (w_norm, target_dw) = (w_sq.sqrt(), target_sq.sqrt());
     let mut report = TensorReport {
         tensor: name.to_string(),
         target_drift: ratio(target_dw, w_norm),
@@ -84,19 +104,22 @@ pub fn perturb_tensor(
     }
 
     let z = standard_normal(seed, name, w.len());
-    let z_sq = sum_blocks(&z, |i| (z[i] as f64).powi(2));
+    let (z_sq, _) = sum_blocks(z.len(), |r| (squares(&z[r]), 0.0));
     // The realized squared drift for scale s, measured on the stored (rounded) values.
     let realized_sq = |s: f64| {
         let s = s as f32;
-        sum_blocks(&w, |i| {
-            let out = round_to(w_dtype, w[i] + s * z[i]);
-            (out as f64 - w[i] as f64).powi(2)
-        })
+        let (sq, _) = sum_blocks(w.len(), |r| {
+            let sum = w[r.clone()].iter().zip(&z[r]).fold(0.0, |acc, (&wi, &zi)| {
+                let d = round_to(w_dtype, wi + s * zi) as f64 - wi as f64;
+                acc + d * d
+            });
+            (sum, 0.0)
+        });
+        sq
     };
     let best = secant_on_square(target_sq, z_sq, realized_sq);
 
-    // Reuse the noise buffer for W + s Z, then for the stored (rounded) values: three f32
-    // copies of the tensor are alive at most.
+    // Reuse the noise buffer for W + s Z, then for the stored (rounded) values.
     let s = best as f32;
     let mut stored = z;
     stored
@@ -105,9 +128,13 @@ pub fn perturb_tensor(
         .for_each(|(v, &wi)| *v = wi + s * *v);
     let bytes = dtype::encode(w_dtype, &stored)?;
     dtype::decode_into(w_dtype, &bytes, &mut stored, what)?;
-    let noise_sq = sum_blocks(&w, |i| (stored[i] as f64 - w[i] as f64).powi(2));
-    let cross = sum_blocks(&w, |i| {
-        (stored[i] as f64 - w[i] as f64) * (t[i] as f64 - w[i] as f64)
+    let (noise_sq, cross) = sum_blocks(w.len(), |r| {
+        let t = target_block(&r);
+        let (w, y) = (&w[r.clone()], &stored[r]);
+        (0..t.len()).fold((0.0, 0.0), |(a, b), i| {
+            let noise = y[i] as f64 - w[i] as f64;
+            (a + noise * noise, b + noise * (t[i] as f64 - w[i] as f64))
+        })
     });
     let realized = noise_sq.sqrt();
     report.realized_drift = ratio(realized, w_norm);
@@ -118,6 +145,10 @@ pub fn perturb_tensor(
         0.0
     };
     Ok((Some(bytes), report))
+}
+
+fn squares(x: &[f32]) -> f64 {
+    x.iter().map(|&v| v as f64 * v as f64).sum()
 }
 
 /// Find `s` with `realized_sq(s) = target_sq`, starting from `s^2 = target_sq / z_sq` and
@@ -176,18 +207,16 @@ fn round_to(dtype: Dtype, x: f32) -> f32 {
     }
 }
 
-/// Sum `term(i)` over `0..len` of `like` in fixed blocks (f64 partials added in block
-/// order), so the result does not depend on the thread count.
-fn sum_blocks(like: &[f32], term: impl Fn(usize) -> f64 + Sync) -> f64 {
-    let blocks = like.len().div_ceil(BLOCK);
-    let partial: Vec<f64> = (0..blocks)
+/// Two sums over `0..len`, computed by `term` per fixed block of indices and added in block
+/// order (in f64), so the result does not depend on the thread count.
+fn sum_blocks(len: usize, term: impl Fn(Range<usize>) -> (f64, f64) + Sync) -> (f64, f64) {
+    let partial: Vec<(f64, f64)> = (0..len.div_ceil(BLOCK))
         .into_par_iter()
-        .map(|b| {
-            let end = ((b + 1) * BLOCK).min(like.len());
-            (b * BLOCK..end).map(&term).sum()
-        })
+        .map(|b| term(b * BLOCK..((b + 1) * BLOCK).min(len)))
         .collect();
-    partial.iter().sum()
+    partial
+        .iter()
+        .fold((0.0, 0.0), |(a, c), (x, y)| (a + x, c + y))
 }
 
 /// `n` standard normal values for tensor `name`: block `b` draws from stream `b` of

@@ -24,8 +24,9 @@ projection (q/k/v/o) and MLP projection (gate/up/down, dense or per expert) weig
 Gaussian noise G scaled so that the stored output's drift equals TARGET's for that tensor:\n\n  \
 ||OUT - W||_F / ||W||_F = ||W_TARGET - W||_F / ||W||_F\n\n\
 The scale is solved on the values as stored in REF's dtype (rounding included), not just in \
-expectation; the realized and target drift agree to ~1e-6 relative unless the target drift is \
-below the dtype's rounding resolution (then a warning names the tensor). Biases, norm scales, \
+expectation: the search stops when realized and target drift agree to 1e-5 relative. Only a \
+target drift below the dtype's rounding resolution can end farther off (a warning then names the \
+tensor when the mismatch exceeds 1e-3). Biases, norm scales, \
 embeddings, the LM head, MoE routers and every other tensor are copied byte for byte, as are \
 config.json and the tokenizer files.\n\n\
 Tensors are matched by their standard causal-LM name, so TARGET may be a VLM (e.g. \
