@@ -329,3 +329,23 @@ fn mismatched_inputs_are_refused_with_nothing_written() {
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
 }
+
+#[test]
+fn a_vlm_checkpoint_can_be_the_target() {
+    // The Qwen2.5-VL fixture (transformers 5.x layout, bf16) has the qwen2 fixture's text widths;
+    // its language model is matched under `model.language_model.`, its vision tower ignored.
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = fixture("qwen2");
+    let vlm = fixture("qwen2_5_vl-new");
+    let out = tmp.path().join("o");
+    ok(&[
+        "perturb",
+        reference.to_str().unwrap(),
+        "--match",
+        vlm.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let cosines = check_output(&reference, &load(&vlm), &out);
+    assert_eq!(cosines.len(), 14);
+}
