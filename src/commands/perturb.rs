@@ -33,7 +33,7 @@ Tensors are matched by their standard causal-LM name, so TARGET may be a VLM (e.
 `model.language_model.layers.*`) while REF is its reference LLM. The noise of a tensor comes \
 from a ChaCha8 stream seeded by (--seed, REF's tensor name): the output is the same bytes at any \
 thread count.",
-    after_help = "Example:\n  sinkmerge perturb qwen2.5-vl:ref --match vlm-lm/ -o random-dw/ --seed 0"
+    after_help = "Example (TARGET may be the VLM itself):\n  sinkmerge perturb qwen2.5-vl:ref --match qwen2.5-vl -o random-dw/ --seed 0"
 )]
 pub struct Args {
     /// Reference model (directory, HF repo id or alias) whose projections get the noise
