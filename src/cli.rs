@@ -42,6 +42,11 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    // The controls' help texts (about and long_about) live on their Args.
+    Predict(commands::predict::Args),
+    Perturb(commands::perturb::Args),
+    Ablate(commands::ablate::Args),
+    InjectQknorm(commands::inject_qknorm::Args),
 }
 
 /// Where and how a command writes a model directory.
