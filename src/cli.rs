@@ -44,6 +44,11 @@ pub enum Command {
     Aliases(commands::aliases::Args),
     /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
     Extract(commands::extract::Args),
+    // The controls' help texts (about and long_about) live on their Args.
+    Predict(commands::predict::Args),
+    Perturb(commands::perturb::Args),
+    Ablate(commands::ablate::Args),
+    InjectQknorm(commands::inject_qknorm::Args),
 }
 
 /// Where and how a command writes a model directory.

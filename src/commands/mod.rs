@@ -1,8 +1,12 @@
 //! One file per subcommand: its arguments and the glue between the library rooms.
 
+pub mod ablate;
 pub mod aliases;
 pub mod extract;
+pub mod inject_qknorm;
 pub mod inspect;
+pub mod perturb;
+pub mod predict;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -21,5 +25,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
         Command::Extract(args) => extract::run(args, progress),
+        Command::Predict(args) => predict::run(args),
+        Command::Perturb(args) => perturb::run(args, progress),
+        Command::Ablate(args) => ablate::run(args, progress),
+        Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
     }
 }
