@@ -42,6 +42,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
+    Extract(commands::extract::Args),
     // The controls' help texts (about and long_about) live on their Args.
     Predict(commands::predict::Args),
     Perturb(commands::perturb::Args),

@@ -5,6 +5,7 @@
 //!   (paths, HF cache, aliases), and writing outputs atomically.
 //! - [`analysis`]: the sink-strength predictor, the paper's weight-space controls and theory checks.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
+//! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`report`]: tables, number formatting and SVG plots.
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod error;
+pub mod extract;
 pub mod linalg;
 pub mod progress;
 pub mod report;

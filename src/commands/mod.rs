@@ -2,6 +2,7 @@
 
 pub mod ablate;
 pub mod aliases;
+pub mod extract;
 pub mod inject_qknorm;
 pub mod inspect;
 pub mod perturb;
@@ -23,6 +24,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Extract(args) => extract::run(args, progress),
         Command::Predict(args) => predict::run(args),
         Command::Perturb(args) => perturb::run(args, progress),
         Command::Ablate(args) => ablate::run(args, progress),
