@@ -3,6 +3,9 @@
 //!
 //! cargo run --release --example synth_checkpoint -- OUT --layers 4 --hidden 3584 \
 //!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0 [--tie 1]
+//!
+//! `--vision-depth N` (N > 0) makes it a Qwen2.5-VL in the Hub layout instead: the same language
+//! model plus N vision blocks of Qwen2.5-VL's widths under `visual.*`, with a flat Qwen2.5-VL config.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -26,6 +29,7 @@ struct Opts {
     shard: u64,
     /// Tied embeddings: no `lm_head.weight` on disk (Qwen2.5-0.5B/1.5B/3B).
     tie: bool,
+    vision_depth: usize,
 }
 
 fn parse() -> Opts {
@@ -45,6 +49,7 @@ fn parse() -> Opts {
         seed: 0,
         shard: writer::DEFAULT_MAX_SHARD_SIZE,
         tie: false,
+        vision_depth: 0,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -64,6 +69,7 @@ fn parse() -> Opts {
             "--vocab" => o.vocab = n(),
             "--seed" => o.seed = n() as u64,
             "--tie" => o.tie = n() != 0,
+            "--vision-depth" => o.vision_depth = n(),
             "--dtype" => {
                 o.dtype = dtype::parse_float_dtype(&value).expect("dtype: bf16, f16 or f32")
             }
@@ -102,6 +108,39 @@ fn main() {
     if !o.tie {
         tensors.push(("lm_head.weight".into(), vec![o.vocab, h]));
     }
+    // Qwen2.5-VL vision tower (embed 1280, MLP 3420, patch 14x14x2x3) and its merger.
+    let (ve, vi) = (1280, 3420);
+    for b in 0..o.vision_depth {
+        let p = format!("visual.blocks.{b}");
+        for (name, shape) in [
+            ("norm1.weight", vec![ve]),
+            ("attn.qkv.weight", vec![3 * ve, ve]),
+            ("attn.qkv.bias", vec![3 * ve]),
+            ("attn.proj.weight", vec![ve, ve]),
+            ("attn.proj.bias", vec![ve]),
+            ("norm2.weight", vec![ve]),
+            ("mlp.gate_proj.weight", vec![vi, ve]),
+            ("mlp.gate_proj.bias", vec![vi]),
+            ("mlp.up_proj.weight", vec![vi, ve]),
+            ("mlp.up_proj.bias", vec![vi]),
+            ("mlp.down_proj.weight", vec![ve, vi]),
+            ("mlp.down_proj.bias", vec![ve]),
+        ] {
+            tensors.push((format!("{p}.{name}"), shape));
+        }
+    }
+    if o.vision_depth > 0 {
+        for (name, shape) in [
+            ("visual.patch_embed.proj.weight", vec![ve, 3, 2, 14, 14]),
+            ("visual.merger.ln_q.weight", vec![ve]),
+            ("visual.merger.mlp.0.weight", vec![4 * ve, 4 * ve]),
+            ("visual.merger.mlp.0.bias", vec![4 * ve]),
+            ("visual.merger.mlp.2.weight", vec![h, 4 * ve]),
+            ("visual.merger.mlp.2.bias", vec![h]),
+        ] {
+            tensors.push((name.into(), shape));
+        }
+    }
     let planned: Vec<writer::PlannedTensor> = tensors
         .into_iter()
         .map(|(name, shape)| writer::PlannedTensor {
@@ -120,6 +159,17 @@ fn main() {
         "use_sliding_window": false, "hidden_act": "silu",
         "torch_dtype": dtype::torch_name(o.dtype).unwrap(),
     });
+    let config = if o.vision_depth > 0 {
+        let mut vlm = config;
+        vlm["architectures"] = json!(["Qwen2_5_VLForConditionalGeneration"]);
+        vlm["model_type"] = json!("qwen2_5_vl");
+        vlm["rope_scaling"] = json!({"type": "mrope", "mrope_section": [16, 24, 24]});
+        vlm["vision_config"] = json!({"depth": o.vision_depth, "hidden_size": ve, "intermediate_size": vi,
+                                       "out_hidden_size": h, "patch_size": 14, "spatial_merge_size": 2});
+        vlm
+    } else {
+        config
+    };
     out.write_json("config.json", &config).unwrap();
     let normal = Normal::new(0.0f32, 0.02).unwrap();
     writer::write_tensors(&out, &planned, o.shard, None, |k| {

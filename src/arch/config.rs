@@ -145,6 +145,14 @@ impl TextConfig {
                 cfg.insert(k.clone(), v.clone());
             }
         }
+        // 5.x configs may spell the expert count `num_local_experts` (an attribute_map alias); it
+        // must win over a class-default `num_experts`.
+        if let Some(n) = section
+            .get("num_local_experts")
+            .filter(|_| !section.contains_key("num_experts"))
+        {
+            cfg.insert("num_experts".into(), n.clone());
+        }
         let c = Fields {
             map: &cfg,
             model_type: &raw_type,
@@ -180,11 +188,9 @@ impl TextConfig {
         let layer_types = layer_types(&c, &model_type, num_hidden_layers, sliding_window)?;
         let (rope, rope_sliding) = rope_pair(&c, &model_type)?;
 
-        // `num_local_experts` is only ever the file's own key (5.x saves Qwen3-MoE's expert count
-        // under it), so it must win over a class-default `num_experts`.
         let moe = match c
-            .opt_usize("num_local_experts")?
-            .or(c.opt_usize("num_experts")?)
+            .opt_usize("num_experts")?
+            .or(c.opt_usize("num_local_experts")?)
         {
             Some(n) if n > 0 => Some(MoeConfig {
                 num_experts: n,
@@ -686,16 +692,6 @@ mod tests {
                 ..
             }
         ));
-    }
-
-    #[test]
-    fn saved_num_local_experts_beats_the_class_default() {
-        let c = TextConfig::from_model_config(&json!({
-            "model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "vocab_size": 320, "num_local_experts": 4, "num_experts_per_tok": 2
-        }))
-        .unwrap();
-        assert_eq!(c.moe.unwrap().num_experts, 4);
     }
 
     #[test]
