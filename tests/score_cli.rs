@@ -286,8 +286,45 @@ fn reference_with_another_vocabulary() {
 fn reference_with_another_architecture() {
     fails_with(
         &["--ref", s(&fixture("qwen2")), s(&fixture("qwen3"))],
-        &["cannot be compared", "same architecture"],
+        &["cannot be compared", "same layers and heads"],
     );
+}
+
+#[test]
+fn a_qwen2_reference_pairs_with_its_qk_norm_injected_copy() {
+    // `inject-qknorm` turns Qwen2 into Qwen3 with unit QK norms: other model type, same layout.
+    let dir = tempfile::tempdir().unwrap();
+    let injected = dir.path().join("injected");
+    let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+        .args(["inject-qknorm", s(&fixture("qwen2")), "-o", s(&injected)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sinkmerge(
+        &[
+            "--ref",
+            s(&fixture("qwen2")),
+            s(&injected),
+            "--n",
+            "2",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"][1]["model_type"], "qwen3");
+    assert_eq!(v["models"][1]["qk_norm"], "per-head");
+    assert!(v["models"][1]["per_layer"][0]["m_q"].is_array());
+    assert!(v["pairs"][0]["b_gap_median"].as_f64().unwrap() > 0.0);
 }
 
 #[test]

@@ -193,23 +193,21 @@ fn check_pairable(inputs: &[Input], models: &[Model], r: usize) -> Result<()> {
             continue;
         }
         let s = &model.spec;
+        // B compares scores head by head and query by query: the layouts must match (the model
+        // types need not: a Qwen2 reference and its QK-norm-injected Qwen3 copy compare fine).
         let layout = |s: &crate::sink::model::DecoderSpec| {
-            (
-                s.model_type.clone(),
-                s.num_layers(),
-                s.num_heads,
-                s.num_kv_heads,
-                s.head_dim,
-            )
+            (s.num_layers(), s.num_heads, s.num_kv_heads, s.head_dim)
         };
         if layout(s) != layout(rs) {
             bail!(
-                "{} ({} layers, {} heads of {}) cannot be compared with the reference {rl} \
-                 ({} layers, {} heads of {}): B needs the same architecture",
+                "{} ({}: {} layers, {} heads of {}) cannot be compared with the reference {rl} \
+                 ({}: {} layers, {} heads of {}): B needs the same layers and heads",
                 input.label,
+                s.model_type,
                 s.num_layers(),
                 s.num_heads,
                 s.head_dim,
+                rs.model_type,
                 rs.num_layers(),
                 rs.num_heads,
                 rs.head_dim
