@@ -356,7 +356,8 @@ fn render_text(report: &Report) -> String {
     }
     header.push("observations");
     let mut table = Table::new(header);
-    for m in &scores.models {
+    // With a reference, it is model 0 and model i pairs as pairs[i - 1].
+    for (i, m) in scores.models.iter().enumerate() {
         let mut row = vec![
             if m.reference {
                 format!("{} (ref)", m.model)
@@ -368,13 +369,12 @@ fn render_text(report: &Report) -> String {
             opt(m.strong_sink_frac),
         ];
         if with_ref {
-            match scores
-                .pairs
-                .iter()
-                .find(|p| p.target == m.model && !m.reference)
-            {
-                Some(p) => row.extend([opt(p.b_gap_median), opt(p.margin)]),
-                None => row.extend(["-".to_string(), "-".to_string()]),
+            match (
+                m.reference,
+                i.checked_sub(1).and_then(|j| scores.pairs.get(j)),
+            ) {
+                (false, Some(p)) => row.extend([opt(p.b_gap_median), opt(p.margin)]),
+                _ => row.extend(["-".to_string(), "-".to_string()]),
             }
         }
         row.push(m.n_observations.to_string());
