@@ -56,13 +56,6 @@ impl<'a> Model<'a> {
         Ok(model)
     }
 
-    /// Rows of the embedding matrix: token ids must be below it.
-    pub fn embedding_rows(&self) -> usize {
-        self.info("model.embed_tokens.weight")
-            .map(|i| i.shape[0])
-            .unwrap_or(0)
-    }
-
     fn stored_name(&self, name: &str) -> Result<&str> {
         self.stored.get(name).map(String::as_str).ok_or_else(|| {
             bad!(
@@ -261,15 +254,6 @@ impl<'m, 'a> State<'m, 'a> {
             x,
             ropes: Vec::new(),
         })
-    }
-
-    pub fn prompt_lens(&self) -> Vec<usize> {
-        self.prompts.iter().map(|r| r.len()).collect()
-    }
-
-    /// The packed hidden states `[tokens, hidden]`.
-    pub fn hidden(&self) -> &[f32] {
-        &self.x
     }
 
     fn rope_index(&mut self, layer: &LayerSpec, len: usize) -> Result<usize> {

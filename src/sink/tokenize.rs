@@ -86,10 +86,6 @@ impl TextEncoder {
             None => Ok(prompt.to_string()),
         }
     }
-
-    pub fn template_source(&self) -> Option<TemplateSource> {
-        self.chat.as_ref().map(|c| c.origin)
-    }
 }
 
 /// The special-token attributes transformers passes to chat templates.
