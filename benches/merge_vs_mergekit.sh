@@ -12,6 +12,7 @@
 #      REF_TSV_S / REF_STAR_S  reuse an earlier reference time in seconds instead of rerunning
 #               the torch reference (TSV's takes over 15 minutes); accuracy is then not rechecked
 #      KEEP=1   keep DATA_DIR (default: deleted at the end)
+#      PREPARE_ONLY=1  generate the models and configs, time nothing (implies KEEP=1)
 # Inputs are read once beforehand, so every run reads from the page cache. Wall time and peak RSS
 # come from /usr/bin/time. sinkmerge fsyncs its output before it returns; mergekit does not, so
 # the table also gives mergekit followed by `sync` of its output.
@@ -59,6 +60,8 @@ config tsv "" "alpha: 1.0" >"$DATA/configs/tsv.yml"
 config star "" "eta: 40" >"$DATA/configs/star.yml"
 sed -i 's/parameters: {}//' "$DATA"/configs/*.yml
 
+[ "${PREPARE_ONLY:-0}" = 1 ] && exit 0
+
 cat "$DATA"/*/model.safetensors >/dev/null
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 # measure OUTFILE CMD...: appends "seconds maxrss_kB" to OUTFILE
@@ -95,7 +98,7 @@ for m in $METHODS; do
     if [ -z "$ref_s" ]; then
       rm -rf "$DATA/out-ref"
       ref_s=$(nice -n 10 "$PY" benches/spectral_ref.py merge "$m" "$DATA/base" "$DATA/out-ref" \
-        "$DATA/task_a" "$DATA/task_b" 2>/dev/null)
+        "$DATA/task_a" "$DATA/task_b" 2>"$DATA/ref.$m.log")
       acc=$("$PY" benches/spectral_ref.py compare "$DATA/base" "$DATA/out-sm" "$DATA/out-ref")
     else
       acc="(reference time reused; accuracy not rechecked)"

@@ -39,7 +39,7 @@ RUNS = {
 
 def check(binary, name, args, out, extra):
     subprocess.run([binary, *args, "-o", str(out), "--quiet", *extra], check=True, cwd=ROOT,
-                   stderr=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     model, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
     problems = {k: v for k, v in info.items() if v and k != "error_msgs"}
     assert not problems and not info.get("error_msgs"), f"{name}: {info}"

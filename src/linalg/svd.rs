@@ -3,6 +3,9 @@
 //!
 //! - [`thin_svd`]: every singular triplet in f32 (faer's QR + divide-and-conquer bidiagonal
 //!   SVD; several times faster than torch's MKL `linalg.svd` on the same machine).
+//! - [`small_side_svd`]: every singular value, and the singular vectors of the smaller dimension
+//!   only (V of a tall matrix, U of a wide one): skips forming the large factor, which is most of
+//!   the cost for the 7B MLP shapes.
 //! - [`polar`]: the orthogonal polar factor `U V^T` of a thin SVD. It is taken from the SVD
 //!   rather than from `A (A^T A)^{-1/2}`, which loses half the digits in f32 on the badly
 //!   conditioned concatenations TSV builds (merging.md, numerical notes).
@@ -76,6 +79,40 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
         s: s.column_vector().iter().copied().collect(),
         v,
     })
+}
+
+/// Every singular value (non-increasing) and the singular vectors of the smaller dimension: V
+/// (n x n) when `m >= n`, U (m x m) otherwise.
+pub fn small_side_svd(a: MatRef<'_, f32>) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
+    let (m, n) = a.shape();
+    let k = m.min(n);
+    let tall = m >= n;
+    let mut vectors = Mat::<f32>::zeros(k, k);
+    let mut s = Diag::<f32>::zeros(k);
+    if k > 0 {
+        let (want_u, want_v) = if tall {
+            (ComputeSvdVectors::No, ComputeSvdVectors::Thin)
+        } else {
+            (ComputeSvdVectors::Thin, ComputeSvdVectors::No)
+        };
+        let scratch = svd_scratch::<f32>(m, n, want_u, want_v, Par::Seq, Default::default());
+        let (u, v) = if tall {
+            (None, Some(vectors.as_mut()))
+        } else {
+            (Some(vectors.as_mut()), None)
+        };
+        svd(
+            a,
+            s.as_mut(),
+            u,
+            v,
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        )
+        .map_err(|_| SvdFailed)?;
+    }
+    Ok((s.column_vector().iter().copied().collect(), vectors))
 }
 
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal

@@ -21,7 +21,7 @@ use super::params::{Default, Kind, ParamSpec, Scope};
 use super::tsv::{is_spectral, row_major, SVD_EMBEDDINGS};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
 use crate::error::Result;
-use crate::linalg::svd::{matmul, thin_svd};
+use crate::linalg::svd::{matmul, small_side_svd};
 use crate::tensor::Tensor;
 use crate::{bad, bail};
 use faer::Mat;
@@ -119,18 +119,28 @@ pub fn kept_rank(s: &[f32], eta: f64) -> usize {
 }
 
 /// One task vector truncated to eta% of its nuclear norm and rescaled (row-major).
+///
+/// `U_r diag(s_r) V_r^T` is computed as the projection `D V_r V_r^T` (or `U_r U_r^T D` for a wide
+/// matrix), equal since `D V_r = U_r diag(s_r)`: only the small-side singular vectors are needed.
 pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let (m, n) = (delta.rows(), delta.cols());
-    let svd = thin_svd(delta.mat()).map_err(|e| bad!("{e}"))?;
-    let total: f64 = svd.s.iter().map(|&x| x as f64).sum();
+    let (s, vectors) = small_side_svd(delta.mat()).map_err(|e| bad!("{e}"))?;
+    let total: f64 = s.iter().map(|&x| x as f64).sum();
     if total == 0.0 {
         return Ok(vec![0.0; m * n]);
     }
-    let r = kept_rank(&svd.s, eta);
-    let kept: f64 = svd.s[..r].iter().map(|&x| x as f64).sum();
+    let r = kept_rank(&s, eta);
+    let kept: f64 = s[..r].iter().map(|&x| x as f64).sum();
     let scale = (total / kept) as f32;
-    let scaled = Mat::<f32>::from_fn(m, r, |i, j| svd.u[(i, j)] * (svd.s[j] * scale));
-    let product = matmul(scaled.as_ref(), svd.v.subcols(0, r).transpose());
+    let basis = Mat::<f32>::from_fn(vectors.nrows(), r, |i, j| vectors[(i, j)] * scale);
+    let top = vectors.subcols(0, r);
+    let product = if m >= n {
+        let coords = matmul(delta.mat(), top);
+        matmul(coords.as_ref(), basis.transpose())
+    } else {
+        let coords = matmul(top.transpose(), delta.mat());
+        matmul(basis.as_ref(), coords.as_ref())
+    };
     Ok(row_major(&product))
 }
 
