@@ -4,10 +4,15 @@ official code) on a model set, streaming one tensor at a time, and save its outp
 two merged models. Used by benches/merge_vs_mergekit.sh.
 
     python benches/spectral_ref.py merge tsv|star BASE OUT MODEL... [--eta 40] [--alpha 1]
+                                   [--only NAME,NAME...]
     python benches/spectral_ref.py compare BASE OURS REFERENCE
 
-`merge` prints the wall seconds; `compare` prints the largest relative error over tensors of the
-merged task vector, ||ours - ref|| / ||ref - base||, and where it is.
+`merge` prints the wall seconds, and each tensor's seconds on stderr. With `--only`, the
+decomposed (2-D) tensors outside the list are skipped (the cheap averaged ones always run) and
+each skipped tensor is charged the measured time of a computed one of the same or transposed
+shape: the printed total is then an extrapolation, flagged "(extrapolated from N of M tensors)".
+`compare` prints the largest relative error over the reference's tensors of the merged task
+vector, ||ours - ref|| / ||ref - base||, and where it is.
 """
 import os
 import sys
@@ -32,32 +37,49 @@ def tensor(handle, name, rows):
     return handle.get_tensor(name).float()[:rows]
 
 
-def merge(method, base_dir, out_dir, models, eta, alpha):
+def merge(method, base_dir, out_dir, models, eta, alpha, only):
     t0 = time.time()
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
     handles = [safe_open(str(Path(m) / "model.safetensors"), framework="pt") for m in models]
     out = {}
+    seconds = {}  # shape -> measured seconds of a decomposed tensor
+    skipped = []
     for name in base.keys():
+        t1 = time.time()
+        shape = tuple(base.get_slice(name).get_shape())
+        spectral = len(shape) == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
+        if only is not None and spectral and name not in only:
+            skipped.append((name, shape))
+            continue
         b = base.get_tensor(name)
         deltas = [tensor(h, name, b.shape[0]) - b.float() for h in handles]
-        spectral = b.dim() == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
         if method == "tsv":
             merged = alpha * (tsv_matrix(deltas) if spectral else running_mean(deltas))
         else:
             parts = [star_matrix(d, eta) if spectral else d for d in deltas]
             merged = weighted_merge(parts, [1 / len(parts)] * len(parts))
         out[name] = (b.float() + merged).to(b.dtype).contiguous()
-        print(f"{name} {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+        if spectral:
+            seconds[shape] = time.time() - t1
+        print(f"{name} {list(shape)} {time.time() - t1:.1f}s", file=sys.stderr, flush=True)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     save_file(out, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
-    print(f"{time.time() - t0:.2f}")
+    total = time.time() - t0
+    for name, shape in skipped:
+        charged = seconds.get(shape, seconds.get(shape[::-1]))
+        if charged is None:
+            sys.exit(f"--only: no computed tensor has the shape {list(shape)} of {name}")
+        print(f"{name} {list(shape)} skipped, charged {charged:.1f}s", file=sys.stderr)
+        total += charged
+    note = f" (extrapolated from {len(out)} of {len(out) + len(skipped)} tensors)" if skipped else ""
+    print(f"{total:.2f}{note}")
 
 
 def compare(base_dir, ours_dir, ref_dir):
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
     ours = safe_open(str(Path(ours_dir) / "model.safetensors"), framework="pt")
     ref = safe_open(str(Path(ref_dir) / "model.safetensors"), framework="pt")
-    worst = (0.0, None)
+    worst = (-1.0, "")
     for name in ref.keys():
         b, o, r = (h.get_tensor(name).double() for h in (base, ours, ref))
         size = (r - b).norm().item()
@@ -71,11 +93,11 @@ if __name__ == "__main__":
         compare(*sys.argv[2:5])
     else:
         rest = sys.argv[2:]
-        opts = {"--eta": 40.0, "--alpha": 1.0}
+        opts = {"--eta": 40.0, "--alpha": 1.0, "--only": None}
         for k in list(opts):
             if k in rest:
                 i = rest.index(k)
-                opts[k] = float(rest[i + 1])
+                opts[k] = rest[i + 1].split(",") if k == "--only" else float(rest[i + 1])
                 del rest[i:i + 2]
         method, base_dir, out_dir, *models = rest
-        merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"])
+        merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"], opts["--only"])
