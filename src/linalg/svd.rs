@@ -1,11 +1,11 @@
 //! Singular value decompositions and products for the spectral merge methods (TSV, STAR), on
 //! faer.
 //!
-//! - [`thin_svd`]: every singular triplet in f32 (faer's QR + divide-and-conquer bidiagonal
-//!   SVD; several times faster than torch's MKL `linalg.svd` on the same machine).
+//! - [`thin_svd`]: every singular triplet (faer's QR + divide-and-conquer bidiagonal SVD, run
+//!   in f64 on the f32 input, factors returned in f32; see [`to_f64`] for why).
 //! - [`small_side_svd`]: every singular value, and the singular vectors of the smaller dimension
-//!   only (V of a tall matrix, U of a wide one): skips forming the large factor, which is most of
-//!   the cost for the 7B MLP shapes.
+//!   only (V of a tall matrix, U of a wide one): skips forming the large factor (about 30% less
+//!   CPU time for STAR on the 7B MLP shapes).
 //! - [`polar`]: the orthogonal polar factor `U V^T` of a thin SVD. It is taken from the SVD
 //!   rather than from `A (A^T A)^{-1/2}`, which loses half the digits in f32 on the badly
 //!   conditioned concatenations TSV builds (merging.md, numerical notes).
@@ -53,66 +53,70 @@ impl std::fmt::Display for SvdFailed {
     }
 }
 
-/// The thin SVD (k = min(m, n) triplets).
-pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
+/// `a` in f64, where the decompositions run: faer's f32 SVD reconstructed a 18944 x 3584 task
+/// vector of the merge benchmark only to 1.2e-2 relative (both its divide-and-conquer and its QR
+/// algorithm), while f64 reconstructs it to 1e-14 at about 1.3x the time.
+fn to_f64(a: MatRef<'_, f32>) -> Mat<f64> {
+    Mat::<f64>::from_fn(a.nrows(), a.ncols(), |i, j| a[(i, j)] as f64)
+}
+
+fn to_f32(a: &Mat<f64>) -> Mat<f32> {
+    Mat::<f32>::from_fn(a.nrows(), a.ncols(), |i, j| a[(i, j)] as f32)
+}
+
+/// faer's SVD of `a` in f64, single-threaded, computing the factors asked for.
+fn svd_f64(
+    a: MatRef<'_, f32>,
+    u: Option<&mut Mat<f64>>,
+    v: Option<&mut Mat<f64>>,
+) -> Result<Vec<f32>, SvdFailed> {
     let (m, n) = a.shape();
-    let k = m.min(n);
-    let mut u = Mat::<f32>::zeros(m, k);
-    let mut v = Mat::<f32>::zeros(n, k);
-    let mut s = Diag::<f32>::zeros(k);
-    if k > 0 {
-        let thin = ComputeSvdVectors::Thin;
-        let scratch = svd_scratch::<f32>(m, n, thin, thin, Par::Seq, Default::default());
+    let mut s = Diag::<f64>::zeros(m.min(n));
+    if m.min(n) > 0 {
+        let want = |x: &Option<&mut Mat<f64>>| match x {
+            Some(_) => ComputeSvdVectors::Thin,
+            None => ComputeSvdVectors::No,
+        };
+        let scratch = svd_scratch::<f64>(m, n, want(&u), want(&v), Par::Seq, Default::default());
         svd(
-            a,
+            to_f64(a).as_ref(),
             s.as_mut(),
-            Some(u.as_mut()),
-            Some(v.as_mut()),
+            u.map(|x| x.as_mut()),
+            v.map(|x| x.as_mut()),
             Par::Seq,
             MemStack::new(&mut MemBuffer::new(scratch)),
             Default::default(),
         )
         .map_err(|_| SvdFailed)?;
     }
+    Ok(s.column_vector().iter().map(|&x| x as f32).collect())
+}
+
+/// The thin SVD (k = min(m, n) triplets), computed in f64.
+pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
+    let (m, n) = a.shape();
+    let k = m.min(n);
+    let (mut u, mut v) = (Mat::<f64>::zeros(m, k), Mat::<f64>::zeros(n, k));
+    let s = svd_f64(a, Some(&mut u), Some(&mut v))?;
     Ok(Svd {
-        u,
-        s: s.column_vector().iter().copied().collect(),
-        v,
+        u: to_f32(&u),
+        s,
+        v: to_f32(&v),
     })
 }
 
 /// Every singular value (non-increasing) and the singular vectors of the smaller dimension: V
-/// (n x n) when `m >= n`, U (m x m) otherwise.
+/// (n x n) when `m >= n`, U (m x m) otherwise. Computed in f64.
 pub fn small_side_svd(a: MatRef<'_, f32>) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
     let (m, n) = a.shape();
     let k = m.min(n);
-    let tall = m >= n;
-    let mut vectors = Mat::<f32>::zeros(k, k);
-    let mut s = Diag::<f32>::zeros(k);
-    if k > 0 {
-        let (want_u, want_v) = if tall {
-            (ComputeSvdVectors::No, ComputeSvdVectors::Thin)
-        } else {
-            (ComputeSvdVectors::Thin, ComputeSvdVectors::No)
-        };
-        let scratch = svd_scratch::<f32>(m, n, want_u, want_v, Par::Seq, Default::default());
-        let (u, v) = if tall {
-            (None, Some(vectors.as_mut()))
-        } else {
-            (Some(vectors.as_mut()), None)
-        };
-        svd(
-            a,
-            s.as_mut(),
-            u,
-            v,
-            Par::Seq,
-            MemStack::new(&mut MemBuffer::new(scratch)),
-            Default::default(),
-        )
-        .map_err(|_| SvdFailed)?;
-    }
-    Ok((s.column_vector().iter().copied().collect(), vectors))
+    let mut vectors = Mat::<f64>::zeros(k, k);
+    let s = if m >= n {
+        svd_f64(a, None, Some(&mut vectors))?
+    } else {
+        svd_f64(a, Some(&mut vectors), None)?
+    };
+    Ok((s, to_f32(&vectors)))
 }
 
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal
