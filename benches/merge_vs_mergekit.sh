@@ -80,10 +80,11 @@ for m in $METHODS; do
     case $m in
       tsv|star) ;;
       *)
-        rm -rf "$DATA/out-mk"
+        rm -rf "$DATA/out-sm" "$DATA/out-mk"
         measure "$DATA/mk.$m" "$MERGEKIT" "$DATA/configs/$m.yml" "$DATA/out-mk" --no-write-model-card --quiet
         s0=$(date +%s.%N); sync "$DATA"/out-mk/*.safetensors; s1=$(date +%s.%N)
         echo "$(tail -1 "$DATA/mk.$m" | awk '{print $1}') + $s1 - $s0" | bc -l >>"$DATA/mks.$m"
+        rm -rf "$DATA/out-sm" "$DATA/out-mk" # disk: never more than one output at a time
         ;;
     esac
   done
