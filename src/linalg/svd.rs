@@ -55,7 +55,7 @@ impl std::fmt::Display for SvdFailed {
 
 /// `a` in f64, where the decompositions run: faer's f32 SVD reconstructed a 18944 x 3584 task
 /// vector of the merge benchmark only to 1.2e-2 relative (both its divide-and-conquer and its QR
-/// algorithm), while f64 reconstructs it to 1e-14 at about 1.3x the time.
+/// algorithm), while f64 reconstructs it to 1e-14 (the merges take about twice as long).
 fn to_f64(a: MatRef<'_, f32>) -> Mat<f64> {
     Mat::<f64>::from_fn(a.nrows(), a.ncols(), |i, j| a[(i, j)] as f64)
 }
