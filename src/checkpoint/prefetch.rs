@@ -1,0 +1,23 @@
+//! Read-ahead hints, so streaming commands overlap disk reads with computation.
+
+use super::Checkpoint;
+
+impl Checkpoint {
+    /// Ask the OS to start reading tensor `name` into the page cache without waiting
+    /// (`madvise(MADV_WILLNEED)` on its byte range). Commands that stream tensors call it one
+    /// tensor ahead. It is only a hint: unknown names and refusals are ignored.
+    pub fn prefetch(&self, name: &str) {
+        #[cfg(unix)]
+        if let Some(&(s, t)) = self.index.get(name) {
+            let shard = &self.shards[s];
+            let info = &shard.header.tensors[t];
+            let _ = shard.mmap.advise_range(
+                memmap2::Advice::WillNeed,
+                shard.header.data_start + info.begin,
+                info.end - info.begin,
+            );
+        }
+        #[cfg(not(unix))]
+        let _ = name;
+    }
+}
