@@ -42,6 +42,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    /// Weight drift between two checkpoints: operator/Frobenius norms, stable rank, ratios
+    Norms(commands::norms::Args),
 }
 
 /// Where and how a command writes a model directory.

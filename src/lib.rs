@@ -3,12 +3,14 @@
 //! The crate is organised in rooms with one concern each:
 //! - [`checkpoint`]: reading (validated, mmap'd, sharded safetensors), resolving model references
 //!   (paths, HF cache, aliases), and writing outputs atomically.
+//! - [`analysis`]: weight-space analyses (drift norms between checkpoints).
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`report`]: tables, number formatting and SVG plots.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
+pub mod analysis;
 pub mod arch;
 pub mod checkpoint;
 pub mod cli;

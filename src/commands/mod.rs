@@ -2,6 +2,7 @@
 
 pub mod aliases;
 pub mod inspect;
+pub mod norms;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -18,5 +19,6 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Norms(args) => norms::run(args, progress),
     }
 }

@@ -1,0 +1,3 @@
+//! Analyses of checkpoints' weights: drift norms between checkpoints.
+
+pub mod norms;
