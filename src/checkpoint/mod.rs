@@ -4,7 +4,7 @@
 pub mod dtype;
 pub mod header;
 pub mod output;
-mod prefetch;
+mod residency;
 pub mod resolve;
 pub mod writer;
 

@@ -19,6 +19,39 @@ pub trait RowSource: Sync {
     fn row<'a>(&'a self, i: usize, scratch: &'a mut RowScratch) -> &'a [f32];
 }
 
+/// K matrices of one shape whose rows are read together, so one pass over the stored bytes
+/// serves K computations (the drift TARGET - REF and REF itself, from the same two rows).
+/// Every [`RowSource`] is a set of one.
+pub trait RowSet<const K: usize>: Sync {
+    fn rows(&self) -> usize;
+    fn cols(&self) -> usize;
+    /// Row `i` of each matrix `k` with `need[k]`; the other slices are empty.
+    fn row_set<'a>(&'a self, i: usize, need: [bool; K], scratch: &'a mut RowScratch)
+        -> [&'a [f32]; K];
+}
+
+impl<S: RowSource> RowSet<1> for S {
+    fn rows(&self) -> usize {
+        RowSource::rows(self)
+    }
+    fn cols(&self) -> usize {
+        RowSource::cols(self)
+    }
+    #[inline(always)]
+    fn row_set<'a>(
+        &'a self,
+        i: usize,
+        need: [bool; 1],
+        scratch: &'a mut RowScratch,
+    ) -> [&'a [f32]; 1] {
+        if need[0] {
+            [self.row(i, scratch)]
+        } else {
+            [&[]]
+        }
+    }
+}
+
 /// Per-worker buffers that decoding sources write rows into.
 #[derive(Debug, Default)]
 pub struct RowScratch {
@@ -141,6 +174,36 @@ impl RowSource for DiffRows<'_> {
     }
 }
 
+/// The drift and its reference: `[TARGET - REF, REF]`, decoding each stored row once.
+impl RowSet<2> for DiffRows<'_> {
+    fn rows(&self) -> usize {
+        self.target.rows
+    }
+    fn cols(&self) -> usize {
+        self.target.cols
+    }
+    #[inline(always)]
+    fn row_set<'a>(
+        &'a self,
+        i: usize,
+        need: [bool; 2],
+        scratch: &'a mut RowScratch,
+    ) -> [&'a [f32]; 2] {
+        if !need[0] {
+            if !need[1] {
+                return [&[], &[]];
+            }
+            scratch.second.resize(self.target.cols, 0.0);
+            self.reference.decode_row(i, &mut scratch.second);
+            return [&[], &scratch.second];
+        }
+        self.row(i, scratch);
+        // `row` leaves REF's row in `second` and the difference in `first`.
+        let (first, second) = (&scratch.first[..], &scratch.second[..]);
+        [first, if need[1] { second } else { &[] }]
+    }
+}
+
 /// Decode little-endian `dtype` values; the caller guarantees matching lengths and a float dtype.
 #[inline(always)]
 fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
@@ -189,6 +252,19 @@ mod tests {
             assert_eq!(diff.row(0, &mut scratch), &[1.0, -3.0, 0.0]);
             assert_eq!(diff.row(1, &mut scratch), &[4.0, -1.0, 4.0]);
         }
+        let (t, r) = (dtype::encode(Dtype::BF16, &values).unwrap(), dtype::encode(Dtype::BF16, &reference).unwrap());
+        let diff = DiffRows::new(
+            StoredRows::new(Dtype::BF16, &t, 2, 3).unwrap(),
+            StoredRows::new(Dtype::BF16, &r, 2, 3).unwrap(),
+        )
+        .unwrap();
+        let mut scratch = RowScratch::new();
+        assert_eq!(
+            diff.row_set(1, [true, true], &mut scratch),
+            [&[4.0, -1.0, 4.0][..], &reference[3..]]
+        );
+        assert_eq!(diff.row_set(0, [false, true], &mut scratch), [&[][..], &reference[..3]]);
+        assert_eq!(diff.row_set(0, [true, false], &mut scratch), [&[1.0, -3.0, 0.0][..], &[]]);
         assert!(StoredRows::new(Dtype::BF16, &[0u8; 10], 2, 3).is_none());
         assert!(StoredRows::new(Dtype::I32, &[0u8; 24], 2, 3).is_none());
     }

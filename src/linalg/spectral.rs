@@ -6,8 +6,11 @@
 //! and the same Ritz values as symmetric Lanczos on the Gram operator `M = AᵀA / ||A||_F²`
 //! started from `v1` (`B_kᵀB_k = T_k`). We run the latter because one pass over the rows of `A`
 //! computes `Mv = Σ_i (a_i·v) a_iᵀ` with every row used twice while it is in cache: each
-//! Lanczos step reads the matrix once instead of twice (`Av`, then `Aᵀu`). The matrix is read
-//! straight from its stored bytes ([`RowSource`]), so a weight difference is never materialized.
+//! Lanczos step reads the matrix once instead of twice (`Av`, then `Aᵀu`) ([`super::gram`]).
+//! The matrix is read straight from its stored bytes ([`RowSource`]), so a weight difference is
+//! never materialized, and [`spectral_norms`] runs several matrices that share rows in lockstep
+//! (TARGET - REF and REF from the same two stored rows: one read serves both). The first pass
+//! also sums the squares for ||A||_F.
 //! Every new Lanczos vector is reorthogonalized twice against all previous ones (CGS2), which
 //! keeps the basis orthonormal to working precision, so no spurious copies of converged Ritz
 //! values appear. Scaling by `||A||_F²` keeps every quantity near 1 (no overflow or underflow
@@ -34,36 +37,22 @@
 //! norm returns 0 at once, and when the Krylov space becomes invariant (rank exhausted) β_k
 //! falls to rounding level and the residual certifies the exact Ritz value.
 //!
-//! # Determinism
-//! The rows are split into tasks by the matrix shape only; each task sums in a fixed order and
-//! the task results are added in task order, so the bits do not depend on the thread count.
-
-use std::ops::Range;
-use std::sync::OnceLock;
+//! Results do not depend on the thread count (see [`super::gram`]).
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
-use rayon::prelude::*;
 
-use super::rows::{RowScratch, RowSource};
+use super::gram::{self, Plan};
+use super::rows::{RowSet, RowSource};
 use super::tridiagonal::top_eigenpair;
 
 /// Most Lanczos steps before giving up on the certificate (memory: steps x cols f64).
 pub const MAX_STEPS: usize = 500;
 /// Seed of the fixed start vector.
 const START_SEED: u64 = 0x5157_A7CE;
-/// Values per f32 partial sum before it is added into f64 (bounds the f32 rounding).
-const DOT_BLOCK: usize = 1024;
-/// Independent f32 accumulators (a multiple of every SIMD width in use).
-const LANES: usize = 32;
-/// Rows whose f32 contributions to Mv are summed before being added into f64.
-const FLUSH_ROWS: usize = 16;
-/// At most this many parallel row tasks per pass.
-const MAX_TASKS: usize = 64;
-/// At least this many matrix entries per task, so small matrices are not over-split.
-const MIN_TASK_ENTRIES: usize = 1 << 16;
-/// Bound on the f64 partial results held at once (entries).
-const PARTIAL_ENTRIES: usize = 1 << 22;
+/// Frobenius norms for which the first, unscaled pass cannot overflow or underflow in f32;
+/// outside it the first product is recomputed with the start vector scaled.
+const UNSCALED_FRO: std::ops::RangeInclusive<f64> = 1e-10..=1e10;
 
 /// The result of [`spectral_norm`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -74,147 +63,175 @@ pub struct SpectralNorm {
     pub op: f64,
     /// The certified upper bound on the singular value the estimate converged to.
     pub bound: f64,
-    /// Lanczos steps taken (= passes over the matrix, plus one for the Frobenius norm).
+    /// Passes over the matrix (the first also gives the Frobenius norm).
     pub steps: usize,
     /// Whether `bound <= (1 + tol) * op` was reached.
     pub certified: bool,
 }
 
+impl SpectralNorm {
+    fn exact(fro: f64, op: f64) -> SpectralNorm {
+        SpectralNorm {
+            fro,
+            op,
+            bound: op,
+            steps: 1,
+            certified: !op.is_nan(),
+        }
+    }
+}
+
 /// ||A||_F and ||A||_2 of `a` to relative accuracy `tol` (see the module docs).
 /// A non-finite entry gives a non-finite `fro` and NaN `op`.
 pub fn spectral_norm<S: RowSource>(a: &S, tol: f64) -> SpectralNorm {
+    let [norm] = spectral_norms::<1, S>(a, tol);
+    norm
+}
+
+/// [`spectral_norm`] of each matrix of a row set, all in one stream of passes.
+pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [SpectralNorm; K] {
     let (m, n) = (a.rows(), a.cols());
-    let tasks = plan_tasks(m, n);
-    let fro = frobenius_pass(a, &tasks).sqrt();
-    if !fro.is_finite() {
-        return SpectralNorm {
-            fro,
-            op: f64::NAN,
-            bound: f64::NAN,
-            steps: 1,
-            certified: false,
-        };
+    if m == 0 || n == 0 {
+        return [SpectralNorm::exact(0.0, 0.0); K];
     }
-    if fro == 0.0 {
-        return SpectralNorm {
-            fro,
-            op: 0.0,
-            bound: 0.0,
-            steps: 1,
-            certified: true,
-        };
-    }
+    let plan = Plan::new(m, n);
     let target = (1.0 + tol) * (1.0 + tol) - 1.0;
     let max_steps = n.min(MAX_STEPS);
+    let start = start_vector(n);
+    let start32: Vec<f32> = start.iter().map(|&x| x as f32).collect();
 
+    let first = gram::pass(a, &plan, [Some(&start32[..]); K], true);
+    let mut states: [Lanczos; K] = std::array::from_fn(|_| Lanczos::new(start.clone()));
+    for (k, (state, product)) in states.iter_mut().zip(first.products).enumerate() {
+        let fro = first.squares[k].sqrt();
+        state.fro = fro;
+        if !fro.is_finite() {
+            state.done = Some(SpectralNorm::exact(fro, f64::NAN));
+            continue;
+        }
+        if fro == 0.0 {
+            state.done = Some(SpectralNorm::exact(0.0, 0.0));
+            continue;
+        }
+        let mut w = product.expect("every matrix takes part in the first pass");
+        if UNSCALED_FRO.contains(&fro) && w.iter().all(|x| x.is_finite()) {
+            scale(&mut w, 1.0 / (fro * fro));
+        } else {
+            let scaled: Vec<f32> = start.iter().map(|&x| (x / fro) as f32).collect();
+            let mut only: [Option<&[f32]>; K] = [None; K];
+            only[k] = Some(&scaled);
+            w = gram::pass(a, &plan, only, false).products[k]
+                .take()
+                .expect("requested product");
+            scale(&mut w, 1.0 / fro);
+        }
+        state.absorb(w, target, max_steps);
+    }
+
+    loop {
+        // v is scaled by 1/||A||_F before the pass and AᵀAv by 1/||A||_F after it, so every f32
+        // quantity in the pass is at most of the order of the entries of A.
+        let inputs: [Option<Vec<f32>>; K] = std::array::from_fn(|k| {
+            let s = &states[k];
+            s.done
+                .is_none()
+                .then(|| s.v.iter().map(|&x| (x / s.fro) as f32).collect())
+        });
+        if inputs.iter().all(Option::is_none) {
+            break;
+        }
+        let v: [Option<&[f32]>; K] = std::array::from_fn(|k| inputs[k].as_deref());
+        let result = gram::pass(a, &plan, v, false);
+        for (state, product) in states.iter_mut().zip(result.products) {
+            if let Some(mut w) = product {
+                scale(&mut w, 1.0 / state.fro);
+                state.absorb(w, target, max_steps);
+            }
+        }
+    }
+    states.map(|s| s.done.expect("loop ends when every matrix is done"))
+}
+
+/// The fixed pseudo-random unit start vector.
+fn start_vector(n: usize) -> Vec<f64> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(START_SEED);
     let mut v: Vec<f64> = (0..n)
         .map(|_| -> f64 { StandardNormal.sample(&mut rng) })
         .collect();
-    let start_norm = norm(&v);
-    scale(&mut v, 1.0 / start_norm);
-    let mut basis: Vec<Vec<f64>> = Vec::new();
-    let (mut alpha, mut beta): (Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new());
-    let mut v32 = vec![0f32; n];
-    let (mut theta, mut residual) = (0.0, f64::INFINITY);
-    for step in 1..=max_steps {
-        // v is scaled by 1/||A||_F before the pass and Mv by 1/||A||_F after it, so every f32
-        // quantity in the pass is at most of the order of the entries of A.
-        for (x, y) in v32.iter_mut().zip(&v) {
-            *x = (y / fro) as f32;
+    let length = norm(&v);
+    scale(&mut v, 1.0 / length);
+    v
+}
+
+/// Lanczos on M = AᵀA / ||A||_F² for one matrix.
+struct Lanczos {
+    fro: f64,
+    /// The current Lanczos vector.
+    v: Vec<f64>,
+    basis: Vec<Vec<f64>>,
+    alpha: Vec<f64>,
+    beta: Vec<f64>,
+    done: Option<SpectralNorm>,
+}
+
+impl Lanczos {
+    fn new(v: Vec<f64>) -> Lanczos {
+        Lanczos {
+            fro: 0.0,
+            v,
+            basis: Vec::new(),
+            alpha: Vec::new(),
+            beta: Vec::new(),
+            done: None,
         }
-        let mut w = gram_pass(a, &v32, &tasks);
-        scale(&mut w, 1.0 / fro);
+    }
+
+    /// Take `w = M v` for the current vector: extend T_k, check the certificate, and either
+    /// finish or move to the next vector.
+    fn absorb(&mut self, mut w: Vec<f64>, target: f64, max_steps: usize) {
+        let v = std::mem::take(&mut self.v);
         let mut a_k = dot(&v, &w);
         axpy(&mut w, -a_k, &v);
-        if let (Some(prev), Some(&b)) = (basis.last(), beta.last()) {
+        if let (Some(prev), Some(&b)) = (self.basis.last(), self.beta.last()) {
             axpy(&mut w, -b, prev);
         }
-        basis.push(v);
+        self.basis.push(v);
+        // Full reorthogonalization, twice (CGS2).
         for _ in 0..2 {
-            for (i, q) in basis.iter().enumerate() {
+            for (i, q) in self.basis.iter().enumerate() {
                 let c = dot(q, &w);
                 axpy(&mut w, -c, q);
-                if i + 1 == basis.len() {
+                if i + 1 == self.basis.len() {
                     a_k += c;
                 }
             }
         }
-        alpha.push(a_k);
+        self.alpha.push(a_k);
         let b_k = norm(&w);
-        let (t, last) = top_eigenpair(&alpha, &beta);
-        theta = t.max(0.0);
-        residual = b_k * last.abs();
-        if !residual.is_finite() || !theta.is_finite() {
-            break;
-        }
-        if residual <= theta * target || b_k <= f64::EPSILON * theta || step == max_steps {
-            return finish(fro, theta, residual, step, target);
-        }
-        beta.push(b_k);
-        scale(&mut w, 1.0 / b_k);
-        v = w;
-    }
-    finish(fro, theta, residual, max_steps, target)
-}
-
-fn finish(fro: f64, theta: f64, residual: f64, steps: usize, target: f64) -> SpectralNorm {
-    SpectralNorm {
-        fro,
-        op: fro * theta.sqrt(),
-        bound: fro * (theta + residual).sqrt(),
-        // +1: the Frobenius pass.
-        steps: steps + 1,
-        certified: residual <= theta * target || theta == 0.0 && residual == 0.0,
-    }
-}
-
-/// Row ranges of the parallel tasks; a function of the shape only.
-fn plan_tasks(m: usize, n: usize) -> Vec<Range<usize>> {
-    let n = n.max(1);
-    let per_task = m
-        .div_ceil(MAX_TASKS)
-        .max(MIN_TASK_ENTRIES.div_ceil(n))
-        .max(1);
-    (0..m.div_ceil(per_task))
-        .map(|t| t * per_task..((t + 1) * per_task).min(m))
-        .collect()
-}
-
-/// Tasks whose f64 partials are held at once.
-fn batch_len(n: usize) -> usize {
-    (PARTIAL_ENTRIES / n.max(1)).max(2)
-}
-
-/// Σ a_ij² in f64.
-fn frobenius_pass<S: RowSource>(a: &S, tasks: &[Range<usize>]) -> f64 {
-    let partial: Vec<f64> = tasks
-        .par_iter()
-        .map(|rows| kernel().sum_squares_rows(a, rows.clone()))
-        .collect();
-    partial.iter().sum()
-}
-
-/// AᵀA v in f64, from f32 products.
-fn gram_pass<S: RowSource>(a: &S, v: &[f32], tasks: &[Range<usize>]) -> Vec<f64> {
-    let n = a.cols();
-    let mut total = vec![0f64; n];
-    for batch in tasks.chunks(batch_len(n)) {
-        let partials: Vec<Vec<f64>> = batch
-            .par_iter()
-            .map(|rows| {
-                let mut out = vec![0f64; n];
-                kernel().gram_rows(a, rows.clone(), v, &mut out);
-                out
-            })
-            .collect();
-        for p in &partials {
-            for (t, x) in total.iter_mut().zip(p) {
-                *t += x;
-            }
+        let (theta, last) = top_eigenpair(&self.alpha, &self.beta);
+        let theta = theta.max(0.0);
+        let residual = b_k * last.abs();
+        let steps = self.alpha.len();
+        let certified = residual <= theta * target;
+        let finished = certified
+            || !residual.is_finite()
+            || b_k <= f64::EPSILON * theta
+            || steps == max_steps;
+        if finished {
+            self.done = Some(SpectralNorm {
+                fro: self.fro,
+                op: self.fro * theta.sqrt(),
+                bound: self.fro * (theta + residual).sqrt(),
+                steps,
+                certified,
+            });
+            self.basis = Vec::new();
+        } else {
+            self.beta.push(b_k);
+            scale(&mut w, 1.0 / b_k);
+            self.v = w;
         }
     }
-    total
 }
 
 fn dot(x: &[f64], y: &[f64]) -> f64 {
@@ -233,148 +250,6 @@ fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
 
 fn scale(x: &mut [f64], a: f64) {
     x.iter_mut().for_each(|v| *v *= a);
-}
-
-/// The row kernels, compiled once for the baseline CPU and once for AVX2+FMA (chosen at run
-/// time), so the loops vectorize without requiring a newer CPU.
-#[derive(Clone, Copy)]
-enum Kernel {
-    Baseline,
-    #[cfg(target_arch = "x86_64")]
-    Avx2Fma,
-}
-
-fn kernel() -> Kernel {
-    static KERNEL: OnceLock<Kernel> = OnceLock::new();
-    *KERNEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Kernel::Avx2Fma;
-        }
-        Kernel::Baseline
-    })
-}
-
-impl Kernel {
-    fn gram_rows<S: RowSource>(self, a: &S, rows: Range<usize>, v: &[f32], out: &mut [f64]) {
-        match self {
-            Kernel::Baseline => gram_rows::<S, false>(a, rows, v, out),
-            // SAFETY: selected only when the CPU reports AVX2 and FMA.
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => unsafe { gram_rows_avx2(a, rows, v, out) },
-        }
-    }
-
-    fn sum_squares_rows<S: RowSource>(self, a: &S, rows: Range<usize>) -> f64 {
-        match self {
-            Kernel::Baseline => sum_squares_rows(a, rows),
-            // SAFETY: as above.
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => unsafe { sum_squares_rows_avx2(a, rows) },
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gram_rows_avx2<S: RowSource>(a: &S, rows: Range<usize>, v: &[f32], out: &mut [f64]) {
-    gram_rows::<S, true>(a, rows, v, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn sum_squares_rows_avx2<S: RowSource>(a: &S, rows: Range<usize>) -> f64 {
-    sum_squares_rows(a, rows)
-}
-
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-/// x·y: f32 products in LANES accumulators over blocks of DOT_BLOCK, blocks summed in f64.
-#[inline(always)]
-fn dot_f32<const FMA: bool>(x: &[f32], y: &[f32]) -> f64 {
-    let mut total = 0f64;
-    for (xb, yb) in x.chunks(DOT_BLOCK).zip(y.chunks(DOT_BLOCK)) {
-        let mut acc = [0f32; LANES];
-        let (xc, yc) = (xb.chunks_exact(LANES), yb.chunks_exact(LANES));
-        let (xr, yr) = (xc.remainder(), yc.remainder());
-        for (p, q) in xc.zip(yc) {
-            for l in 0..LANES {
-                acc[l] = madd::<FMA>(p[l], q[l], acc[l]);
-            }
-        }
-        let mut s = 0f32;
-        for (p, q) in xr.iter().zip(yr) {
-            s = madd::<FMA>(*p, *q, s);
-        }
-        total += acc.iter().map(|&a| a as f64).sum::<f64>() + s as f64;
-    }
-    total
-}
-
-#[inline(always)]
-fn gram_rows<S: RowSource, const FMA: bool>(a: &S, rows: Range<usize>, v: &[f32], out: &mut [f64]) {
-    let mut scratch = RowScratch::new();
-    let mut acc = vec![0f32; a.cols()];
-    let mut pending = 0;
-    for i in rows {
-        let row = a.row(i, &mut scratch);
-        let t = dot_f32::<FMA>(row, v) as f32;
-        for (s, x) in acc.iter_mut().zip(row) {
-            *s = madd::<FMA>(t, *x, *s);
-        }
-        pending += 1;
-        if pending == FLUSH_ROWS {
-            flush(&mut acc, out);
-            pending = 0;
-        }
-    }
-    if pending > 0 {
-        flush(&mut acc, out);
-    }
-}
-
-#[inline(always)]
-fn flush(acc: &mut [f32], out: &mut [f64]) {
-    for (o, s) in out.iter_mut().zip(acc.iter_mut()) {
-        *o += *s as f64;
-        *s = 0.0;
-    }
-}
-
-#[inline(always)]
-fn sum_squares_rows<S: RowSource>(a: &S, rows: Range<usize>) -> f64 {
-    let mut scratch = RowScratch::new();
-    let mut total = 0f64;
-    for i in rows {
-        total += squares_f64(a.row(i, &mut scratch));
-    }
-    total
-}
-
-/// Σ x² with f64 products: f32 squares would underflow or overflow for extreme weights.
-#[inline(always)]
-fn squares_f64(x: &[f32]) -> f64 {
-    let mut acc = [0f64; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let tail: f64 = chunks
-        .remainder()
-        .iter()
-        .map(|&v| v as f64 * v as f64)
-        .sum();
-    for c in chunks {
-        for l in 0..LANES {
-            let v = c[l] as f64;
-            acc[l] += v * v;
-        }
-    }
-    acc.iter().sum::<f64>() + tail
 }
 
 #[cfg(test)]
@@ -468,6 +343,35 @@ mod tests {
             let rel = (got.op / factor as f64 - want).abs() / want;
             assert!(rel < 2e-6, "factor {factor}: rel {rel:e}");
         }
+    }
+
+    #[test]
+    fn lockstep_drift_and_reference_match_separate_runs() {
+        use crate::checkpoint::dtype;
+        use crate::linalg::rows::{DiffRows, StoredRows};
+        use safetensors::Dtype;
+        let (rows, cols) = (90, 70);
+        let reference = gaussian(rows, cols, 10);
+        let drift = with_spectrum(rows, cols, &[2.0, 1.9, 0.5], 11);
+        let target: Vec<f32> = reference.iter().zip(&drift).map(|(r, d)| r + d).collect();
+        let (t, r) = (
+            dtype::encode(Dtype::BF16, &target).unwrap(),
+            dtype::encode(Dtype::BF16, &reference).unwrap(),
+        );
+        let (ts, rs) = (
+            StoredRows::new(Dtype::BF16, &t, rows, cols).unwrap(),
+            StoredRows::new(Dtype::BF16, &r, rows, cols).unwrap(),
+        );
+        let diff = DiffRows::new(ts, rs).unwrap();
+        let [d, rr] = spectral_norms(&diff, 1e-6);
+        let (d1, r1) = (spectral_norm(&diff, 1e-6), spectral_norm(&rs, 1e-6));
+        // Same matrices, same start vector, same passes: the same bits.
+        assert_eq!((d, rr), (d1, r1));
+        assert!(d.steps != rr.steps, "the two converge at different steps: {d:?} {rr:?}");
+        let decoded = |b: &[u8]| dtype::decode(Dtype::BF16, b, "x").unwrap();
+        let dense: Vec<f32> = decoded(&t).iter().zip(decoded(&r)).map(|(a, b)| a - b).collect();
+        let want = dense_sigma(&dense, rows, cols);
+        assert!((d.op - want).abs() / want < 2e-6, "{} vs {want}", d.op);
     }
 
     #[test]

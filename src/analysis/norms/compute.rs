@@ -2,8 +2,9 @@
 //!
 //! A matrix's drift dW = TARGET - REF is never materialized: its rows are decoded and subtracted
 //! inside each pass of the spectral-norm kernel ([`crate::linalg::spectral`]), which runs on all
-//! cores; REF's own norms run beside it. Memory is two Lanczos bases and a few row buffers,
-//! whatever the model size. The next tensor's bytes are prefetched while one is computed.
+//! cores, and REF's own norms ride on the same passes. Memory is two Lanczos bases and a few row buffers,
+//! whatever the model size: the next tensor's bytes are prefetched while one is computed, and a
+//! finished tensor's pages leave the process's resident set.
 
 use std::collections::HashMap;
 
@@ -15,7 +16,7 @@ use crate::arch::names::{Module, Param};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::error::Result;
 use crate::linalg::rows::{DiffRows, StoredRows};
-use crate::linalg::spectral::{spectral_norm, SpectralNorm};
+use crate::linalg::spectral::{spectral_norm, spectral_norms, SpectralNorm};
 use crate::{bad, linalg};
 
 /// The drift of one matrix (`dW = TARGET - REF`, in f32).
@@ -218,6 +219,10 @@ pub fn compute_rows(
             metrics,
         });
         bar.inc(1);
+        if jobs.get(i + 1).is_none_or(|n| n.pair.name != job.pair.name) {
+            inputs.reference.release(&job.pair.reference);
+            inputs.target.release(&job.pair.target);
+        }
     }
     Ok((aggregate_experts(rows), ref_norms, warnings))
 }
@@ -257,10 +262,11 @@ fn matrix_job(
     let tol = inputs.tol;
     let (d, r) = match inputs.known.and_then(|k| k.get(&job.key())) {
         Some(r) => (spectral_norm(&diff, tol), *r),
-        None => rayon::join(
-            || spectral_norm(&diff, tol),
-            || spectral_norm(&reference, tol),
-        ),
+        None => {
+            // dW and REF in lockstep: each pass reads the two stored rows once for both.
+            let [d, r] = spectral_norms(&diff, tol);
+            (d, r)
+        }
     };
     check_finite(inputs, job, r.fro, d.fro)?;
     for (what, n) in [("TARGET - REF", &d), ("REF", &r)] {
