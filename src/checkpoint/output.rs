@@ -8,9 +8,43 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::bail;
 use crate::error::{Error, Result};
+
+/// Temporary outputs in progress, removed if the user interrupts the process.
+static IN_PROGRESS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn track(path: &Path) {
+    IN_PROGRESS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(path.to_path_buf());
+}
+
+fn untrack(path: &Path) {
+    IN_PROGRESS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| p != path);
+}
+
+/// On Ctrl-C (or SIGTERM), remove every temporary output in progress before exiting with 130,
+/// so an interrupted run leaves neither a destination nor a hidden partial directory behind.
+pub fn remove_partial_outputs_on_interrupt() {
+    let _ = ctrlc::set_handler(|| {
+        for path in IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = if path.is_dir() {
+                fs::remove_dir_all(path)
+            } else {
+                fs::remove_file(path)
+            };
+        }
+        eprintln!("sinkmerge: interrupted; partial output removed");
+        std::process::exit(130);
+    });
+}
 
 pub struct OutputDir {
     dest: PathBuf,
@@ -63,6 +97,7 @@ impl OutputDir {
             .unwrap_or_else(|| "out".into());
         let temp = parent.join(format!(".{name}.sinkmerge-partial-{}", unique_suffix()));
         fs::create_dir(&temp).map_err(|e| Error::write(&temp, e))?;
+        track(&temp);
         Ok(OutputDir {
             dest: dest_abs,
             temp,
@@ -123,6 +158,7 @@ impl OutputDir {
             fs::rename(&self.temp, &self.dest).map_err(|e| Error::write(&self.dest, e))?;
         }
         self.committed = true;
+        untrack(&self.temp);
         sync_dir(&parent)?;
         Ok(self.dest.clone())
     }
@@ -132,6 +168,7 @@ impl Drop for OutputDir {
     fn drop(&mut self) {
         if !self.committed {
             let _ = fs::remove_dir_all(&self.temp);
+            untrack(&self.temp);
         }
     }
 }
@@ -199,12 +236,14 @@ pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let temp = dir.join(format!(".{name}.sinkmerge-partial-{}", unique_suffix()));
+    track(&temp);
     let result = (|| {
         let mut f = File::create(&temp)?;
         f.write_all(contents)?;
         f.sync_all()?;
         fs::rename(&temp, path)
     })();
+    untrack(&temp);
     if let Err(e) = result {
         let _ = fs::remove_file(&temp);
         return Err(Error::write(path, e));

@@ -15,6 +15,7 @@ pub fn run(cli: Cli) -> Result<()> {
             .num_threads(n.max(1))
             .build_global();
     }
+    crate::checkpoint::output::remove_partial_outputs_on_interrupt();
     let progress = crate::progress::enabled(cli.quiet);
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
