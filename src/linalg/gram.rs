@@ -62,8 +62,7 @@ pub fn pass<const K: usize, S: RowSet<K>>(
     squares: bool,
 ) -> PassResult<K> {
     let n = plan.cols;
-    let mut products: [Option<Vec<f64>>; K] =
-        std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
+    let mut products: [Option<Vec<f64>>; K] = std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
     let mut total_squares = [0f64; K];
     let batch = (PARTIAL_ENTRIES / (n * K).max(1)).max(2);
     for tasks in plan.tasks.chunks(batch) {
@@ -150,8 +149,7 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
 ) -> TaskResult<K> {
     let n = a.cols();
     let need: [bool; K] = std::array::from_fn(|k| squares || v[k].is_some());
-    let mut products: [Option<Vec<f64>>; K] =
-        std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
+    let mut products: [Option<Vec<f64>>; K] = std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
     let mut acc: [Vec<f32>; K] =
         std::array::from_fn(|k| v[k].map_or_else(Vec::new, |_| vec![0f32; n]));
     let mut sums = [0f64; K];

@@ -26,8 +26,12 @@ pub trait RowSet<const K: usize>: Sync {
     fn rows(&self) -> usize;
     fn cols(&self) -> usize;
     /// Row `i` of each matrix `k` with `need[k]`; the other slices are empty.
-    fn row_set<'a>(&'a self, i: usize, need: [bool; K], scratch: &'a mut RowScratch)
-        -> [&'a [f32]; K];
+    fn row_set<'a>(
+        &'a self,
+        i: usize,
+        need: [bool; K],
+        scratch: &'a mut RowScratch,
+    ) -> [&'a [f32]; K];
 }
 
 impl<S: RowSource> RowSet<1> for S {
@@ -252,7 +256,10 @@ mod tests {
             assert_eq!(diff.row(0, &mut scratch), &[1.0, -3.0, 0.0]);
             assert_eq!(diff.row(1, &mut scratch), &[4.0, -1.0, 4.0]);
         }
-        let (t, r) = (dtype::encode(Dtype::BF16, &values).unwrap(), dtype::encode(Dtype::BF16, &reference).unwrap());
+        let (t, r) = (
+            dtype::encode(Dtype::BF16, &values).unwrap(),
+            dtype::encode(Dtype::BF16, &reference).unwrap(),
+        );
         let diff = DiffRows::new(
             StoredRows::new(Dtype::BF16, &t, 2, 3).unwrap(),
             StoredRows::new(Dtype::BF16, &r, 2, 3).unwrap(),
@@ -263,8 +270,14 @@ mod tests {
             diff.row_set(1, [true, true], &mut scratch),
             [&[4.0, -1.0, 4.0][..], &reference[3..]]
         );
-        assert_eq!(diff.row_set(0, [false, true], &mut scratch), [&[][..], &reference[..3]]);
-        assert_eq!(diff.row_set(0, [true, false], &mut scratch), [&[1.0, -3.0, 0.0][..], &[]]);
+        assert_eq!(
+            diff.row_set(0, [false, true], &mut scratch),
+            [&[][..], &reference[..3]]
+        );
+        assert_eq!(
+            diff.row_set(0, [true, false], &mut scratch),
+            [&[1.0, -3.0, 0.0][..], &[]]
+        );
         assert!(StoredRows::new(Dtype::BF16, &[0u8; 10], 2, 3).is_none());
         assert!(StoredRows::new(Dtype::I32, &[0u8; 24], 2, 3).is_none());
     }
