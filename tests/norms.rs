@@ -390,6 +390,17 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
         ],
     );
 
+    let (moe, fused) = (fixture("norms/moe-ref"), fixture("norms/moe-fused-target"));
+    let out = run(&[&[&moe[..], &fused, "--layers", "0:1"][..], &outputs].concat());
+    assert_bad(
+        &out,
+        &[
+            "model.layers.0.mlp.experts.0.down_proj.weight",
+            "fused expert tensors",
+            "sinkmerge extract",
+        ],
+    );
+
     let out = run(&[
         &[&fixture("models/qwen2")[..], &fixture("models/qwen3")],
         &outputs[..],

@@ -26,7 +26,7 @@ Fixtures (all weights seeded):
   vocab-target  embed_tokens/lm_head with 88 rows against spectra-ref's 80 (and lm_head there).
   moe-ref / moe-target  qwen3_moe, 2 layers, bf16: per-expert tensors (layer 0) and fused
       expert tensors [E, 2I, H] / [E, H, I] (layer 1), and the router.
-  bad-shape, missing, nonfinite  targets for the error tests.
+  bad-shape, missing, nonfinite, moe-fused-target  targets for the error tests.
 """
 import json
 import sys
@@ -240,6 +240,13 @@ def build_moe():
     as_t = lambda d: {k: torch.tensor(v, dtype=torch.float64).to(torch.bfloat16) for k, v in d.items()}
     save("moe-ref", as_t(ref), cfg)
     save("moe-target", as_t(tgt), cfg)
+    # Layer 0 with fused expert tensors, against moe-ref's one tensor per expert: an error.
+    fused = {
+        "model.layers.0.mlp.experts.gate_up_proj": np.stack([np.vstack([tgt[f"model.layers.0.mlp.experts.{e}.up_proj.weight"]] * 2) for e in range(experts)]),
+        "model.layers.0.mlp.experts.down_proj": np.stack([tgt[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(experts)]),
+        "model.layers.0.mlp.gate.weight": tgt["model.layers.0.mlp.gate.weight"],
+    }
+    save("moe-fused-target", as_t(fused), cfg)
 
 
 # ---- goldens ---------------------------------------------------------------------------------

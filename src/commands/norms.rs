@@ -229,7 +229,7 @@ fn render(report: &Report, tol: f64) -> String {
         s += "\n";
         s += &render_pair(report, second, "--vs ", tol);
         s += &format!(
-            "\nratio pair1/pair2 per module (window {})\n",
+            "\nratio pair1/pair2 per module (window {}; every metric in --json)\n",
             window_label(report)
         );
         s += &render_ratios(ratios);
@@ -344,7 +344,9 @@ fn render_ratios(ratios: &[RatioSeries]) -> String {
         "layers",
     ]);
     let mut last_module = "";
-    for r in ratios {
+    // The headline ratios; --json has every metric.
+    let shown = [Metric::Op, Metric::Fro, Metric::L2];
+    for r in ratios.iter().filter(|r| shown.contains(&r.metric)) {
         t.row([
             if r.module != last_module {
                 r.module.clone()
@@ -511,26 +513,33 @@ fn plot(report: &Report, metric: Metric) -> Result<String> {
             metric.name()
         );
     }
+    let short = |label: &str| {
+        label
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(label)
+            .to_string()
+    };
+    let (first, name) = (&report.pair, metric.name());
     let (title, y_label) = match &report.vs {
         Some((second, _)) => (
             format!(
-                "{} ratio per layer: ({} - {}) / ({} - {})",
-                metric.name(),
-                report.pair.target,
-                report.pair.reference,
-                second.target,
-                second.reference
+                "{name} ratio per layer: ({} - {}) / ({} - {})",
+                short(&first.target),
+                short(&first.reference),
+                short(&second.target),
+                short(&second.reference)
             ),
-            format!("{} ratio pair1/pair2", metric.name()),
+            format!("{name} ratio pair1/pair2"),
         ),
         None => (
             format!(
-                "{} of {} - {} per layer",
-                metric.name(),
-                report.pair.target,
-                report.pair.reference
+                "{name} of {} - {} per layer",
+                short(&first.target),
+                short(&first.reference)
             ),
-            metric.name().to_string(),
+            name.to_string(),
         ),
     };
     LineChart {

@@ -116,6 +116,30 @@ fn standard_names(ckpt: &Checkpoint) -> Result<(BTreeMap<String, String>, usize)
     Ok((map, ignored))
 }
 
+/// Whether one side stores layer `layer`'s experts fused and the other one tensor per expert.
+fn expert_layouts_differ(
+    a: &BTreeMap<String, String>,
+    b: &BTreeMap<String, String>,
+    layer: Option<usize>,
+) -> bool {
+    let fused = |names: &BTreeMap<String, String>| {
+        names.keys().filter_map(|n| names::parse(n)).any(|p| {
+            p.layer == layer
+                && matches!(
+                    p.module,
+                    Module::FusedExpertsGateUp | Module::FusedExpertsDown
+                )
+        })
+    };
+    let split = |names: &BTreeMap<String, String>| {
+        names
+            .keys()
+            .filter_map(|n| names::parse(n))
+            .any(|p| p.layer == layer && p.expert.is_some())
+    };
+    layer.is_some() && (fused(a) && split(b) || split(a) && fused(b))
+}
+
 const LM_HEAD: &str = "lm_head.weight";
 const EMBED: &str = "model.embed_tokens.weight";
 
@@ -200,25 +224,36 @@ pub fn match_tensors(
                     shape,
                 });
             }
-            (Some(r), None) => missing.push(format!(
-                "`{name}` is in REF ({}) but not in TARGET {}",
-                reference.describe(r),
-                target.label
+            (Some(r), None) => missing.push((
+                parsed,
+                format!(
+                    "`{name}` is in REF ({}) but not in TARGET {}",
+                    reference.describe(r),
+                    target.label
+                ),
             )),
-            (None, Some(t)) => missing.push(format!(
-                "`{name}` is in TARGET ({}) but not in REF {}",
-                target.describe(t),
-                reference.label
+            (None, Some(t)) => missing.push((
+                parsed,
+                format!(
+                    "`{name}` is in TARGET ({}) but not in REF {}",
+                    target.describe(t),
+                    reference.label
+                ),
             )),
             (None, None) => unreachable!("name comes from one of the maps"),
         }
     }
-    if let Some(first) = missing.first() {
+    if let Some((parsed, first)) = missing.first() {
         let more = match missing.len() {
             1 => String::new(),
             n => format!(" (and {} more tensors)", n - 1),
         };
-        bail!("tensor {first}{more}; REF and TARGET must hold the same language-model tensors");
+        let hint = if expert_layouts_differ(&ref_names, &target_names, parsed.layer) {
+            "; one side stores fused expert tensors (`mlp.experts.gate_up_proj`) and the other one tensor per expert: convert the VLM with `sinkmerge extract` first"
+        } else {
+            "; REF and TARGET must hold the same language-model tensors"
+        };
+        bail!("tensor {first}{more}{hint}");
     }
     if pairs.is_empty() {
         bail!(

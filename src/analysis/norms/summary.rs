@@ -128,15 +128,18 @@ pub struct Summary {
     pub modules: Vec<ModuleSummary>,
 }
 
-/// Module labels of the layered rows, in first-appearance order.
+/// Module labels of the layered rows: matrices, then vectors, each in first-appearance order.
 pub fn layer_modules(rows: &[Row]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+    let mut out: Vec<(bool, String)> = Vec::new();
     for row in rows.iter().filter(|r| r.is_layer_row()) {
-        if !out.contains(&row.module) {
-            out.push(row.module.clone());
+        if !out.iter().any(|(_, m)| *m == row.module) {
+            let vector = matches!(row.metrics, Metrics::Vector(_));
+            out.push((vector, row.module.clone()));
         }
     }
-    out
+    // Stable: first appearance within each kind.
+    out.sort_by_key(|(vector, _)| *vector);
+    out.into_iter().map(|(_, m)| m).collect()
 }
 
 /// `(layer, value)` of `module`'s layer rows.
