@@ -42,7 +42,7 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
-    /// Weight drift between two checkpoints: operator/Frobenius norms, stable rank, ratios
+    // About and long help live with the arguments in commands/norms.rs.
     Norms(commands::norms::Args),
 }
 

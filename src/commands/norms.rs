@@ -15,6 +15,7 @@ use crate::{bad, bail};
 
 #[derive(Debug, clap::Args)]
 #[command(
+    about = "Weight drift between two checkpoints: operator/Frobenius norms, stable rank, ratios",
     long_about = "Weight drift dW = TARGET - REF, tensor by tensor: for matrices the Frobenius norm \
 `fro`, the operator norm `op` (largest singular value), the stable rank fro²/op², and both \
 relative to REF (`rel_fro`, `rel_op`); for vectors (norm scales, biases) `l2`, `linf`, \
@@ -30,7 +31,8 @@ head with no `lm_head` on disk is compared through its embeddings; every other s
 or missing tensor is an error.\n\n\
 The operator norm is computed by Lanczos with full reorthogonalization, certified to relative \
 accuracy --tol by the residual bound of its Ritz value. Tensors stream one at a time straight \
-from the mmap'd files (no f32 copy of any tensor); memory stays at a few row buffers.",
+from the mmap'd files (no f32 copy of any tensor); memory stays at the Lanczos vectors and a few \
+row buffers.",
     after_help = "Examples:\n  sinkmerge norms qwen2.5-vl:ref ./qwen2.5-vl-lm --last 10 --modules q_proj,k_proj\n  \
 sinkmerge norms BASE VLM_LM --vs BASE TEXT_FT --plot drift.svg --json > drift.json"
 )]

@@ -2,9 +2,9 @@
 //!
 //! A matrix's drift dW = TARGET - REF is never materialized: its rows are decoded and subtracted
 //! inside each pass of the spectral-norm kernel ([`crate::linalg::spectral`]), which runs on all
-//! cores, and REF's own norms ride on the same passes. Memory is two Lanczos bases and a few row buffers,
-//! whatever the model size: the next tensor's bytes are prefetched while one is computed, and a
-//! finished tensor's pages leave the process's resident set.
+//! cores, and REF's own norms ride on the same passes. Memory is two Lanczos bases and a few row
+//! buffers, whatever the model size: the next tensor's bytes are prefetched while one is
+//! computed, and a finished tensor's pages leave the process's resident set.
 
 use std::collections::HashMap;
 
@@ -15,7 +15,7 @@ use super::matching::Pair;
 use crate::arch::names::{Module, Param};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::error::Result;
-use crate::linalg::rows::{DiffRows, StoredRows};
+use crate::linalg::rows::{DiffRows, RowScratch, RowSet, StoredRows};
 use crate::linalg::spectral::{spectral_norm, spectral_norms, SpectralNorm};
 use crate::{bad, linalg};
 
@@ -298,17 +298,15 @@ fn matrix_job(
 fn vector_job(inputs: &Inputs, job: &Job) -> Result<VectorMetrics> {
     let (target, reference) = views(inputs, job)?;
     let diff = DiffRows::new(target, reference).expect("views share the job's shape");
-    let mut scratch = crate::linalg::rows::RowScratch::new();
-    use crate::linalg::rows::RowSource;
-    let r = reference.row(0, &mut scratch).to_vec();
-    let d = diff.row(0, &mut scratch);
-    let (l2, ref_l2) = (linalg::frobenius(d), linalg::frobenius(&r));
+    let mut scratch = RowScratch::new();
+    let [d, r] = diff.row_set(0, [true, true], &mut scratch);
+    let (l2, ref_l2) = (linalg::frobenius(d), linalg::frobenius(r));
     check_finite(inputs, job, ref_l2, l2)?;
     Ok(VectorMetrics {
         l2,
         linf: linalg::linf(d),
         rel_l2: (ref_l2 > 0.0).then(|| l2 / ref_l2),
-        ref_linf: linalg::linf(&r),
+        ref_linf: linalg::linf(r),
     })
 }
 
@@ -349,12 +347,9 @@ fn aggregate_experts(rows: Vec<Row>) -> Vec<Row> {
     let mut out: Vec<Row> = Vec::with_capacity(rows.len());
     let mut group: Vec<Row> = Vec::new();
     let flush = |group: &mut Vec<Row>, out: &mut Vec<Row>| {
-        if let Some(agg) = aggregate(group) {
-            out.append(group);
-            out.push(agg);
-        } else {
-            out.append(group);
-        }
+        let agg = aggregate(group);
+        out.append(group);
+        out.extend(agg);
     };
     for row in rows {
         let same = group
