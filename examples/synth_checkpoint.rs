@@ -2,7 +2,10 @@
 //! benchmarks that need gigabytes of real-looking safetensors without downloading a model.
 //!
 //! cargo run --release --example synth_checkpoint -- OUT --layers 4 --hidden 3584 \
-//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0
+//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0 [--tie 1]
+//!
+//! `--vision-depth N` (N > 0) makes it a Qwen2.5-VL in the Hub layout instead: the same language
+//! model plus N vision blocks of Qwen2.5-VL's widths under `visual.*`, with a flat Qwen2.5-VL config.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -24,6 +27,9 @@ struct Opts {
     dtype: safetensors::Dtype,
     seed: u64,
     shard: u64,
+    /// Tied embeddings: no `lm_head.weight` on disk (Qwen2.5-0.5B/1.5B/3B).
+    tie: bool,
+    vision_depth: usize,
 }
 
 fn parse() -> Opts {
@@ -42,6 +48,8 @@ fn parse() -> Opts {
         dtype: safetensors::Dtype::BF16,
         seed: 0,
         shard: writer::DEFAULT_MAX_SHARD_SIZE,
+        tie: false,
+        vision_depth: 0,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -60,6 +68,8 @@ fn parse() -> Opts {
             "--kv-heads" => o.kv_heads = n(),
             "--vocab" => o.vocab = n(),
             "--seed" => o.seed = n() as u64,
+            "--tie" => o.tie = n() != 0,
+            "--vision-depth" => o.vision_depth = n(),
             "--dtype" => {
                 o.dtype = dtype::parse_float_dtype(&value).expect("dtype: bf16, f16 or f32")
             }
@@ -95,7 +105,42 @@ fn main() {
         }
     }
     tensors.push(("model.norm.weight".into(), vec![h]));
-    tensors.push(("lm_head.weight".into(), vec![o.vocab, h]));
+    if !o.tie {
+        tensors.push(("lm_head.weight".into(), vec![o.vocab, h]));
+    }
+    // Qwen2.5-VL vision tower (embed 1280, MLP 3420, patch 14x14x2x3) and its merger.
+    let (ve, vi) = (1280, 3420);
+    for b in 0..o.vision_depth {
+        let p = format!("visual.blocks.{b}");
+        for (name, shape) in [
+            ("norm1.weight", vec![ve]),
+            ("attn.qkv.weight", vec![3 * ve, ve]),
+            ("attn.qkv.bias", vec![3 * ve]),
+            ("attn.proj.weight", vec![ve, ve]),
+            ("attn.proj.bias", vec![ve]),
+            ("norm2.weight", vec![ve]),
+            ("mlp.gate_proj.weight", vec![vi, ve]),
+            ("mlp.gate_proj.bias", vec![vi]),
+            ("mlp.up_proj.weight", vec![vi, ve]),
+            ("mlp.up_proj.bias", vec![vi]),
+            ("mlp.down_proj.weight", vec![ve, vi]),
+            ("mlp.down_proj.bias", vec![ve]),
+        ] {
+            tensors.push((format!("{p}.{name}"), shape));
+        }
+    }
+    if o.vision_depth > 0 {
+        for (name, shape) in [
+            ("visual.patch_embed.proj.weight", vec![ve, 3, 2, 14, 14]),
+            ("visual.merger.ln_q.weight", vec![ve]),
+            ("visual.merger.mlp.0.weight", vec![4 * ve, 4 * ve]),
+            ("visual.merger.mlp.0.bias", vec![4 * ve]),
+            ("visual.merger.mlp.2.weight", vec![h, 4 * ve]),
+            ("visual.merger.mlp.2.bias", vec![h]),
+        ] {
+            tensors.push((name.into(), shape));
+        }
+    }
     let planned: Vec<writer::PlannedTensor> = tensors
         .into_iter()
         .map(|(name, shape)| writer::PlannedTensor {
@@ -110,10 +155,21 @@ fn main() {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h,
         "intermediate_size": i, "num_hidden_layers": o.layers, "num_attention_heads": o.heads,
         "num_key_value_heads": o.kv_heads, "vocab_size": o.vocab, "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": o.tie,
         "use_sliding_window": false, "hidden_act": "silu",
         "torch_dtype": dtype::torch_name(o.dtype).unwrap(),
     });
+    let config = if o.vision_depth > 0 {
+        let mut vlm = config;
+        vlm["architectures"] = json!(["Qwen2_5_VLForConditionalGeneration"]);
+        vlm["model_type"] = json!("qwen2_5_vl");
+        vlm["rope_scaling"] = json!({"type": "mrope", "mrope_section": [16, 24, 24]});
+        vlm["vision_config"] = json!({"depth": o.vision_depth, "hidden_size": ve, "intermediate_size": vi,
+                                       "out_hidden_size": h, "patch_size": 14, "spatial_merge_size": 2});
+        vlm
+    } else {
+        config
+    };
     out.write_json("config.json", &config).unwrap();
     let normal = Normal::new(0.0f32, 0.02).unwrap();
     writer::write_tensors(&out, &planned, o.shard, None, |k| {

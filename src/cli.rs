@@ -42,6 +42,16 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
+    Extract(commands::extract::Args),
+    // The controls' help texts (about and long_about) live on their Args.
+    Predict(commands::predict::Args),
+    Perturb(commands::perturb::Args),
+    Ablate(commands::ablate::Args),
+    InjectQknorm(commands::inject_qknorm::Args),
+    /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
+    #[command(long_about = commands::score::LONG_ABOUT, after_help = commands::score::AFTER_HELP)]
+    Score(commands::score::Args),
     // About and long help live with the arguments in commands/norms.rs.
     Norms(commands::norms::Args),
 }

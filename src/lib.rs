@@ -3,11 +3,14 @@
 //! The crate is organised in rooms with one concern each:
 //! - [`checkpoint`]: reading (validated, mmap'd, sharded safetensors), resolving model references
 //!   (paths, HF cache, aliases), and writing outputs atomically.
-//! - [`analysis`]: weight-space analyses (drift norms between checkpoints).
+//! - [`analysis`]: the sink-strength predictor, the paper's weight-space controls and theory checks,
+//!   drift norms between checkpoints.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
+//! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`report`]: tables, number formatting and SVG plots.
+//! - [`sink`]: the layer-streaming sink scorer and the paper's sink metrics.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 pub mod analysis;
@@ -16,9 +19,11 @@ pub mod checkpoint;
 pub mod cli;
 pub mod commands;
 pub mod error;
+pub mod extract;
 pub mod linalg;
 pub mod progress;
 pub mod report;
+pub mod sink;
 pub mod tensor;
 
 pub use error::{Error, Result};

@@ -145,6 +145,14 @@ impl TextConfig {
                 cfg.insert(k.clone(), v.clone());
             }
         }
+        // 5.x configs may spell the expert count `num_local_experts` (an attribute_map alias); it
+        // must win over a class-default `num_experts`.
+        if let Some(n) = section
+            .get("num_local_experts")
+            .filter(|_| !section.contains_key("num_experts"))
+        {
+            cfg.insert("num_experts".into(), n.clone());
+        }
         let c = Fields {
             map: &cfg,
             model_type: &raw_type,

@@ -1,8 +1,10 @@
-//! Model architecture knowledge: the tensor-name grammar, config normalization, VLM family
-//! detection and the QK-norm class.
+//! Model architecture knowledge: the tensor-name grammar, config normalization, the tensors each
+//! causal-LM class loads, VLM families (detection and extraction plans) and the QK-norm class.
 
 pub mod config;
+pub mod families;
 pub mod family;
+pub mod layout;
 pub mod names;
 
 use serde::Serialize;

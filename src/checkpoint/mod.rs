@@ -58,6 +58,22 @@ impl Shard {
     pub fn bytes(&self, t: &TensorInfo) -> &[u8] {
         &self.mmap[self.header.data_start + t.begin..self.header.data_start + t.end]
     }
+
+    /// Drop tensor `t`'s pages from this process's resident set (they stay in the OS page cache
+    /// and fault back in if read again). Streaming passes call it once a tensor is decoded, so
+    /// resident memory stays at one layer rather than growing to the whole mapped file.
+    pub fn release(&self, t: &TensorInfo) {
+        // SAFETY: the map is read-only and file-backed, so MADV_DONTNEED discards nothing: the
+        // next access reloads the same bytes from the file. Failure only costs memory.
+        #[cfg(unix)]
+        let _ = unsafe {
+            self.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                self.header.data_start + t.begin,
+                t.byte_len(),
+            )
+        };
+    }
 }
 
 /// A model directory: its config and its tensors across shards, addressed by name.
@@ -187,6 +203,14 @@ impl Checkpoint {
             .ok_or_else(|| bad!("{}: tensor `{name}` is missing", self.label))?;
         let shard = &self.shards[s];
         Ok(shard.bytes(&shard.header.tensors[t]))
+    }
+
+    /// Release a tensor's mapped pages from the resident set (see [`Shard::release`]).
+    pub fn release(&self, name: &str) {
+        if let Some(&(s, t)) = self.index.get(name) {
+            let shard = &self.shards[s];
+            shard.release(&shard.header.tensors[t]);
+        }
     }
 
     /// Decode a floating-point tensor to f32.

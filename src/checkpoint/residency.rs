@@ -1,5 +1,5 @@
-//! Page-residency hints, so streaming commands overlap disk reads with computation and keep
-//! their resident memory at the tensors in use, whatever the model size.
+//! Read-ahead hints, so streaming commands overlap disk reads with computation (releasing pages
+//! after use is `Checkpoint::release`).
 
 use super::Checkpoint;
 
@@ -13,25 +13,6 @@ impl Checkpoint {
             let _ = shard
                 .mmap
                 .advise_range(memmap2::Advice::WillNeed, begin, len);
-        }
-        #[cfg(not(unix))]
-        let _ = name;
-    }
-
-    /// Drop tensor `name`'s pages from this process's resident set once it is no longer needed
-    /// (`madvise(MADV_DONTNEED)`). The pages stay in the OS page cache, and a later read faults
-    /// them back in unchanged, because the mapping is read-only and shared with the file.
-    pub fn release(&self, name: &str) {
-        #[cfg(unix)]
-        if let Some((shard, begin, len)) = self.byte_range(name) {
-            // SAFETY: memmap2's `Mmap::map` maps PROT_READ and MAP_SHARED, so no page in the
-            // range holds private data: discarding pages cannot change what any reader sees,
-            // and the next access reads the same bytes back from the page cache or the file.
-            let _ = unsafe {
-                shard
-                    .mmap
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, begin, len)
-            };
         }
         #[cfg(not(unix))]
         let _ = name;

@@ -1,8 +1,14 @@
 //! One file per subcommand: its arguments and the glue between the library rooms.
 
+pub mod ablate;
 pub mod aliases;
+pub mod extract;
+pub mod inject_qknorm;
 pub mod inspect;
 pub mod norms;
+pub mod perturb;
+pub mod predict;
+pub mod score;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -20,6 +26,12 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Extract(args) => extract::run(args, progress),
+        Command::Predict(args) => predict::run(args),
+        Command::Perturb(args) => perturb::run(args, progress),
+        Command::Ablate(args) => ablate::run(args, progress),
+        Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
+        Command::Score(args) => score::run(args, progress),
         Command::Norms(args) => norms::run(args, progress),
     }
 }

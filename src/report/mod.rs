@@ -1,5 +1,6 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots.
 
+pub mod heatmap;
 pub mod plot;
 
 /// An aligned text table; numeric-looking cells are right-aligned.

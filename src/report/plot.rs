@@ -1,5 +1,6 @@
 //! SVG charts (plotters' SVG backend: no fonts or system libraries needed).
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 /// One named line of points.
@@ -71,53 +72,100 @@ impl LineChart {
         {
             let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
             root.fill(&WHITE).map_err(err)?;
-            let xs = padded_range(
-                self.series
-                    .iter()
-                    .flat_map(|s| s.points.iter().map(|p| p.0)),
-            );
-            let ys = padded_range(
-                self.series
-                    .iter()
-                    .flat_map(|s| s.points.iter().map(|p| p.1)),
-            );
-            let mut chart = ChartBuilder::on(&root)
-                .caption(&self.title, ("sans-serif", 20))
-                .margin(12)
-                .x_label_area_size(40)
-                .y_label_area_size(70)
-                .build_cartesian_2d(xs, ys)
-                .map_err(err)?;
-            chart
-                .configure_mesh()
-                .x_desc(&self.x_label)
-                .y_desc(&self.y_label)
-                .draw()
-                .map_err(err)?;
-            for (i, s) in self.series.iter().enumerate() {
-                let c = colour(i);
-                chart
-                    .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
-                    .map_err(err)?
-                    .label(&s.label)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                    });
-                chart
-                    .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
-                    .map_err(err)?;
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(err)?;
+            self.draw_on(&root)?;
             root.present().map_err(err)?;
         }
         Ok(svg)
     }
+
+    /// Draw the chart into `area` (part of a larger figure).
+    pub fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String> {
+        let xs = padded_range(
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0)),
+        );
+        let ys = padded_range(
+            self.series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.1)),
+        );
+        let (xs_start, xs_end) = (xs.start, xs.end);
+        let mut chart = ChartBuilder::on(area)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(xs, ys)
+            .map_err(err)?;
+        // Integer x data (layer indices) get integer ticks only.
+        let integer_x = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .all(|p| p.0.fract() == 0.0);
+        let x_span = (xs_end - xs_start).round() as usize;
+        chart
+            .configure_mesh()
+            .x_desc(&self.x_label)
+            .y_desc(&self.y_label)
+            .x_labels(if integer_x {
+                (x_span + 1).clamp(2, 12)
+            } else {
+                10
+            })
+            .x_label_formatter(&|x| {
+                if !integer_x {
+                    format!("{x}")
+                } else if (x - x.round()).abs() < 1e-9 {
+                    format!("{}", x.round() as i64)
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(err)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let c = colour(i);
+            chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(&s.label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()
+            .map_err(err)?;
+        Ok(())
+    }
+}
+
+/// Several line charts stacked vertically in one SVG.
+pub fn stacked_svg(charts: &[LineChart]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let size = (SIZE.0, SIZE.1 * charts.len().max(1) as u32);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        for (area, chart) in root
+            .split_evenly((charts.len().max(1), 1))
+            .iter()
+            .zip(charts)
+        {
+            chart.draw_on(area)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
 }
 
 impl Scatter {

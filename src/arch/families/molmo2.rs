@@ -1,0 +1,351 @@
+//! Molmo2 (allenai/Molmo2-*, remote code; native in transformers 5.x), extraction.md 2.9. The
+//! language model sits under `model.transformer.` with fused projections:
+//! * `self_attn.att_proj` [q | k | v] is split by rows into q/k/v;
+//! * `mlp.ff_proj` is split in halves, **first half `up_proj`, second half `gate_proj`** (the remote
+//!   code does `x, gate = chunk(2); act(gate) * x`);
+//! * `attn_out` -> `o_proj`, `ff_out` -> `down_proj`, `ln_f` -> `norm`;
+//! * the norms are renamed by position: post-norm models (`norm_after`, Molmo2-O on OLMo-3) put
+//!   `attn_norm` after attention (`post_attention_layernorm`) and `ff_norm` after the MLP
+//!   (`post_feedforward_layernorm`); pre-norm ones (Qwen3-based) use `input_layernorm` and
+//!   `post_attention_layernorm`;
+//! * `wte.embedding` holds the vocabulary, `wte.new_embedding` the image tokens (dropped). A
+//!   transformers 5.x re-save splits their concatenation in two equal halves, so the embedding is
+//!   taken as the first `vocab_size` rows of embedding ‖ new_embedding.
+//!
+//! Post-norm with full-width q/k norms targets `Olmo3ForCausalLM` with explicit `layer_types`:
+//! Olmo-3 applies rope scaling only to full-attention layers, so layers outside
+//! `rope_scaling_layers` become sliding layers whose window (`max_position_embeddings`) never masks.
+//! Pre-norm with per-head q/k norms targets `Qwen3ForCausalLM`. Other combinations, and q/k/v
+//! biases, are refused. The Molmo2-O-7B config values themselves are UNVERIFIED, hence checked.
+
+use serde_json::{json, Map, Value};
+
+use super::plan::{DropKind, OutTensor, Part, Piece, Plan, PlanBuilder};
+use super::prefix::{self, main_dtype};
+use super::target::standalone_config;
+use super::{model_type_and_arch, Family, Target};
+use crate::arch::names::{layer_name, Module, Param};
+use crate::bail;
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+
+pub struct Molmo2;
+
+const LM: &str = "model.transformer.";
+
+impl Family for Molmo2 {
+    fn name(&self) -> &'static str {
+        "molmo2"
+    }
+
+    fn help(&self) -> &'static str {
+        "Molmo2 -> Olmo3ForCausalLM (post-norm, olmo qk-norm; partial rope via layer_types) or Qwen3ForCausalLM (pre-norm); `model.transformer.*`, att_proj/ff_proj split"
+    }
+
+    fn detect(&self, config: &Value, _: &[String]) -> bool {
+        let (model_type, arch) = model_type_and_arch(config);
+        model_type == "molmo2" || arch.starts_with("Molmo2")
+    }
+
+    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+        let text = Text::read(ckpt)?;
+        let mut b = PlanBuilder::new(ckpt, self.name());
+        let mut embedding = None;
+        let mut new_embedding = None;
+        for name in ckpt.names() {
+            if name == "lm_head.weight" {
+                b.head(name)?;
+            } else if name.starts_with("model.vision_backbone.image_vit.") {
+                b.drop(name, DropKind::Vision)?;
+            } else if name.starts_with("model.vision_backbone.") {
+                b.drop(name, DropKind::Projector)?;
+            } else if let Some(rest) = name.strip_prefix(LM) {
+                match rest {
+                    "wte.embedding" => embedding = Some(name.as_str()),
+                    "wte.new_embedding" => new_embedding = Some(name.as_str()),
+                    "ln_f.weight" => b.keep(name, "model.norm.weight".into())?,
+                    _ => block_tensor(&mut b, &text, name, rest)?,
+                }
+            } else {
+                bail!(
+                    "{}: not part of the molmo2 layout (language model under `{LM}`, head `lm_head.weight`, vision under `model.vision_backbone.`)",
+                    ckpt.describe(name)
+                );
+            }
+        }
+        let Some(embedding) = embedding else {
+            bail!(
+                "{}: language-model tensor `{LM}wte.embedding` is missing",
+                ckpt.label
+            );
+        };
+        embed(&mut b, &text, embedding, new_embedding)?;
+        let config = standalone_config(text.target, &text.fields, &ckpt.config, main_dtype(ckpt))?;
+        b.finish(text.target, config, text.tie)
+    }
+}
+
+/// The Molmo2 text config, read under the remote-code names or the 5.x ones.
+struct Text {
+    target: Target,
+    fields: Map<String, Value>,
+    vocab: usize,
+    q_rows: usize,
+    kv_rows: usize,
+    intermediate: usize,
+    tie: Option<bool>,
+}
+
+impl Text {
+    fn read(ckpt: &Checkpoint) -> Result<Text> {
+        let Some(t) = ckpt.config.get("text_config").and_then(Value::as_object) else {
+            bail!("{}: config.json has no `text_config`", ckpt.label);
+        };
+        let label = &ckpt.label;
+        let get = |keys: &[&str]| keys.iter().find_map(|k| t.get(*k)).filter(|v| !v.is_null());
+        let num = |keys: &[&str]| -> Result<usize> {
+            get(keys)
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| {
+                    crate::bad!(
+                        "{label}: text_config.{} is missing or not an integer",
+                        keys[0]
+                    )
+                })
+        };
+        let hidden = num(&["hidden_size"])?;
+        let heads = num(&["num_attention_heads"])?;
+        let kv_heads = num(&["num_key_value_heads"]).unwrap_or(heads);
+        let head_dim = num(&["head_dim"]).unwrap_or(hidden / heads.max(1));
+        let layers = num(&["num_hidden_layers"])?;
+        let vocab = num(&["vocab_size"])?;
+        let intermediate = num(&["intermediate_size"])?;
+        let max_pos = num(&["max_position_embeddings"]).unwrap_or(36864);
+        let flag =
+            |keys: &[&str], default: bool| get(keys).and_then(Value::as_bool).unwrap_or(default);
+        if flag(&["qkv_bias", "attention_bias"], false) {
+            bail!("{label}: text_config has q/k/v biases (qkv_bias); no stock target class holds them without an o_proj bias (extraction.md 2.9)");
+        }
+        if !flag(&["use_qk_norm"], true) {
+            bail!("{label}: text_config.use_qk_norm is false; Olmo3 and Qwen3 always normalise q and k");
+        }
+        let qk_type = get(&["qk_norm_type"])
+            .and_then(Value::as_str)
+            .unwrap_or("qwen3");
+        let norm_after = flag(&["norm_after"], false);
+        let target = match (norm_after, qk_type) {
+            (true, "olmo") => Target::Olmo3,
+            (false, "qwen3") => Target::Qwen3,
+            _ => bail!(
+                "{label}: text_config has norm_after {norm_after} with qk_norm_type `{qk_type}`; supported: post-norm with `olmo` (-> Olmo3) or pre-norm with `qwen3` (-> Qwen3)"
+            ),
+        };
+        // Rope: remote code spells rope_theta + rope_scaling, 5.x a flat rope_parameters.
+        let (theta, scaling) = match get(&["rope_parameters"]).and_then(Value::as_object) {
+            Some(rp) => {
+                let mut s = rp.clone();
+                let theta = s.remove("rope_theta");
+                let plain = s
+                    .get("rope_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    == "default";
+                (theta, if plain { Value::Null } else { Value::Object(s) })
+            }
+            None => (
+                get(&["rope_theta"]).cloned(),
+                get(&["rope_scaling"]).cloned().unwrap_or(Value::Null),
+            ),
+        };
+        let theta =
+            theta.ok_or_else(|| crate::bad!("{label}: text_config states no rope_theta"))?;
+        let scaled: Option<Vec<usize>> = match get(&["rope_scaling_layers"]) {
+            Some(Value::Array(v)) => Some(
+                v.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as usize)
+                    .collect(),
+            ),
+            _ => None,
+        };
+        let partial = !scaling.is_null()
+            && scaled
+                .as_ref()
+                .is_some_and(|s| (0..layers).any(|i| !s.contains(&i)));
+        let mut f = Map::new();
+        f.insert("model_type".into(), json!(target.model_type()));
+        for (k, v) in [
+            ("hidden_size", hidden),
+            ("intermediate_size", intermediate),
+            ("num_hidden_layers", layers),
+            ("num_attention_heads", heads),
+            ("num_key_value_heads", kv_heads),
+            ("head_dim", head_dim),
+            ("vocab_size", vocab),
+            ("max_position_embeddings", max_pos),
+        ] {
+            f.insert(k.into(), json!(v));
+        }
+        f.insert(
+            "hidden_act".into(),
+            get(&["hidden_act"]).cloned().unwrap_or(json!("silu")),
+        );
+        f.insert(
+            "rms_norm_eps".into(),
+            get(&["layer_norm_eps", "rms_norm_eps"])
+                .cloned()
+                .unwrap_or(json!(1e-6)),
+        );
+        f.insert("rope_theta".into(), theta);
+        f.insert("rope_scaling".into(), scaling);
+        f.insert("attention_bias".into(), json!(false));
+        match target {
+            Target::Olmo3 => {
+                let types: Vec<&str> = (0..layers)
+                    .map(|i| match &scaled {
+                        Some(s) if partial && !s.contains(&i) => "sliding_attention",
+                        _ => "full_attention",
+                    })
+                    .collect();
+                f.insert("layer_types".into(), json!(types));
+                f.insert("sliding_window".into(), json!(max_pos));
+            }
+            _ if partial => bail!(
+                "{label}: rope scaling on layers {scaled:?} only cannot be expressed for {}",
+                target.architecture()
+            ),
+            _ => {
+                f.insert("use_sliding_window".into(), json!(false));
+            }
+        }
+        for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+            if let Some(v) = t.get(key) {
+                f.insert(key.into(), v.clone());
+            }
+        }
+        Ok(Text {
+            target,
+            fields: f,
+            vocab,
+            q_rows: heads * head_dim,
+            kv_rows: kv_heads * head_dim,
+            intermediate,
+            tie: prefix::tie_flag(&ckpt.config, Some("text_config")),
+        })
+    }
+}
+
+/// One tensor under `model.transformer.blocks.{i}.`.
+fn block_tensor(b: &mut PlanBuilder, text: &Text, stored: &str, rest: &str) -> Result<()> {
+    let ckpt = b.ckpt();
+    let unknown = || {
+        crate::bad!(
+            "{}: unknown tensor under the language-model prefix `{LM}`; the molmo2 layout may have changed",
+            ckpt.describe(stored)
+        )
+    };
+    let (layer, tail) = rest
+        .strip_prefix("blocks.")
+        .and_then(|r| r.split_once('.'))
+        .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)))
+        .ok_or_else(unknown)?;
+    let post_norm = text.target == Target::Olmo3;
+    let name = |m: Module| layer_name(layer, m, Param::Weight);
+    match tail {
+        "self_attn.att_proj.weight" | "self_attn.att_proj.bias" => {
+            let param = if tail.ends_with("bias") {
+                Param::Bias
+            } else {
+                Param::Weight
+            };
+            let (q, kv) = (text.q_rows, text.kv_rows);
+            b.split_rows(
+                stored,
+                &[
+                    (q, layer_name(layer, Module::QProj, param)),
+                    (kv, layer_name(layer, Module::KProj, param)),
+                    (kv, layer_name(layer, Module::VProj, param)),
+                ],
+            )
+        }
+        "self_attn.attn_out.weight" => b.keep(stored, name(Module::OProj)),
+        "self_attn.q_norm.weight" => b.keep(stored, name(Module::QNorm)),
+        "self_attn.k_norm.weight" => b.keep(stored, name(Module::KNorm)),
+        "attn_norm.weight" if post_norm => b.keep(stored, name(Module::PostAttentionLayernorm)),
+        "attn_norm.weight" => b.keep(stored, name(Module::InputLayernorm)),
+        "ff_norm.weight" if post_norm => b.keep(stored, name(Module::PostFeedforwardLayernorm)),
+        "ff_norm.weight" => b.keep(stored, name(Module::PostAttentionLayernorm)),
+        "mlp.ff_proj.weight" => {
+            let i = text.intermediate;
+            b.split_rows(
+                stored,
+                &[(i, name(Module::UpProj)), (i, name(Module::GateProj))],
+            )
+        }
+        "mlp.ff_out.weight" => b.keep(stored, name(Module::DownProj)),
+        _ => Err(unknown()),
+    }
+}
+
+/// `embed_tokens` = the first `vocab_size` rows of `wte.embedding` ‖ `wte.new_embedding`.
+fn embed(
+    b: &mut PlanBuilder,
+    text: &Text,
+    embedding: &str,
+    new_embedding: Option<&str>,
+) -> Result<()> {
+    let ckpt = b.ckpt();
+    let e = ckpt.require(embedding)?;
+    let (e_rows, width, dtype) = (e.shape[0], e.numel() / e.shape[0].max(1), e.dtype);
+    if e_rows >= text.vocab {
+        if let Some(n) = new_embedding {
+            b.drop(n, DropKind::Other)?;
+        }
+        return b.rows(embedding, 0, text.vocab, "model.embed_tokens.weight".into());
+    }
+    let Some(n) = new_embedding else {
+        bail!(
+            "{}: has {e_rows} rows for vocab_size {} and there is no `{LM}wte.new_embedding` to complete it",
+            ckpt.describe(embedding),
+            text.vocab
+        );
+    };
+    let n_rows = ckpt.require(n)?.shape[0];
+    let missing = text.vocab - e_rows;
+    if n_rows < missing {
+        bail!(
+            "{}: {e_rows} + {n_rows} rows with new_embedding, fewer than vocab_size {}",
+            ckpt.describe(embedding),
+            text.vocab
+        );
+    }
+    b.note(format!(
+        "`{LM}wte.embedding` has {e_rows} rows for vocab_size {} (a transformers 5.x re-save splits embedding and new_embedding in equal halves): embed_tokens is the first {} rows of embedding ‖ new_embedding",
+        text.vocab, text.vocab
+    ));
+    b.push(
+        embedding,
+        OutTensor {
+            name: "model.embed_tokens.weight".into(),
+            dtype,
+            shape: vec![text.vocab, width],
+            parts: vec![
+                Part {
+                    source: embedding.to_string(),
+                    piece: Piece::Range {
+                        start: 0,
+                        len: e_rows * width,
+                    },
+                },
+                Part {
+                    source: n.to_string(),
+                    piece: Piece::Range {
+                        start: 0,
+                        len: missing * width,
+                    },
+                },
+            ],
+        },
+    )
+}

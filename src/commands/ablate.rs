@@ -1,0 +1,310 @@
+//! `sinkmerge ablate`: the norm-channel ablation (Appendix D.3). In every layer's listed norm
+//! scales, the K entries of largest |gamma| become the tensor's mean.
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use serde_json::{json, Value};
+
+use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
+use crate::arch::names::{self, Module, Param};
+use crate::arch::{QkNorm, TextConfig};
+use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::{copy_aux_files, dtype, output::OutputDir, Checkpoint};
+use crate::cli::OutputArgs;
+use crate::error::Result;
+use crate::report::{fmt_num, Table};
+use crate::{bad, bail};
+
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Norm-channel ablation: set the top-K |gamma| entries of norm scales to their mean",
+    long_about = "Norm-channel ablation (arXiv 2609.00746, Appendix D.3). In every selected layer \
+and for every listed norm-scale tensor gamma, replace the K entries of largest |gamma| by the mean \
+of all of gamma's entries (the layer-wise channel mean), which removes the channels that carry \
+massive activations.\n\n\
+Exactly K entries are selected per tensor: entries of equal |gamma| are taken lowest index first, \
+so a tie at the K-th magnitude never selects more or fewer. The mean is computed in f64 over the \
+stored values before replacement and rounded once to the tensor's dtype. Everything else (other \
+tensors, other entries, config.json, tokenizer files) is copied byte for byte.\n\n\
+Only per-layer RMSNorm scales of the form `weight * x` are supported; Gemma's `(1 + weight)` \
+norms are refused.",
+    after_help = "Example:\n  sinkmerge ablate qwen3-vl:ref --norms input_layernorm,q_norm,k_norm --top-k 10 -o ablated/"
+)]
+pub struct Args {
+    /// Model directory, HF repo id or alias
+    pub model: String,
+
+    /// Norm scales to ablate, comma-separated
+    #[arg(
+        long,
+        required = true,
+        value_delimiter = ',',
+        value_name = "NORM,...",
+        value_parser = clap::builder::PossibleValuesParser::new(LAYER_NORMS.map(Module::short_name))
+    )]
+    pub norms: Vec<String>,
+
+    /// Entries replaced per tensor (largest |gamma| first)
+    #[arg(long, default_value_t = 10, value_name = "K")]
+    pub top_k: usize,
+
+    /// Layers to ablate, e.g. `0-3,7` (0-based, inclusive ranges) [default: all]
+    #[arg(long, value_name = "LIST")]
+    pub layers: Option<String>,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Print one JSON object with every ablated tensor's channels and mean instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let output = args
+        .out
+        .output
+        .clone()
+        .ok_or_else(|| bad!("ablate needs an output directory: -o OUT"))?;
+    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    if args.top_k == 0 {
+        bail!("--top-k must be at least 1");
+    }
+    let model = Checkpoint::open_ref(&args.model)?;
+    let model_type = crate::arch::config::text_section(&model.config)
+        .0
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if model_type.starts_with("gemma") {
+        bail!(
+            "{}: model_type `{model_type}` stores norm scales as offsets (1 + weight); ablate \
+             supports plain RMSNorm scales only",
+            model.label
+        );
+    }
+    let text = TextConfig::from_model_config(&model.config).ok();
+    let norms: Vec<Module> = args
+        .norms
+        .iter()
+        .map(|n| Module::from_short_name(n).expect("validated by clap"))
+        .collect();
+
+    // Every per-layer norm tensor of the model: (layer, module) -> stored name.
+    let mut present: HashMap<(usize, Module), &String> = HashMap::new();
+    for name in model.names() {
+        if let Some(p) = names::standard_name(name).as_deref().and_then(names::parse) {
+            if let (Some(layer), Param::Weight) = (p.layer, p.param) {
+                if LAYER_NORMS.contains(&p.module) {
+                    present.insert((layer, p.module), name);
+                }
+            }
+        }
+    }
+    let all_layers: BTreeSet<usize> = present.keys().map(|&(l, _)| l).collect();
+    let num_layers = text
+        .as_ref()
+        .map(|c| c.num_hidden_layers)
+        .unwrap_or_else(|| all_layers.last().map_or(0, |l| l + 1));
+    let layers = match &args.layers {
+        Some(spec) => parse_layers(spec, num_layers)?,
+        None => (0..num_layers).collect(),
+    };
+
+    let mut targets: HashSet<&String> = HashSet::new();
+    for &module in &norms {
+        if !present.keys().any(|&(_, m)| m == module) {
+            let has: Vec<&str> = LAYER_NORMS
+                .iter()
+                .filter(|m| present.keys().any(|&(_, p)| p == **m))
+                .map(|m| m.short_name())
+                .collect();
+            let qk = if matches!(module, Module::QNorm | Module::KNorm) {
+                let q_len = present
+                    .iter()
+                    .find(|((_, m), _)| *m == Module::QNorm)
+                    .and_then(|(_, n)| model.info(n).map(|i| i.numel()));
+                format!(
+                    " (QK-norm class: {})",
+                    QkNorm::classify(q_len, text.as_ref()).as_str()
+                )
+            } else {
+                String::new()
+            };
+            bail!(
+                "{}: the architecture has no `{}` tensors{qk}; its per-layer norms are: {}",
+                model.label,
+                module.short_name(),
+                has.join(", ")
+            );
+        }
+        for &layer in &layers {
+            let name = present.get(&(layer, module)).ok_or_else(|| {
+                bad!(
+                    "{}: tensor `{}` is missing (other layers have it)",
+                    model.label,
+                    names::layer_name(layer, module, Param::Weight)
+                )
+            })?;
+            let info = model.require(name)?;
+            if !dtype::is_float(info.dtype) {
+                bail!(
+                    "{}: dtype {:?} is not floating point",
+                    model.describe(name),
+                    info.dtype
+                );
+            }
+            if info.numel() < args.top_k {
+                bail!(
+                    "{}: has {} entries, fewer than --top-k {}",
+                    model.describe(name),
+                    info.numel(),
+                    args.top_k
+                );
+            }
+            targets.insert(name);
+        }
+    }
+
+    let planned: Vec<PlannedTensor> = model
+        .names()
+        .iter()
+        .map(|n| {
+            let info = model.info(n).expect("listed");
+            PlannedTensor {
+                name: n.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            }
+        })
+        .collect();
+    let out = OutputDir::create(&output, &[&model.dir], args.out.force)?;
+    out.copy_file(&model.dir.join("config.json"), "config.json")?;
+    copy_aux_files(&out, &model)?;
+    let ablations = std::sync::Mutex::new(Vec::new());
+    let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
+    writer::write_tensors(
+        &out,
+        &planned,
+        max_shard,
+        Some((&bar, Progress::Bytes)),
+        |i| {
+            let t = &planned[i];
+            let bytes = model.bytes(&t.name)?;
+            if !targets.contains(&t.name) {
+                return Ok(Cow::Borrowed(bytes));
+            }
+            let what = model.describe(&t.name);
+            let mut values = dtype::decode(t.dtype, bytes, &what)?;
+            if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+                bail!("{what}: entry {bad} is {}", values[bad]);
+            }
+            let round = |x: f32| {
+                let enc = dtype::encode(t.dtype, &[x]).expect("float dtype");
+                dtype::decode(t.dtype, &enc, "").expect("float dtype")[0]
+            };
+            let a = ablate::ablate(&t.name, &mut values, args.top_k, round);
+            ablations.lock().expect("no panics hold the lock").push(a);
+            Ok(Cow::Owned(dtype::encode(t.dtype, &values)?))
+        },
+    )?;
+    bar.finish_and_clear();
+    let dest = out.commit()?;
+
+    let mut ablations: Vec<Ablation> = ablations.into_inner().expect("no panics hold the lock");
+    ablations.sort_by(|a, b| crate::checkpoint::natural_cmp(&a.tensor, &b.tensor));
+    let unchanged: Vec<&Ablation> = ablations
+        .iter()
+        .filter(|a| a.changed != a.channels.len())
+        .collect();
+    if let Some(a) = unchanged.first() {
+        eprintln!(
+            "sinkmerge: warning: in {} tensor(s) some selected entries already equalled the mean \
+             (first `{}`: {} of {} changed)",
+            unchanged.len(),
+            a.tensor,
+            a.changed,
+            a.channels.len()
+        );
+    }
+    if args.json {
+        let value = json!({
+            "output": dest.display().to_string(),
+            "model": model.label,
+            "top_k": args.top_k,
+            "norms": args.norms,
+            "layers": layers,
+            "tensors": ablations,
+        });
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        let mut t = Table::new([
+            "tensor",
+            "mean",
+            "max |gamma| before",
+            "channels",
+            "changed",
+        ]);
+        for a in &ablations {
+            let shown: Vec<String> = a.channels.iter().take(6).map(|c| c.to_string()).collect();
+            let more = if a.channels.len() > 6 { ",..." } else { "" };
+            t.row([
+                a.tensor.clone(),
+                fmt_num(a.mean as f64),
+                fmt_num(a.replaced.first().map_or(0.0, |v| v.abs() as f64)),
+                format!("{}{more}", shown.join(",")),
+                a.changed.to_string(),
+            ]);
+        }
+        print!("{}", t.render());
+        println!(
+            "\nablated {} tensors (top {} |gamma| -> mean); wrote {}",
+            ablations.len(),
+            args.top_k,
+            dest.display()
+        );
+    }
+    Ok(())
+}
+
+/// Parse `0-3,7` into layer indices, each below `num_layers`.
+fn parse_layers(spec: &str, num_layers: usize) -> Result<Vec<usize>> {
+    let mut set = BTreeSet::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parse = |s: &str| {
+            s.trim()
+                .parse::<usize>()
+                .map_err(|_| bad!("--layers: `{part}` is not a layer index or range like 0-3"))
+        };
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (parse(a)?, parse(b)?),
+            None => (parse(part)?, parse(part)?),
+        };
+        if lo > hi || hi >= num_layers {
+            bail!(
+                "--layers: `{part}` is outside the model's layers 0-{}",
+                num_layers.saturating_sub(1)
+            );
+        }
+        set.extend(lo..=hi);
+    }
+    if set.is_empty() {
+        bail!("--layers: no layers given");
+    }
+    Ok(set.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_lists_parse_ranges() {
+        assert_eq!(parse_layers("0-2, 5", 8).unwrap(), vec![0, 1, 2, 5]);
+        assert!(parse_layers("7-9", 8).is_err());
+        assert!(parse_layers("x", 8).is_err());
+        assert!(parse_layers("3-1", 8).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! `sinkmerge inject-qknorm`: rewrite a Qwen2/Qwen2.5 causal LM as a Qwen3 checkpoint with
+//! unit-scale per-head QK-RMSNorm (Section 5, Appendix F.3).
+
+use std::borrow::Cow;
+
+use serde_json::json;
+
+use crate::analysis::inject_qknorm;
+use crate::bad;
+use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
+use crate::cli::OutputArgs;
+use crate::error::Result;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Give a Qwen2/Qwen2.5 model unit-scale per-head QK norm, as a Qwen3ForCausalLM checkpoint",
+    long_about = "QK-norm injection (arXiv 2609.00746, Section 5 and Appendix F.3). Writes MODEL \
+(a Qwen2/Qwen2.5 causal LM) as a `Qwen3ForCausalLM` checkpoint whose attention normalizes every \
+query and key head with RMSNorm (scale 1) before RoPE.\n\n\
+config.json: `architectures` becomes [\"Qwen3ForCausalLM\"], `model_type` \"qwen3\", \
+`attention_bias` true (Qwen2 hard-codes q/k/v biases; Qwen3 needs the switch for them), and \
+`head_dim` is written explicitly (Qwen3's default of 128 is not Qwen2's hidden_size / heads). \
+Every other key (RoPE, sliding window, tie_word_embeddings, rms_norm_eps, dtype, token ids) is \
+kept as written.\n\n\
+Tensors: every original tensor byte for byte; per layer, `self_attn.q_norm.weight` and \
+`self_attn.k_norm.weight` of ones [head_dim], and `self_attn.o_proj.bias` of zeros [hidden_size] \
+(Qwen3 with attention_bias=true has an o_proj bias; zero leaves o_proj unchanged), all in the \
+model's dtype.\n\n\
+The result computes a different function: that is the intervention. A VLM must be extracted to \
+its language model first; a model that already has QK norms is refused.",
+    after_help = "Example:\n  sinkmerge inject-qknorm qwen2.5-vl-3b:ref -o qwen2.5-3b-qknorm/"
+)]
+pub struct Args {
+    /// Qwen2/Qwen2.5 causal LM: directory, HF repo id or alias
+    pub model: String,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Print one JSON summary instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let output = args
+        .out
+        .output
+        .clone()
+        .ok_or_else(|| bad!("inject-qknorm needs an output directory: -o OUT"))?;
+    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    let model = Checkpoint::open_ref(&args.model)?;
+    let plan = inject_qknorm::plan(&model)?;
+
+    // Original tensors first in the plan's list, added ones after; then natural name order.
+    let originals = model.names().len();
+    let mut order: Vec<(String, Option<usize>)> = model
+        .names()
+        .iter()
+        .map(|n| (n.clone(), None))
+        .chain(
+            plan.added
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.name.clone(), Some(i))),
+        )
+        .collect();
+    order.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+    let planned: Vec<PlannedTensor> = order
+        .iter()
+        .map(|(name, added)| match added {
+            Some(i) => PlannedTensor {
+                name: name.clone(),
+                dtype: plan.added[*i].dtype,
+                shape: plan.added[*i].shape.clone(),
+            },
+            None => {
+                let info = model.info(name).expect("listed");
+                PlannedTensor {
+                    name: name.clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                }
+            }
+        })
+        .collect();
+
+    let out = OutputDir::create(&output, &[&model.dir], args.out.force)?;
+    out.write_json("config.json", &plan.config)?;
+    copy_aux_files(&out, &model)?;
+    let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
+    writer::write_tensors(
+        &out,
+        &planned,
+        max_shard,
+        Some((&bar, Progress::Bytes)),
+        |i| {
+            Ok(match order[i].1 {
+                Some(a) => Cow::Owned(plan.added[a].bytes()?),
+                None => Cow::Borrowed(model.bytes(&order[i].0)?),
+            })
+        },
+    )?;
+    bar.finish_and_clear();
+    let dest = out.commit()?;
+
+    let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
+    if args.json {
+        let value = json!({
+            "output": dest.display().to_string(),
+            "model": model.label,
+            "architecture": "Qwen3ForCausalLM",
+            "head_dim": plan.head_dim,
+            "layers": plan.num_layers,
+            "dtype": dtype_name,
+            "copied": originals,
+            "added": plan.added.iter().map(|t| &t.name).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        println!(
+            "{}: {} layers, head_dim {}: added q_norm/k_norm (ones) and o_proj.bias (zeros) in {}; \
+             {} original tensors copied unchanged\nwrote {} (Qwen3ForCausalLM, attention_bias: true)",
+            model.label,
+            plan.num_layers,
+            plan.head_dim,
+            dtype_name,
+            originals,
+            dest.display()
+        );
+    }
+    Ok(())
+}

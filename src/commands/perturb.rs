@@ -1,0 +1,270 @@
+//! `sinkmerge perturb`: the random-dW control (Appendix D.4). Every attention and MLP projection
+//! of REF gets Gaussian noise with the Frobenius size of TARGET's change to it.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use crate::analysis::perturb::{self, TensorReport};
+use crate::arch::{config, names, TextConfig};
+use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
+use crate::cli::OutputArgs;
+use crate::error::Result;
+use crate::report::{fmt_num, Table};
+use crate::{bad, bail};
+
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Random-dW control: add Gaussian noise matching TARGET's per-tensor drift to REF",
+    long_about = "Random-dW control (arXiv 2609.00746, Appendix D.4). To every attention \
+projection (q/k/v/o) and MLP projection (gate/up/down, dense or per expert) weight W of REF, add \
+Gaussian noise G scaled so that the stored output's drift equals TARGET's for that tensor:\n\n  \
+||OUT - W||_F / ||W||_F = ||W_TARGET - W||_F / ||W||_F\n\n\
+The scale is solved on the values as stored in REF's dtype (rounding included), not just in \
+expectation: the search stops when realized and target drift agree to 1e-5 relative. Only a \
+target drift below the dtype's rounding resolution can end farther off (a warning then names the \
+tensor when the mismatch exceeds 1e-3). Biases, norm scales, \
+embeddings, the LM head, MoE routers and every other tensor are copied byte for byte, as are \
+config.json and the tokenizer files.\n\n\
+Tensors are matched by their standard causal-LM name, so TARGET may be a VLM (e.g. \
+`model.language_model.layers.*`) while REF is its reference LLM. The noise of a tensor comes \
+from a ChaCha8 stream seeded by (--seed, REF's tensor name): the output is the same bytes at any \
+thread count.",
+    after_help = "Example (TARGET may be the VLM itself):\n  sinkmerge perturb qwen2.5-vl:ref --match qwen2.5-vl -o random-dw/ --seed 0"
+)]
+pub struct Args {
+    /// Reference model (directory, HF repo id or alias) whose projections get the noise
+    #[arg(value_name = "REF")]
+    pub reference: String,
+
+    /// Model whose per-tensor drift from REF sets the noise size (e.g. the VLM's language model)
+    #[arg(long = "match", value_name = "TARGET")]
+    pub target: String,
+
+    /// Seed of the noise
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Print one JSON object with every tensor's target and realized drift instead of text
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Realized and target drift may differ by this much (relative) before a warning.
+const WARN_MISMATCH: f64 = 1e-3;
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let output = args
+        .out
+        .output
+        .clone()
+        .ok_or_else(|| bad!("perturb needs an output directory: -o OUT"))?;
+    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    let reference = Checkpoint::open_ref(&args.reference)?;
+    let target = Checkpoint::open_ref(&args.target)?;
+    if let (Ok(a), Ok(b)) = (
+        TextConfig::from_model_config(&reference.config),
+        TextConfig::from_model_config(&target.config),
+    ) {
+        config::check_compatible(&a, &b, &reference.label, &target.label)?;
+    }
+
+    let target_by_standard: HashMap<String, &String> = target
+        .names()
+        .iter()
+        .filter_map(|n| names::standard_name(n).map(|s| (s, n)))
+        .collect();
+    let mut planned = Vec::new();
+    // For each planned tensor, TARGET's stored name when it is perturbed.
+    let mut partner: Vec<Option<&String>> = Vec::new();
+    for name in reference.names() {
+        let info = reference.require(name)?;
+        let standard = names::standard_name(name);
+        let perturbed = standard
+            .as_deref()
+            .and_then(names::parse)
+            .is_some_and(|p| perturb::is_perturbed(&p));
+        let other = if perturbed {
+            let standard = standard.expect("parsed");
+            let t = target_by_standard.get(&standard).copied().ok_or_else(|| {
+                bad!(
+                    "{}: no matching tensor in {} (looked for `{standard}` under any of the \
+                     usual language-model prefixes)",
+                    reference.describe(name),
+                    target.label
+                )
+            })?;
+            let t_info = target.require(t)?;
+            if t_info.shape != info.shape {
+                bail!(
+                    "{} has shape {:?} but {} has {:?}",
+                    reference.describe(name),
+                    info.shape,
+                    target.describe(t),
+                    t_info.shape
+                );
+            }
+            for (ckpt, n, d) in [(&reference, name, info.dtype), (&target, t, t_info.dtype)] {
+                if !dtype::is_float(d) {
+                    bail!("{}: dtype {d:?} is not floating point", ckpt.describe(n));
+                }
+            }
+            Some(t)
+        } else {
+            None
+        };
+        partner.push(other);
+        planned.push(PlannedTensor {
+            name: name.clone(),
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+        });
+    }
+    let count = partner.iter().filter(|p| p.is_some()).count();
+    if count == 0 {
+        bail!(
+            "{}: no attention or MLP projection weights found (expected names like \
+             model.layers.0.self_attn.q_proj.weight)",
+            reference.label
+        );
+    }
+
+    let out = OutputDir::create(&output, &[&reference.dir, &target.dir], args.out.force)?;
+    out.copy_file(&reference.dir.join("config.json"), "config.json")?;
+    copy_aux_files(&out, &reference)?;
+    let reports: Mutex<Vec<TensorReport>> = Mutex::new(Vec::with_capacity(count));
+    let bar = crate::progress::bytes(
+        reference.total_bytes(),
+        "perturbing",
+        progress && !args.json,
+    );
+    writer::write_tensors(
+        &out,
+        &planned,
+        max_shard,
+        Some((&bar, Progress::Bytes)),
+        |i| {
+            let t = &planned[i];
+            let w = reference.bytes(&t.name)?;
+            let Some(other) = partner[i] else {
+                return Ok(Cow::Borrowed(w));
+            };
+            let (bytes, report) = perturb::perturb_tensor(
+                &t.name,
+                args.seed,
+                t.dtype,
+                w,
+                target.require(other)?.dtype,
+                target.bytes(other)?,
+                &reference.describe(&t.name),
+            )?;
+            reports
+                .lock()
+                .expect("no panics hold the lock")
+                .push(report);
+            Ok(match bytes {
+                Some(b) => Cow::Owned(b),
+                None => Cow::Borrowed(w),
+            })
+        },
+    )?;
+    bar.finish_and_clear();
+    let dest = out.commit()?;
+
+    let mut reports = reports.into_inner().expect("no panics hold the lock");
+    reports.sort_by(|a, b| natural_cmp(&a.tensor, &b.tensor));
+    let worst = reports
+        .iter()
+        .max_by(|a, b| a.mismatch.total_cmp(&b.mismatch))
+        .expect("at least one tensor");
+    if worst.mismatch > WARN_MISMATCH {
+        eprintln!(
+            "sinkmerge: warning: `{}`: realized drift {} vs target {} (relative mismatch {}); \
+             the target drift is below what {}'s rounding can resolve",
+            worst.tensor,
+            fmt_num(worst.realized_drift),
+            fmt_num(worst.target_drift),
+            fmt_num(worst.mismatch),
+            reference.label
+        );
+    }
+    let max_cos = reports
+        .iter()
+        .map(|r| r.cosine_with_target_dw.abs())
+        .fold(0.0, f64::max);
+    if args.json {
+        let value = json!({
+            "output": dest.display().to_string(),
+            "reference": reference.label,
+            "target": target.label,
+            "seed": args.seed,
+            "perturbed": reports.len(),
+            "copied": planned.len() - reports.len(),
+            "max_mismatch": worst.mismatch,
+            "max_abs_cosine": max_cos,
+            "tensors": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        print!("{}", summary(&reports));
+        println!(
+            "\nperturbed {} tensors, copied {} unchanged; worst drift mismatch {} ({}); \
+             max |cosine(noise, target dW)| {}",
+            reports.len(),
+            planned.len() - reports.len(),
+            fmt_num(worst.mismatch),
+            worst.tensor,
+            fmt_num(max_cos)
+        );
+        println!("wrote {}", dest.display());
+    }
+    Ok(())
+}
+
+/// Per projection kind: tensor count, median target drift, worst mismatch and cosine.
+fn summary(reports: &[TensorReport]) -> String {
+    let mut by_module: BTreeMap<String, Vec<&TensorReport>> = BTreeMap::new();
+    for r in reports {
+        let key = names::standard_name(&r.tensor)
+            .as_deref()
+            .and_then(names::parse)
+            .map_or_else(|| "other".to_string(), |p| p.module.short_name().into());
+        by_module.entry(key).or_default().push(r);
+    }
+    let mut t = Table::new([
+        "module",
+        "tensors",
+        "median drift",
+        "max mismatch",
+        "max |cos|",
+    ]);
+    for (module, rs) in by_module {
+        let mut drifts: Vec<f64> = rs.iter().map(|r| r.target_drift).collect();
+        drifts.sort_by(f64::total_cmp);
+        let n = drifts.len();
+        let median = if n % 2 == 1 {
+            drifts[n / 2]
+        } else {
+            (drifts[n / 2 - 1] + drifts[n / 2]) / 2.0
+        };
+        let mismatch = rs.iter().map(|r| r.mismatch).fold(0.0, f64::max);
+        let cos = rs
+            .iter()
+            .map(|r| r.cosine_with_target_dw.abs())
+            .fold(0.0, f64::max);
+        t.row([
+            module,
+            rs.len().to_string(),
+            fmt_num(median),
+            fmt_num(mismatch),
+            fmt_num(cos),
+        ]);
+    }
+    t.render()
+}

@@ -1,0 +1,219 @@
+//! `sinkmerge predict`: how well Sink Strength predicts the text-capability change on a panel
+//! of VLM / reference-LLM pairs, and what it predicts for a new backbone.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use crate::analysis::predict::{self, Analysis, Panel, Query};
+use crate::checkpoint::output::write_file_atomic;
+use crate::error::{Error, Result};
+use crate::report::plot::Scatter;
+use crate::report::{fmt_num, Table};
+
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Rank and predict text-capability loss from Sink Strength over a panel of pairs",
+    long_about = "Rank and predict text-capability loss from Sink Strength over a panel of VLM / \
+reference-LLM pairs (arXiv 2609.00746, Sections 3.2-3.3 and Appendix E).\n\n\
+Prints Spearman's rho between S and the task delta (average ranks on ties, as scipy), Pearson's r, \
+the least-squares line delta = a + b*S, every pair's leave-one-pair-out held-out prediction, their \
+mean absolute error (LOO MAE), and the LOO error of a constant baseline that predicts the mean of \
+the other pairs. With --s, also places a new backbone on the panel.",
+    after_help = "Examples:\n  \
+sinkmerge predict                                  # the paper's 17 pairs, IFEval\n  \
+sinkmerge predict --panel paper-9 --task gsm8k     # Table 12, one task\n  \
+sinkmerge predict --panel paper-6                  # Table 10's six headline pairs\n  \
+sinkmerge predict --s 1.9 --plot figure3.svg       # place a backbone with S = 1.9"
+)]
+pub struct Args {
+    /// Panel: a built-in name (paper-17 = Table 11, paper-9 = Table 12, paper-6 = Table 10) or a
+    /// CSV file with `pair`, `sink_strength` and one or more `delta_*` columns
+    #[arg(long, value_name = "CSV|NAME", default_value = predict::DEFAULT_PANEL)]
+    pub panel: String,
+
+    /// Task column: `ifeval` or `delta_ifeval` [default: delta_ifeval if the panel has it, else
+    /// its first delta_* column]. Pairs with an empty cell for the task are left out and listed
+    #[arg(long, value_name = "TASK")]
+    pub task: Option<String>,
+
+    /// Use only these pairs (comma-separated, case-insensitive), e.g. the six headline pairs
+    #[arg(long, value_name = "A,B,...", value_delimiter = ',')]
+    pub pairs: Vec<String>,
+
+    /// Sink strength of a new backbone: print its predicted delta (full-panel fit), the observed
+    /// deltas of panel backbones with similar S, and the rank it would take
+    #[arg(long = "s", value_name = "VALUE", allow_negative_numbers = true)]
+    pub s: Option<f64>,
+
+    /// With --s: "similar S" means |S_panel - S| <= this
+    #[arg(long, value_name = "WIDTH", default_value_t = 0.25)]
+    pub similar_within: f64,
+
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+
+    /// Also write the scatter of S against delta with the fit line and pair labels (the paper's
+    /// Figure 3) as SVG
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if let Some(s) = args.s {
+        if !s.is_finite() {
+            crate::bail!("--s must be a finite number, got {s}");
+        }
+    }
+    if !(args.similar_within >= 0.0 && args.similar_within.is_finite()) {
+        crate::bail!(
+            "--similar-within must be a finite number >= 0, got {}",
+            args.similar_within
+        );
+    }
+    let mut panel = Panel::load(&args.panel)?;
+    if !args.pairs.is_empty() {
+        panel.select(&args.pairs)?;
+    }
+    let task = panel.task_index(args.task.as_deref())?;
+    let task_name = panel.tasks[task].clone();
+    let (points, skipped) = panel.points(task);
+    let analysis = predict::analyze(&points)
+        .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
+    let query = args
+        .s
+        .map(|s| predict::query(&points, &analysis, s, args.similar_within));
+
+    if let Some(path) = &args.plot {
+        let chart = Scatter {
+            title: format!(
+                "Sink strength vs {task_name} ({} pairs, Spearman {:.3})",
+                analysis.n, analysis.spearman
+            ),
+            x_label: "Sink Strength S of the reference LLM".into(),
+            y_label: format!("{task_name} (VLM - LLM, points)"),
+            points: points
+                .iter()
+                .map(|p| (p.sink_strength, p.delta, p.pair.clone()))
+                .collect(),
+            line: Some((analysis.intercept, analysis.slope)),
+        };
+        let svg = chart.to_svg().map_err(Error::Write)?;
+        write_file_atomic(path, svg.as_bytes())?;
+    }
+
+    if args.json {
+        let mut out = json!({
+            "panel": panel.source,
+            "task": task_name,
+            "pairs": points.iter().map(|p| &p.pair).collect::<Vec<_>>(),
+            "skipped": skipped,
+        });
+        let map = out.as_object_mut().expect("object");
+        if let serde_json::Value::Object(a) = serde_json::to_value(&analysis).expect("JSON") {
+            map.extend(a);
+        }
+        if let Some(q) = &query {
+            map.insert("query".into(), serde_json::to_value(q).expect("JSON"));
+        }
+        println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
+    } else {
+        print!(
+            "{}",
+            render(
+                &panel.source,
+                &task_name,
+                &analysis,
+                &skipped,
+                query.as_ref()
+            )
+        );
+        if let Some(path) = &args.plot {
+            println!("plot          {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn render(
+    source: &str,
+    task: &str,
+    a: &Analysis,
+    skipped: &[String],
+    query: Option<&Query>,
+) -> String {
+    let mut s = format!(
+        "panel         {source}\ntask          {task}, {} pairs\n",
+        a.n
+    );
+    if !skipped.is_empty() {
+        s += &format!("left out      {} (no {task} value)\n", skipped.join(", "));
+    }
+    let mut t = Table::new(["pair", "S", "observed", "held-out", "|error|", "constant"]);
+    for h in &a.held_out {
+        t.row([
+            h.pair.clone(),
+            format!("{:.2}", h.sink_strength),
+            format!("{:.2}", h.observed),
+            format!("{:.2}", h.predicted),
+            format!("{:.2}", (h.observed - h.predicted).abs()),
+            format!("{:.2}", h.constant),
+        ]);
+    }
+    s += "\n";
+    s += &t.render();
+    s += &format!(
+        "\nSpearman rho  {:.3}   (average ranks on ties)\n\
+         Pearson r     {:.3}\n\
+         fit           {task} = {} + {} * S   (least squares, all pairs)\n\
+         LOO MAE       {:.2}   (each pair predicted by the line fitted to the others)\n\
+         constant MAE  {:.2}   (each pair predicted by the mean of the others)\n",
+        a.spearman,
+        a.pearson,
+        fmt_num(a.intercept),
+        fmt_num(a.slope),
+        a.loo_mae,
+        a.constant_mae
+    );
+    if let Some(q) = query {
+        s += &format!(
+            "\nnew backbone  S = {}\npredicted     {task} = {:.2}   (full-panel fit)\n",
+            q.sink_strength, q.predicted
+        );
+        match q.similar_range {
+            Some((lo, hi)) => {
+                let names: Vec<String> = q
+                    .similar
+                    .iter()
+                    .map(|p| format!("{} {:.1}", p.pair, p.delta))
+                    .collect();
+                s += &format!(
+                    "similar S     {:.2} to {:.2} observed over {} pair(s) with |S - {}| <= {}: {}\n",
+                    lo,
+                    hi,
+                    q.similar.len(),
+                    q.sink_strength,
+                    q.similar_within,
+                    names.join(", ")
+                );
+            }
+            None => {
+                s += &format!(
+                    "similar S     no panel pair within |S - {}| <= {} (--similar-within)\n",
+                    q.sink_strength, q.similar_within
+                )
+            }
+        }
+        let tie = if q.tied > 0 {
+            format!(", tied with {} panel pair(s)", q.tied)
+        } else {
+            String::new()
+        };
+        s += &format!(
+            "rank          {} of {} by S (1 = strongest sink{tie})\n",
+            q.rank, q.of
+        );
+    }
+    s
+}

@@ -1,0 +1,489 @@
+//! `sinkmerge score`: Sink Strength S, pos0 share and strong-sink fraction of each model; with
+//! `--ref`, B_gap and the margin G_base - B_gap of each model against the reference, as a
+//! before/after table, JSON, and SVG plots.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::arch::config::RopeScaling;
+use crate::checkpoint::output::write_file_atomic;
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::report::heatmap::{Heatmap, Panel};
+use crate::report::plot::{stacked_svg, LineChart, Series};
+use crate::report::{fmt_num, Table};
+use crate::sink::metrics::{SinkPosition, Stat};
+use crate::sink::model::DecoderSpec;
+use crate::sink::prompts::{self, PromptSource};
+use crate::sink::score::{score, Input, Scores, Settings};
+use crate::sink::tokenize::TextEncoder;
+use crate::{bad, bail};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// f32 on the CPU (always built)
+    Cpu,
+    /// NVIDIA GPU (not in this build)
+    Cuda,
+}
+
+/// `sinkmerge score --help`: what the command computes.
+pub const LONG_ABOUT: &str = "Attention-sink scores of each MODEL, and with --ref the margin of each \
+MODEL against the reference.\n\n\
+Runs each MODEL (and REF) on the calibration prompts, layer by layer in f32 (weights upcast, eager \
+attention, no cache, batch of one per prompt; only one layer's weights resident), and reports the \
+attention-sink metrics of \"Text Capability Loss in Vision-Language Adaptation\" (arXiv 2609.00746):\n\n\
+  S (sink_strength)   median over the window of G = log(a/(1-a)), a = the sink's attention share\n\
+  pos0_share          mean attention on token 0 over the window's valid queries\n\
+  strong_sink_frac    share of observations with G > 2 (a > 0.881)\n\
+  b_gap_median        with --ref: median over the window of B, the largest shift of a query's score \
+gaps to the sink between REF and MODEL on the same tokens\n\
+  margin              with --ref: G_base - B_gap (REF's median G minus B_gap)\n\n\
+Observations are (prompt, layer, head, query) with query >= max(1, sink position). The window is the \
+last --last layers. Architectures: qwen2 (Qwen2/2.5 and the Qwen-VL, LLaVA-OneVision and InternVL \
+language models), qwen3 (and Qwen3-VL's), llama (and Idefics3's), mistral, olmo2, olmo3, qwen3_moe, \
+olmoe; a VLM directory is scored through its language model.";
+
+/// `sinkmerge score --help`: examples.
+pub const AFTER_HELP: &str = "Examples:\n  \
+sinkmerge score --ref assets/models/tiny-qwen3/ref assets/models/tiny-qwen3/vl\n  \
+sinkmerge score qwen2.5-vl:ref --n 50 --seed 1 --json\n  \
+sinkmerge score --ref REF VLM_LM MERGED --plot layers.svg --heatmap heads.svg";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Models to score: directories, HF repo ids (ORG/NAME[@rev]) or aliases
+    #[arg(required = true, value_name = "MODEL")]
+    pub models: Vec<String>,
+
+    /// Reference LLM: also report each MODEL's B_gap and margin against it (the same token ids
+    /// are fed to both, so they must share a tokenizer)
+    #[arg(long = "ref", value_name = "REF")]
+    pub reference: Option<String>,
+
+    /// Prompt file, one prompt per line (blank lines skipped) [default: the 15 built-in prompts]
+    #[arg(long, value_name = "FILE", conflicts_with = "n")]
+    pub prompts: Option<PathBuf>,
+
+    /// Draw N prompts from the built-in pool of 123 instead (the paper's N-sweep, Appendix D.1)
+    #[arg(long, value_name = "N")]
+    pub n: Option<usize>,
+
+    /// Seed of the --n draw (ChaCha8; the same N and seed give the same prompts everywhere)
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
+    pub seed: u64,
+
+    /// Window: the last K decoder layers (all layers if the model has fewer). Paper: 10
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub last: usize,
+
+    /// Statistic of G that S reports: median (the paper's S, Section 3.2) or mean (Appendix E.4).
+    /// G_base, B_gap and the margin are always medians
+    #[arg(long, value_enum, default_value_t = Stat::Median)]
+    pub stat: Stat,
+
+    /// Sink position: `column` = the key with the largest attention column mass per
+    /// (prompt, layer, head), lowest index on ties (project default, sink-metrics.md);
+    /// `per-query` = each query's most-attended key
+    #[arg(long, value_enum, default_value_t = SinkPosition::Column)]
+    pub sink_position: SinkPosition,
+
+    /// Render each prompt with the tokenizer's chat template as one user message with the
+    /// generation prompt (default: raw prompt text with the tokenizer's special tokens)
+    #[arg(long)]
+    pub chat_template: bool,
+
+    /// Print one JSON object: models, pairs, settings
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write an SVG of per-layer median G and pos0 share of every model
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+
+    /// Write an SVG heatmap of per-head median G over the window, one panel per model
+    #[arg(long, value_name = "FILE.svg")]
+    pub heatmap: Option<PathBuf>,
+
+    /// Where to compute. This build is CPU-only
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+}
+
+/// `settings` of the JSON report.
+#[derive(Debug, Serialize)]
+struct ReportSettings {
+    prompts: PromptSource,
+    n_prompts: usize,
+    last: usize,
+    stat: Stat,
+    sink_position: SinkPosition,
+    chat_template: bool,
+    device: Device,
+    reference: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    scores: &'a Scores,
+    settings: ReportSettings,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    if args.device == Device::Cuda {
+        bail!(
+            "--device cuda: this build of sinkmerge has no GPU backend; run with --device cpu (the default)"
+        );
+    }
+    if args.last == 0 {
+        bail!("--last must be at least 1");
+    }
+    let (prompts, source) = match (&args.prompts, args.n) {
+        (Some(path), _) => (
+            prompts::read_file(path)?,
+            PromptSource::File {
+                path: path.display().to_string(),
+            },
+        ),
+        (None, Some(n)) => (
+            prompts::draw(n, args.seed)?,
+            PromptSource::Pool { n, seed: args.seed },
+        ),
+        (None, None) => (prompts::default_prompts(), PromptSource::Default),
+    };
+
+    // The reference comes first.
+    let mut refs: Vec<&str> = Vec::new();
+    if let Some(r) = &args.reference {
+        refs.push(r);
+    }
+    refs.extend(args.models.iter().map(String::as_str));
+    let ckpts: Vec<Checkpoint> = refs
+        .iter()
+        .map(|r| Checkpoint::open_ref(r))
+        .collect::<Result<_>>()?;
+    for out in [&args.plot, &args.heatmap].into_iter().flatten() {
+        refuse_inside_inputs(out, &ckpts)?;
+    }
+    let mut inputs = Vec::with_capacity(ckpts.len());
+    for ckpt in &ckpts {
+        inputs.push(Input {
+            label: ckpt.label.clone(),
+            ckpt,
+            tokens: tokenize(ckpt, &prompts, args.chat_template)?,
+        });
+    }
+    let reference = args.reference.as_ref().map(|_| 0);
+    if reference.is_some() {
+        for input in &inputs[1..] {
+            same_tokens(&inputs[0], input)?;
+        }
+    }
+
+    let settings = Settings {
+        last: args.last,
+        stat: args.stat,
+        sink_position: args.sink_position,
+    };
+    let show = progress && !args.json;
+    let layers: u64 = ckpts
+        .iter()
+        .map(|c| {
+            DecoderSpec::from_model_config(&c.config)
+                .map(|s| s.num_layers() as u64)
+                .unwrap_or(0)
+        })
+        .sum();
+    let bar = crate::progress::items(layers, "layers", show);
+    let scores = score(&inputs, reference, settings, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+
+    let report = Report {
+        scores: &scores,
+        settings: ReportSettings {
+            prompts: source,
+            n_prompts: prompts.len(),
+            last: args.last,
+            stat: args.stat,
+            sink_position: args.sink_position,
+            chat_template: args.chat_template,
+            device: args.device,
+            reference: args.reference.clone(),
+        },
+    };
+    if let Some(path) = &args.plot {
+        let svg = stacked_svg(&layer_plot(&scores)).map_err(Error::BadInput)?;
+        write_file_atomic(path, svg.as_bytes())?;
+    }
+    if let Some(path) = &args.heatmap {
+        let svg = head_heatmap(&scores).to_svg().map_err(Error::BadInput)?;
+        write_file_atomic(path, svg.as_bytes())?;
+    }
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::Write(format!("JSON report: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render_text(&report));
+    }
+    Ok(())
+}
+
+/// Token ids of every prompt for one model, checked against its context length.
+fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
+    let config = ckpt.dir.join("config.json");
+    let spec = DecoderSpec::from_model_config(&ckpt.config)
+        .map_err(|e| bad!("{}: {e}", config.display()))?;
+    let encoder = TextEncoder::load(&ckpt.dir, chat)?;
+    // Dynamic NTK RoPE exists to run past max_position_embeddings; every other rope does not.
+    let extends = spec
+        .layers
+        .iter()
+        .any(|l| matches!(l.rope.scaling, RopeScaling::Dynamic { .. }));
+    let mut all = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.iter().enumerate() {
+        let ids = encoder.encode(prompt)?;
+        if ids.is_empty() {
+            bail!(
+                "{}: prompt {} encodes to no tokens",
+                ckpt.dir.join("tokenizer.json").display(),
+                i + 1
+            );
+        }
+        if ids.len() > spec.max_position_embeddings && !extends {
+            bail!(
+                "{}: prompt {} is {} tokens, longer than max_position_embeddings = {} in {}; \
+                 shorten it or leave it out",
+                ckpt.label,
+                i + 1,
+                ids.len(),
+                spec.max_position_embeddings,
+                config.display()
+            );
+        }
+        all.push(ids);
+    }
+    Ok(all)
+}
+
+/// B compares the reference and a model on the same token ids: their tokenizers must agree.
+fn same_tokens(reference: &Input, model: &Input) -> Result<()> {
+    for (i, (a, b)) in reference.tokens.iter().zip(&model.tokens).enumerate() {
+        if a != b {
+            let at = a
+                .iter()
+                .zip(b)
+                .position(|(x, y)| x != y)
+                .unwrap_or(a.len().min(b.len()));
+            let show = |v: &[u32]| v.get(at).map_or("end".to_string(), |x| x.to_string());
+            bail!(
+                "{}: its tokenizer.json gives other token ids than the reference {} (prompt {}, \
+                 token {}: {} vs {}); the models have different vocabularies, and B needs the \
+                 same tokens in both",
+                model.label,
+                reference.label,
+                i + 1,
+                at,
+                show(b),
+                show(a)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Plots are new files: never inside an input model's directory.
+fn refuse_inside_inputs(out: &Path, ckpts: &[Checkpoint]) -> Result<()> {
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let Ok(parent) = parent.canonicalize() else {
+        return Ok(());
+    };
+    for ckpt in ckpts {
+        if let Ok(dir) = ckpt.dir.canonicalize() {
+            if parent.starts_with(&dir) {
+                bail!(
+                    "{}: refusing to write inside the input model directory {}",
+                    out.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn opt(x: Option<f64>) -> String {
+    x.map_or("-".to_string(), fmt_num)
+}
+
+fn render_text(report: &Report) -> String {
+    let scores = report.scores;
+    let s = &report.settings;
+    let mut out = String::new();
+    let source = match &s.prompts {
+        PromptSource::Default => "the built-in default set".to_string(),
+        PromptSource::Pool { n, seed } => format!("{n} drawn from the built-in pool, seed {seed}"),
+        PromptSource::File { path } => path.clone(),
+    };
+    out.push_str(&format!(
+        "{} prompts ({source}){}; window: last {} layers; S = {} G; sink position: {}\n\n",
+        s.n_prompts,
+        if s.chat_template {
+            ", chat template"
+        } else {
+            ""
+        },
+        s.last,
+        match s.stat {
+            Stat::Median => "median",
+            Stat::Mean => "mean",
+        },
+        match s.sink_position {
+            SinkPosition::Column => "column mass",
+            SinkPosition::PerQuery => "per query",
+        },
+    ));
+    let with_ref = !scores.pairs.is_empty() || s.reference.is_some();
+    let mut header = vec!["model", "S", "pos0_share", "strong_sink_frac"];
+    if with_ref {
+        header.extend(["b_gap_median", "margin"]);
+    }
+    header.push("observations");
+    let mut table = Table::new(header);
+    // With a reference, it is model 0 and model i pairs as pairs[i - 1].
+    for (i, m) in scores.models.iter().enumerate() {
+        let mut row = vec![
+            if m.reference {
+                format!("{} (ref)", m.model)
+            } else {
+                m.model.clone()
+            },
+            opt(m.sink_strength),
+            opt(m.pos0_share),
+            opt(m.strong_sink_frac),
+        ];
+        if with_ref {
+            match (
+                m.reference,
+                i.checked_sub(1).and_then(|j| scores.pairs.get(j)),
+            ) {
+                (false, Some(p)) => row.extend([opt(p.b_gap_median), opt(p.margin)]),
+                _ => row.extend(["-".to_string(), "-".to_string()]),
+            }
+        }
+        row.push(m.n_observations.to_string());
+        table.row(row);
+    }
+    out.push_str(&table.render());
+
+    // Per-layer median G, one column per model.
+    let layers = scores
+        .models
+        .iter()
+        .map(|m| m.num_layers)
+        .max()
+        .unwrap_or(0);
+    let mut header = vec!["layer".to_string()];
+    for m in &scores.models {
+        header.push(format!("G {}", short(&m.model)));
+        header.push(format!("pos0 {}", short(&m.model)));
+    }
+    let mut per_layer = Table::new(header);
+    for l in 0..layers {
+        let mut row = vec![l.to_string()];
+        for m in &scores.models {
+            let r = m.per_layer.get(l);
+            row.push(opt(r.and_then(|r| r.median_g)));
+            row.push(opt(r.and_then(|r| r.pos0_share)));
+        }
+        per_layer.row(row);
+    }
+    out.push_str("\nper layer (median G, pos0 share):\n");
+    out.push_str(&per_layer.render());
+    out
+}
+
+/// The last path component of a model label, for column headers.
+fn short(label: &str) -> String {
+    let trimmed = label.trim_end_matches('/');
+    let parts: Vec<&str> = trimmed.rsplitn(3, '/').collect();
+    match parts.as_slice() {
+        [last, parent, ..] if last.len() <= 4 => format!("{parent}/{last}"),
+        [last, ..] => last.to_string(),
+        [] => label.to_string(),
+    }
+}
+
+fn layer_plot(scores: &Scores) -> Vec<LineChart> {
+    let series = |f: &dyn Fn(&crate::sink::score::LayerReport) -> Option<f64>| {
+        scores
+            .models
+            .iter()
+            .map(|m| Series {
+                label: m.model.clone(),
+                points: m
+                    .per_layer
+                    .iter()
+                    .filter_map(|l| f(l).map(|v| (l.layer as f64, v)))
+                    .collect(),
+            })
+            .collect()
+    };
+    vec![
+        LineChart {
+            title: "Median sink gap G per layer".into(),
+            x_label: "layer".into(),
+            y_label: "median G = log(a / (1 - a))".into(),
+            series: series(&|l| l.median_g),
+        },
+        LineChart {
+            title: "Attention share of token 0 per layer".into(),
+            x_label: "layer".into(),
+            y_label: "pos0 share".into(),
+            series: series(&|l| l.pos0_share),
+        },
+    ]
+}
+
+fn head_heatmap(scores: &Scores) -> Heatmap {
+    let panels = scores
+        .models
+        .iter()
+        .map(|m| {
+            let mut layers: Vec<usize> = m.per_head.iter().map(|h| h.layer).collect();
+            layers.dedup();
+            let heads = m.per_head.iter().map(|h| h.head + 1).max().unwrap_or(0);
+            let values = layers
+                .iter()
+                .map(|&l| {
+                    (0..heads)
+                        .map(|h| {
+                            m.per_head
+                                .iter()
+                                .find(|x| x.layer == l && x.head == h)
+                                .and_then(|x| x.median_g)
+                        })
+                        .collect()
+                })
+                .collect();
+            Panel {
+                title: short(&m.model),
+                row_labels: layers.iter().map(|l| l.to_string()).collect(),
+                values,
+            }
+        })
+        .collect();
+    Heatmap {
+        title: "Per-head median sink gap G over the window".into(),
+        x_label: "head".into(),
+        y_label: "layer".into(),
+        value_label: "median G".into(),
+        panels,
+    }
+}

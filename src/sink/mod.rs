@@ -1,0 +1,22 @@
+//! The sink scorer: a layer-streaming f32 decoder forward pass that matches transformers' eager
+//! attention, and the attention-sink metrics of the paper (Sink Strength S, G_base, B_gap,
+//! margin, pos0 share; `shared/reference/sink-metrics.md`).
+//!
+//! - [`model`]: the supported architectures, one file each, as switches over one skeleton.
+//! - [`rope`]: rotary embeddings (default, linear, dynamic, llama3, yarn) as transformers computes them.
+//! - [`kernels`]: GEMM-backed linear layers, RMSNorm, SiLU.
+//! - [`forward`]: the streaming forward pass; per-head scores go to visitors, never stored for
+//!   all layers; [`forward::trace`] keeps everything for parity tests.
+//! - [`metrics`]: G, B, sink positions, pos0 and exact medians (sink-metrics.md).
+//! - [`score`]: several models in lockstep, the reference first, into one report.
+//! - [`prompts`] and [`tokenize`]: the shipped calibration prompts, tokenizer.json encoding and
+//!   chat templates.
+
+pub mod forward;
+pub mod kernels;
+pub mod metrics;
+pub mod model;
+pub mod prompts;
+pub mod rope;
+pub mod score;
+pub mod tokenize;

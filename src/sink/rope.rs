@@ -1,0 +1,272 @@
+//! Rotary position embeddings as transformers computes them (`modeling_rope_utils.py`, 5.23):
+//! inverse frequencies per rope type in f32, angles `f32(pos) * inv_freq` in f32, then cos/sin
+//! times the attention scaling (YaRN only). HF's rotate-half (NeoX) layout: element `i` pairs
+//! with `i + dim/2`, and the cos/sin table of length `dim` is two copies of a `dim/2` table, so
+//! only the half table is stored.
+
+use std::f64::consts::PI;
+
+use crate::arch::config::{Rope, RopeScaling};
+use crate::bail;
+use crate::error::Result;
+
+/// cos/sin for positions `0..positions`, `half = head_dim / 2` entries per position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeTable {
+    pub half: usize,
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+/// The resolved frequencies of one rope: what [`RopeTable`] is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Frequencies {
+    pub inv_freq: Vec<f32>,
+    /// Multiplies cos and sin (so the logits by its square); 1 except for YaRN.
+    pub attention_scaling: f32,
+}
+
+/// `1 / theta^(2i/dim)` as HF computes it: exponent in f32, power of the f32 base, f32 reciprocal.
+fn default_inv_freq(theta: f64, dim: usize) -> Vec<f32> {
+    (0..dim / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / dim as f32;
+            let power = ((theta as f32) as f64).powf(exponent as f64) as f32;
+            1.0f32 / power
+        })
+        .collect()
+}
+
+/// Frequencies of `rope` for a head of `head_dim`, for sequences of `seq_len` tokens
+/// (only dynamic NTK scaling depends on it) in a model with `max_position_embeddings`.
+pub fn frequencies(
+    rope: &Rope,
+    head_dim: usize,
+    max_position_embeddings: usize,
+    seq_len: usize,
+) -> Result<Frequencies> {
+    if rope.partial_rotary_factor != 1.0 {
+        bail!(
+            "partial_rotary_factor {} is not supported (the scorer's architectures rotate the whole head)",
+            rope.partial_rotary_factor
+        );
+    }
+    let dim = head_dim;
+    let theta = rope.theta;
+    let plain = |inv_freq| Frequencies {
+        inv_freq,
+        attention_scaling: 1.0,
+    };
+    Ok(match &rope.scaling {
+        RopeScaling::Default | RopeScaling::Mrope { .. } => plain(default_inv_freq(theta, dim)),
+        RopeScaling::Linear { factor } => {
+            let factor = *factor as f32;
+            plain(
+                default_inv_freq(theta, dim)
+                    .into_iter()
+                    .map(|f| f / factor)
+                    .collect(),
+            )
+        }
+        RopeScaling::Dynamic { factor, .. } => {
+            // HF grows the base only once the sequence is longer than max_position_embeddings.
+            let max_pos = max_position_embeddings as f64;
+            let seq = (seq_len as f64).max(max_pos);
+            let d = dim as f64;
+            let base = theta * ((factor * seq / max_pos) - (factor - 1.0)).powf(d / (d - 2.0));
+            plain(default_inv_freq(base, dim))
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = *original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            plain(
+                default_inv_freq(theta, dim)
+                    .into_iter()
+                    .map(|f| {
+                        let inv = f as f64;
+                        let wavelen = 2.0 * PI / inv;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            (inv / factor) as f32
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            ((1.0 - smooth) * inv / factor + smooth * inv) as f32
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings,
+            attention_factor,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            truncate,
+        } => yarn(
+            theta,
+            dim,
+            *factor,
+            original_max_position_embeddings.unwrap_or(max_position_embeddings),
+            *attention_factor,
+            *beta_fast,
+            *beta_slow,
+            *mscale,
+            *mscale_all_dim,
+            *truncate,
+        ),
+        RopeScaling::Other { name } => {
+            bail!("rope type `{name}` is not supported (supported: default, linear, dynamic, llama3, yarn)")
+        }
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn yarn(
+    theta: f64,
+    dim: usize,
+    factor: f64,
+    original_max: usize,
+    attention_factor: Option<f64>,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
+    truncate: bool,
+) -> Frequencies {
+    let get_mscale = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    let attention_factor = attention_factor.unwrap_or(match (mscale, mscale_all_dim) {
+        (Some(m), Some(a)) if m != 0.0 && a != 0.0 => get_mscale(factor, m) / get_mscale(factor, a),
+        _ => get_mscale(factor, 1.0),
+    });
+    // HF: `beta_fast or 32`, so a zero means the default too.
+    let beta_fast = if beta_fast == 0.0 { 32.0 } else { beta_fast };
+    let beta_slow = if beta_slow == 0.0 { 1.0 } else { beta_slow };
+    let d = dim as f64;
+    let correction_dim = |rotations: f64| {
+        d * (original_max as f64 / (rotations * 2.0 * PI)).ln() / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let low = low.max(0.0);
+    let mut high = high.min(d - 1.0);
+    if low == high {
+        high += 0.001;
+    }
+    let inv_freq = (0..dim / 2)
+        .map(|i| {
+            let exponent = (2 * i) as f32 / dim as f32;
+            let pos_freq = ((theta as f32) as f64).powf(exponent as f64) as f32;
+            let extrapolation = 1.0f32 / pos_freq;
+            let interpolation = 1.0f32 / (factor as f32 * pos_freq);
+            let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+            let extrapolation_factor = 1.0 - ramp;
+            interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+        })
+        .collect();
+    Frequencies {
+        inv_freq,
+        attention_scaling: attention_factor as f32,
+    }
+}
+
+impl RopeTable {
+    /// The table for positions `0..positions`.
+    pub fn new(freq: &Frequencies, positions: usize) -> RopeTable {
+        let half = freq.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for t in 0..positions {
+            for &f in &freq.inv_freq {
+                let angle = t as f32 * f;
+                cos.push((angle as f64).cos() as f32 * freq.attention_scaling);
+                sin.push((angle as f64).sin() as f32 * freq.attention_scaling);
+            }
+        }
+        RopeTable { half, cos, sin }
+    }
+
+    /// Rotate one head vector (`2 * half` values) at position `t` in place.
+    #[inline]
+    pub fn apply(&self, x: &mut [f32], t: usize) {
+        let h = self.half;
+        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
+        let (lo, hi) = x.split_at_mut(h);
+        for i in 0..h {
+            let (a, b) = (lo[i], hi[i]);
+            lo[i] = a * cos[i] - b * sin[i];
+            hi[i] = b * cos[i] + a * sin[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope(scaling: RopeScaling) -> Rope {
+        Rope {
+            theta: 10000.0,
+            partial_rotary_factor: 1.0,
+            scaling,
+        }
+    }
+
+    #[test]
+    fn default_frequencies_halve_per_step_of_the_exponent() {
+        let f = frequencies(&rope(RopeScaling::Default), 4, 512, 8).unwrap();
+        assert_eq!(f.inv_freq, vec![1.0, 0.01]);
+        assert_eq!(f.attention_scaling, 1.0);
+    }
+
+    #[test]
+    fn linear_divides_and_dynamic_is_default_within_the_context() {
+        let base = frequencies(&rope(RopeScaling::Default), 8, 512, 8).unwrap();
+        let lin = frequencies(&rope(RopeScaling::Linear { factor: 2.0 }), 8, 512, 8).unwrap();
+        for (a, b) in base.inv_freq.iter().zip(&lin.inv_freq) {
+            assert_eq!(*b, a / 2.0);
+        }
+        let dynamic = RopeScaling::Dynamic {
+            factor: 2.0,
+            original_max_position_embeddings: None,
+        };
+        assert_eq!(
+            frequencies(&rope(dynamic.clone()), 8, 512, 100).unwrap(),
+            base
+        );
+        let grown = frequencies(&rope(dynamic), 8, 16, 32).unwrap();
+        assert!(grown.inv_freq[1] < base.inv_freq[1]);
+        assert_eq!(grown.inv_freq[0], 1.0);
+    }
+
+    #[test]
+    fn rotation_preserves_the_norm_and_is_identity_at_zero() {
+        let f = frequencies(&rope(RopeScaling::Default), 4, 512, 8).unwrap();
+        let table = RopeTable::new(&f, 3);
+        let mut x = [1.0, 2.0, 3.0, 4.0];
+        table.apply(&mut x, 0);
+        assert_eq!(x, [1.0, 2.0, 3.0, 4.0]);
+        table.apply(&mut x, 2);
+        let norm: f32 = x.iter().map(|v| v * v).sum();
+        assert!((norm - 30.0).abs() < 1e-4);
+    }
+}

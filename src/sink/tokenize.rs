@@ -1,0 +1,428 @@
+//! Prompt text to token ids, as transformers' `AutoTokenizer` produces them.
+//!
+//! Plain prompts: `tokenizer.json` through Hugging Face's `tokenizers` crate with
+//! `add_special_tokens = true`, so the tokenizer's own post-processor decides about BOS (Llama-3
+//! adds `<|begin_of_text|>`, Qwen adds nothing). With a chat template: the template renders the
+//! prompt as one user message with the generation prompt added, then the text is encoded without
+//! adding special tokens again, which is what `apply_chat_template(tokenize=True)` does.
+
+use std::path::{Path, PathBuf};
+
+use minijinja::value::{Kwargs, Value};
+use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use serde_json::Value as Json;
+
+use crate::error::Result;
+use crate::{bad, bail};
+
+/// Where a chat template came from; processor templates (`chat_template.json`) expect list
+/// content (`[{"type": "text", "text": ...}]`), tokenizer templates a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateSource {
+    /// `chat_template.jinja` (transformers 5 saves it beside the tokenizer).
+    JinjaFile,
+    /// `chat_template` in `tokenizer_config.json`.
+    TokenizerConfig,
+    /// `chat_template.json` (a processor's template, as VLM repos ship it).
+    ProcessorJson,
+}
+
+/// A model's tokenizer, optionally with its chat template.
+pub struct TextEncoder {
+    tokenizer: tokenizers::Tokenizer,
+    path: PathBuf,
+    chat: Option<ChatTemplate>,
+}
+
+struct ChatTemplate {
+    source: String,
+    origin: TemplateSource,
+    /// bos_token, eos_token, ... as the template sees them.
+    special_tokens: Vec<(String, String)>,
+}
+
+impl TextEncoder {
+    /// Load `dir/tokenizer.json`, and the chat template too when `chat_template` is set.
+    pub fn load(dir: &Path, chat_template: bool) -> Result<TextEncoder> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            bail!(
+                "{}: file is missing; the scorer tokenizes with the model's own tokenizer.json \
+                 (slow-tokenizer-only repos need converting with transformers first)",
+                path.display()
+            );
+        }
+        let tokenizer = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| bad!("{}: not a valid tokenizer: {e}", path.display()))?;
+        let chat = if chat_template {
+            Some(ChatTemplate::load(dir)?)
+        } else {
+            None
+        };
+        Ok(TextEncoder {
+            tokenizer,
+            path,
+            chat,
+        })
+    }
+
+    /// Token ids of one prompt.
+    pub fn encode(&self, prompt: &str) -> Result<Vec<u32>> {
+        let (text, add_special) = match &self.chat {
+            Some(chat) => (chat.render(prompt)?, false),
+            None => (prompt.to_string(), true),
+        };
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special)
+            .map_err(|e| bad!("{}: cannot encode a prompt: {e}", self.path.display()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The rendered chat text of a prompt (for `--chat-template`), or the prompt itself.
+    pub fn render(&self, prompt: &str) -> Result<String> {
+        match &self.chat {
+            Some(chat) => chat.render(prompt),
+            None => Ok(prompt.to_string()),
+        }
+    }
+}
+
+/// The special-token attributes transformers passes to chat templates.
+const SPECIAL_TOKEN_KEYS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    crate::checkpoint::read_json(path).map(Some)
+}
+
+/// A special token as tokenizer_config.json spells it: a string or `{"content": ...}`.
+fn token_text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(m) => m.get("content").and_then(Json::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+impl ChatTemplate {
+    fn load(dir: &Path) -> Result<ChatTemplate> {
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json(&config_path)?;
+        let mut special_tokens = Vec::new();
+        let special_map = read_json(&dir.join("special_tokens_map.json"))?;
+        for key in SPECIAL_TOKEN_KEYS {
+            let value = config
+                .as_ref()
+                .and_then(|c| c.get(key))
+                .and_then(token_text)
+                .or_else(|| {
+                    special_map
+                        .as_ref()
+                        .and_then(|m| m.get(key))
+                        .and_then(token_text)
+                });
+            if let Some(v) = value {
+                special_tokens.push((key.to_string(), v));
+            }
+        }
+        let jinja = dir.join("chat_template.jinja");
+        let (source, origin) = if jinja.is_file() {
+            let text = std::fs::read_to_string(&jinja)
+                .map_err(|e| crate::error::Error::read(&jinja, e))?;
+            (text, TemplateSource::JinjaFile)
+        } else if let Some(t) = config
+            .as_ref()
+            .and_then(|c| c.get("chat_template"))
+            .filter(|t| !t.is_null())
+        {
+            (
+                template_text(t).ok_or_else(|| {
+                    bad!(
+                        "{}: `chat_template` is neither a string nor a list with a \"default\" template",
+                        config_path.display()
+                    )
+                })?,
+                TemplateSource::TokenizerConfig,
+            )
+        } else if let Some(t) = read_json(&dir.join("chat_template.json"))? {
+            let text = t
+                .get("chat_template")
+                .and_then(template_text)
+                .ok_or_else(|| {
+                    bad!(
+                        "{}: no `chat_template` string",
+                        dir.join("chat_template.json").display()
+                    )
+                })?;
+            (text, TemplateSource::ProcessorJson)
+        } else {
+            bail!(
+                "{}: --chat-template was given but the model has no chat template \
+                 (none in tokenizer_config.json, chat_template.jinja or chat_template.json)",
+                dir.display()
+            );
+        };
+        let template = ChatTemplate {
+            source,
+            origin,
+            special_tokens,
+        };
+        // Fail on a broken template now, not in the middle of scoring.
+        template
+            .render("test")
+            .map_err(|e| bad!("{}: {e}", dir.display()))?;
+        Ok(template)
+    }
+
+    fn render(&self, prompt: &str) -> Result<String> {
+        let mut env = Environment::new();
+        let syntax = env
+            .syntax()
+            .to_builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| bad!("chat template: {e}"))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_function("strftime_now", |format: String| strftime_now(&format));
+        env.add_filter("tojson", tojson);
+        let template = env
+            .template_from_str(&self.source)
+            .map_err(|e| bad!("chat template does not parse: {e}"))?;
+        let content = if self.origin == TemplateSource::ProcessorJson {
+            Value::from(vec![Value::from_pairs([
+                ("type", Value::from("text")),
+                ("text", Value::from(prompt)),
+            ])])
+        } else {
+            Value::from(prompt)
+        };
+        let message = Value::from_pairs([("role", Value::from("user")), ("content", content)]);
+        let mut ctx: Vec<(String, Value)> = vec![
+            ("messages".into(), Value::from(vec![message])),
+            ("add_generation_prompt".into(), Value::from(true)),
+            ("tools".into(), Value::from(())),
+            ("documents".into(), Value::from(())),
+        ];
+        for (k, v) in &self.special_tokens {
+            ctx.push((k.clone(), Value::from(v.as_str())));
+        }
+        template
+            .render(Value::from_pairs(ctx))
+            .map_err(|e| bad!("chat template failed to render: {e}"))
+    }
+}
+
+/// The template text of a `chat_template` entry: a string, or the "default" of a named list.
+fn template_text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Array(list) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Json::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// transformers' `tojson` filter: Python's `json.dumps` (", " and ": " separators, non-ASCII
+/// kept, optional `indent` and `sort_keys`), not minijinja's HTML-safe variant.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    python_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn python_json(v: &Json, indent: Option<usize>, sort: bool, depth: usize, out: &mut String) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * depth));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        Json::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                python_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Json::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<(&String, &Json)> = map.iter().collect();
+            if sort {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (k, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&Json::String(k.clone()).to_string());
+                out.push_str(": ");
+                python_json(item, indent, sort, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// `strftime_now(format)` as transformers provides it (local time there; UTC here, the one clock
+/// every machine agrees on). Supports the directives chat templates use.
+fn strftime_now(format: &str) -> Result<String, JinjaError> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(strftime(secs, format))
+}
+
+/// Format Unix time `secs` (UTC) with a strftime subset: %Y %y %m %B %b %d %e %A %a %H %M %S %j %%.
+fn strftime(secs: u64, format: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy_march = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy_march + 2) / 153;
+    let day = doy_march - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let before = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334][(month - 1) as usize];
+    let yday = before + day + i64::from(leap && month > 2);
+    let weekday = DAYS[(days.rem_euclid(7)) as usize];
+    let month_name = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('e') => out.push_str(&format!("{day:2}")),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') => out.push_str(&format!("{:02}", rem / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", rem % 3600 / 60)),
+            Some('S') => out.push_str(&format!("{:02}", rem % 60)),
+            Some('j') => out.push_str(&format!("{yday:03}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_formats_known_dates() {
+        // 2024-02-29 13:05:09 UTC, a Thursday, day 60 of a leap year.
+        let t = 1_709_211_909;
+        assert_eq!(strftime(t, "%d %b %Y"), "29 Feb 2024");
+        assert_eq!(
+            strftime(t, "%A %B %e, %H:%M:%S %j %y %%"),
+            "Thursday February 29, 13:05:09 060 24 %"
+        );
+        assert_eq!(strftime(0, "%Y-%m-%d %a"), "1970-01-01 Thu");
+    }
+
+    #[test]
+    fn tojson_writes_python_json() {
+        let mut out = String::new();
+        python_json(
+            &serde_json::json!({"b": [1, "é"], "a": {"x": true}}),
+            None,
+            false,
+            0,
+            &mut out,
+        );
+        assert_eq!(out, r#"{"b": [1, "é"], "a": {"x": true}}"#);
+        let mut out = String::new();
+        python_json(
+            &serde_json::json!({"b": 1, "a": [2]}),
+            Some(2),
+            true,
+            0,
+            &mut out,
+        );
+        assert_eq!(out, "{\n  \"a\": [\n    2\n  ],\n  \"b\": 1\n}");
+    }
+}

@@ -1,0 +1,226 @@
+//! `sinkmerge predict` against the paper's own figures (arXiv 2609.00746, Tables 10-12).
+
+mod controls_common;
+
+use controls_common::{bad_input, ok};
+use serde_json::Value;
+
+fn json(args: &[&str]) -> Value {
+    let mut all = vec!["predict", "--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&ok(&all)).unwrap()
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap()
+}
+
+const HEADLINE: &str = "Qwen2.5-VL,Qwen3-VL-8B,InternVL3-8B,InternVL3.5-8B,LLaVA-OV-7B,Molmo2-O-7B";
+
+/// Table 10: held-out predictions per pair.
+const TABLE_10: [(&str, f64); 6] = [
+    ("Qwen3-VL-8B", -0.92),
+    ("InternVL3.5-8B", -3.41),
+    ("Qwen2.5-VL", -10.78),
+    ("InternVL3-8B", -10.95),
+    ("LLaVA-OV-7B", -9.04),
+    ("Molmo2-O-7B", -13.74),
+];
+
+fn check_headline(r: &Value) {
+    assert_eq!(r["n"], 6);
+    assert!(
+        (f(&r["spearman"]) - 0.971).abs() < 5e-4,
+        "{}",
+        r["spearman"]
+    );
+    assert!((f(&r["loo_mae"]) - 2.54).abs() < 0.1, "{}", r["loo_mae"]);
+    assert!(
+        (f(&r["constant_mae"]) - 4.40).abs() < 0.05,
+        "{}",
+        r["constant_mae"]
+    );
+    let held = r["held_out"].as_array().unwrap();
+    for (pair, paper) in TABLE_10 {
+        let h = held.iter().find(|h| h["pair"] == pair).unwrap();
+        let predicted = f(&h["predicted"]);
+        assert!(
+            (predicted - paper).abs() < 0.1,
+            "{pair}: {predicted} vs the paper's {paper}"
+        );
+        for key in ["sink_strength", "observed"] {
+            assert!(h[key].is_f64(), "{key}");
+        }
+    }
+}
+
+#[test]
+fn six_headline_pairs_reproduce_table_10() {
+    check_headline(&json(&["--panel", "paper-6"]));
+}
+
+#[test]
+fn selecting_the_six_pairs_from_the_17_panel_gives_the_same_figures() {
+    let selected = json(&["--pairs", &HEADLINE.to_lowercase()]);
+    check_headline(&selected);
+    let shipped = json(&["--panel", "paper-6"]);
+    for key in [
+        "spearman",
+        "pearson",
+        "intercept",
+        "slope",
+        "loo_mae",
+        "constant_mae",
+    ] {
+        assert_eq!(selected[key], shipped[key], "{key}");
+    }
+}
+
+#[test]
+fn seventeen_pairs_give_spearman_0_877() {
+    let r = json(&[]);
+    assert_eq!(r["n"], 17);
+    assert_eq!(r["task"], "delta_ifeval");
+    let rho = f(&r["spearman"]);
+    assert!((rho - 0.877).abs() < 5e-4, "{rho}");
+    assert_eq!(format!("{rho:.2}"), "0.88");
+    // The least-squares line through all pairs, as numpy.polyfit gives it.
+    assert!((f(&r["intercept"]) + 16.6468).abs() < 1e-3);
+    assert!((f(&r["slope"]) - 5.8526).abs() < 1e-3);
+    assert!((f(&r["pearson"]) - 0.7665).abs() < 1e-3);
+}
+
+#[test]
+fn nine_pair_panel_gives_table_12_per_task() {
+    for (task, rho) in [
+        ("ifeval", 0.945),
+        ("gsm8k", 0.877),
+        ("eqbench", 0.860),
+        ("delta_gpqa_d", 0.821),
+    ] {
+        let r = json(&["--panel", "paper-9", "--task", task]);
+        assert_eq!(r["n"], 9);
+        let got = f(&r["spearman"]);
+        assert!((got - rho).abs() < 0.005, "{task}: {got} vs {rho}");
+    }
+}
+
+#[test]
+fn a_new_backbone_gets_prediction_similar_range_and_rank() {
+    let r = json(&["--s", "1.18"]);
+    let q = &r["query"];
+    let predicted = f(&r["intercept"]) + f(&r["slope"]) * 1.18;
+    assert!((f(&q["predicted"]) - predicted).abs() < 1e-12);
+    // |S - 1.18| <= 0.25: the three pairs at 1.18 and those at 1.30, 1.34, 1.39.
+    let mut similar: Vec<&str> = q["similar"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pair"].as_str().unwrap())
+        .collect();
+    similar.sort();
+    assert_eq!(
+        similar,
+        [
+            "InternVL3-14B",
+            "InternVL3-8B",
+            "MolmoE-1B",
+            "Ovis2-34B",
+            "Ovis2-8B",
+            "Qwen2.5-VL"
+        ]
+    );
+    assert_eq!(q["similar_range"], serde_json::json!([-17.9, -5.2]));
+    // Ten panel backbones have a larger S; three share 1.18.
+    assert_eq!(
+        (q["rank"].as_u64(), q["tied"].as_u64(), q["of"].as_u64()),
+        (Some(11), Some(3), Some(18))
+    );
+
+    let narrow = json(&["--s", "3.5", "--similar-within", "0.1"]);
+    assert!(narrow["query"]["similar_range"].is_null());
+    assert_eq!(narrow["query"]["rank"], 1);
+
+    let text = ok(&["predict", "--s", "-0.5"]);
+    assert!(text.contains("rank          18 of 18"), "{text}");
+    assert!(text.contains("no panel pair within"), "{text}");
+}
+
+#[test]
+fn text_report_lists_every_pair_and_the_summary() {
+    let text = ok(&["predict"]);
+    for needle in [
+        "Spearman rho  0.877",
+        "LOO MAE",
+        "constant MAE",
+        "Idefics3-8B",
+        "Qwen3-VL-30B-A3B",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in\n{text}");
+    }
+}
+
+#[test]
+fn plot_is_an_svg_with_pair_labels_and_the_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("fig3.svg");
+    ok(&["predict", "--plot", svg.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"));
+    for label in ["Molmo2-O-7B", "Qwen2.5-VL", "fit: y = -16.65 + 5.85 x"] {
+        assert!(text.contains(label), "{label}");
+    }
+}
+
+#[test]
+fn own_panels_with_gaps_and_quotes_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("panel.csv");
+    std::fs::write(
+        &csv,
+        "pair,sink_strength,delta_a,delta_b\r\n\"A, big\",2.0,-1,\r\nB,1.0,-5,-4\r\nC,0.0,-9,-8\r\nD,1.5,-3,-2\r\n",
+    )
+    .unwrap();
+    let path = csv.to_str().unwrap();
+    let r = json(&["--panel", path, "--task", "b"]);
+    assert_eq!(r["n"], 3);
+    assert_eq!(r["skipped"], serde_json::json!(["A, big"]));
+    let a = json(&["--panel", path]);
+    assert_eq!(
+        (a["task"].as_str(), a["n"].as_u64()),
+        (Some("delta_a"), Some(4))
+    );
+}
+
+#[test]
+fn bad_panels_and_arguments_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("never.svg");
+    let err = bad_input(&["predict", "--task", "mmlu", "--plot", svg.to_str().unwrap()]);
+    assert!(
+        err.contains("delta_mmlu") && err.contains("delta_ifeval"),
+        "{err}"
+    );
+    assert!(!svg.exists());
+
+    let err = bad_input(&["predict", "--pairs", "Qwen2.5-VL,Nope"]);
+    assert!(err.contains("`Nope`"), "{err}");
+
+    let err = bad_input(&["predict", "--panel", "/no/such/panel.csv"]);
+    assert!(err.contains("paper-17"), "{err}");
+
+    let csv = tmp.path().join("bad.csv");
+    std::fs::write(&csv, "pair,sink_strength,delta_x\nA,1,2\nB,oops,3\n").unwrap();
+    let err = bad_input(&["predict", "--panel", csv.to_str().unwrap()]);
+    assert!(
+        err.contains("bad.csv:3") && err.contains("sink_strength"),
+        "{err}"
+    );
+
+    std::fs::write(&csv, "pair,sink_strength,delta_x\nA,1,2\nB,1,3\nC,1,4\n").unwrap();
+    let err = bad_input(&["predict", "--panel", csv.to_str().unwrap()]);
+    assert!(err.contains("constant"), "{err}");
+
+    let err = bad_input(&["predict", "--pairs", "Qwen2.5-VL,Qwen3-VL-8B"]);
+    assert!(err.contains("at least 3"), "{err}");
+}

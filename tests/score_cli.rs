@@ -1,0 +1,371 @@
+//! `sinkmerge score` through the real binary: outputs, determinism across thread counts, and one
+//! clear error with exit code 2 (and nothing written) for every kind of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("tests/fixtures/models").join(name)
+}
+
+fn extra(name: &str) -> PathBuf {
+    root().join("tests/fixtures/score/models").join(name)
+}
+
+fn sinkmerge(args: &[&str], threads: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
+    cmd.arg("score").args(args);
+    if let Some(t) = threads {
+        cmd.env("RAYON_NUM_THREADS", t);
+    }
+    cmd.output().unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Run, expect exit code 2 and one error line containing every `needles`.
+fn fails_with(args: &[&str], needles: &[&str]) -> String {
+    let out = sinkmerge(args, None);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "args {args:?}: {err}");
+    assert!(out.stdout.is_empty(), "nothing on stdout on error");
+    for n in needles {
+        assert!(err.contains(n), "expected {n:?} in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// A copy of a fixture directory (symlinked files) with some files replaced or removed.
+fn variant(from: &Path, replace: &[(&str, Option<Vec<u8>>)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if replace.iter().any(|(n, _)| *n == name.to_str().unwrap()) {
+            continue;
+        }
+        std::os::unix::fs::symlink(entry.path(), dir.path().join(&name)).unwrap();
+    }
+    for (name, contents) in replace {
+        if let Some(bytes) = contents {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+    }
+    dir
+}
+
+fn edited_json(path: &Path, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    serde_json::to_vec_pretty(&v).unwrap()
+}
+
+#[test]
+fn reports_a_before_after_table_and_json() {
+    let (r, t) = (fixture("qwen2"), fixture("qwen2-sharded"));
+    let out = sinkmerge(&["--ref", s(&r), s(&t)], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for col in [
+        "S",
+        "pos0_share",
+        "strong_sink_frac",
+        "b_gap_median",
+        "margin",
+        "(ref)",
+    ] {
+        assert!(text.contains(col), "{col} missing from:\n{text}");
+    }
+    let out = sinkmerge(&["--ref", s(&r), s(&t), "--json"], None);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let models = v["models"].as_array().unwrap();
+    assert_eq!(models.len(), 2);
+    assert_eq!(models[0]["reference"], true);
+    for key in [
+        "model",
+        "sink_strength",
+        "pos0_share",
+        "strong_sink_frac",
+        "n_observations",
+        "per_layer",
+        "per_head",
+    ] {
+        assert!(models[1].get(key).is_some(), "{key}");
+    }
+    let layer = &models[1]["per_layer"][0];
+    for key in ["layer", "median_g", "pos0_share"] {
+        assert!(layer.get(key).is_some(), "{key}");
+    }
+    let pair = &v["pairs"][0];
+    for key in ["ref", "target", "g_base_median", "b_gap_median", "margin"] {
+        assert!(pair.get(key).is_some(), "{key}");
+    }
+    let margin = pair["margin"].as_f64().unwrap();
+    let g = pair["g_base_median"].as_f64().unwrap();
+    let b = pair["b_gap_median"].as_f64().unwrap();
+    assert!((margin - (g - b)).abs() < 1e-12);
+    assert_eq!(v["settings"]["n_prompts"], 15);
+    assert_eq!(v["settings"]["prompts"]["kind"], "default");
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let model = extra("olmoe");
+    let args = ["--ref", s(&model), s(&model), "--n", "6", "--json"];
+    let one = sinkmerge(&args, Some("1"));
+    let two = sinkmerge(&args, Some("2"));
+    let four = sinkmerge(&args, Some("4"));
+    assert!(
+        one.status.success(),
+        "{}",
+        String::from_utf8_lossy(&one.stderr)
+    );
+    assert_eq!(one.stdout, two.stdout, "1 vs 2 threads");
+    assert_eq!(one.stdout, four.stdout, "1 vs 4 threads");
+    // A model against itself: B is exactly zero.
+    let v: Value = serde_json::from_slice(&one.stdout).unwrap();
+    assert_eq!(v["pairs"][0]["b_gap_median"], 0.0);
+}
+
+#[test]
+fn seeded_draws_and_prompt_files() {
+    let m = extra("qwen3_bias");
+    let run = |extra: &[&str]| {
+        let mut args = vec![s(&m), "--json"];
+        args.extend_from_slice(extra);
+        let out = sinkmerge(&args, None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let a = run(&["--n", "7", "--seed", "3"]);
+    assert_eq!(a["settings"]["n_prompts"], 7);
+    assert_eq!(a["settings"]["prompts"]["seed"], 3);
+    assert_eq!(a["models"], run(&["--n", "7", "--seed", "3"])["models"]);
+    assert_ne!(a["models"], run(&["--n", "7", "--seed", "4"])["models"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.txt");
+    std::fs::write(
+        &file,
+        "Write one word.\n\nName a color in capital letters.\n",
+    )
+    .unwrap();
+    let b = run(&["--prompts", s(&file)]);
+    assert_eq!(b["settings"]["n_prompts"], 2);
+}
+
+#[test]
+fn writes_plot_and_heatmap_svgs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plot, heat) = (dir.path().join("layers.svg"), dir.path().join("heads.svg"));
+    let out = sinkmerge(
+        &[
+            "--ref",
+            s(&fixture("olmo3")),
+            s(&fixture("olmo3")),
+            "--plot",
+            s(&plot),
+            "--heatmap",
+            s(&heat),
+            "--n",
+            "3",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [&plot, &heat] {
+        let svg = std::fs::read_to_string(f).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("olmo3"),
+            "{}",
+            f.display()
+        );
+    }
+    assert!(std::fs::read_to_string(&plot).unwrap().contains("pos0"));
+}
+
+#[test]
+fn unsupported_architecture_lists_the_supported_ones() {
+    let from = fixture("qwen2");
+    let config = edited_json(&from.join("config.json"), |c| {
+        c["model_type"] = "gpt_neox".into();
+    });
+    let dir = variant(&from, &[("config.json", Some(config))]);
+    let err = fails_with(&[s(dir.path())], &["gpt_neox", "config.json"]);
+    for arch in [
+        "qwen2",
+        "qwen3",
+        "llama",
+        "mistral",
+        "olmo2",
+        "olmo3",
+        "qwen3_moe",
+        "olmoe",
+    ] {
+        assert!(err.contains(arch), "{arch} not listed: {err}");
+    }
+}
+
+#[test]
+fn missing_tokenizer_json() {
+    let dir = variant(&fixture("qwen2"), &[("tokenizer.json", None)]);
+    fails_with(&[s(dir.path())], &["tokenizer.json", "missing"]);
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let from = fixture("qwen2");
+    let config = edited_json(&from.join("config.json"), |c| {
+        c["max_position_embeddings"] = 16.into();
+    });
+    let dir = variant(&from, &[("config.json", Some(config))]);
+    fails_with(
+        &[s(dir.path())],
+        &["prompt 1", "max_position_embeddings = 16"],
+    );
+}
+
+#[test]
+fn empty_prompt_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("empty.txt");
+    std::fs::write(&file, "\n   \n").unwrap();
+    fails_with(
+        &[s(&fixture("qwen2")), "--prompts", s(&file)],
+        &["empty.txt", "no prompts"],
+    );
+    fails_with(
+        &[
+            s(&fixture("qwen2")),
+            "--prompts",
+            "/nonexistent/prompts.txt",
+        ],
+        &["prompts.txt", "missing"],
+    );
+}
+
+#[test]
+fn reference_with_another_vocabulary() {
+    // Same architecture and weights layout, but a tokenizer whose vocabulary maps text to other ids.
+    let from = fixture("qwen2-sharded");
+    let tokenizer = edited_json(&from.join("tokenizer.json"), |t| {
+        let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+        let (a, b) = (vocab["e"].clone(), vocab["t"].clone());
+        vocab.insert("e".into(), b);
+        vocab.insert("t".into(), a);
+    });
+    let dir = variant(&from, &[("tokenizer.json", Some(tokenizer))]);
+    fails_with(
+        &["--ref", s(&fixture("qwen2")), s(dir.path())],
+        &["different vocabularies", "prompt 1"],
+    );
+}
+
+#[test]
+fn reference_with_another_architecture() {
+    fails_with(
+        &["--ref", s(&fixture("qwen2")), s(&fixture("qwen3"))],
+        &["cannot be compared", "same layers and heads"],
+    );
+}
+
+#[test]
+fn a_qwen2_reference_pairs_with_its_qk_norm_injected_copy() {
+    // `inject-qknorm` turns Qwen2 into Qwen3 with unit QK norms: other model type, same layout.
+    let dir = tempfile::tempdir().unwrap();
+    let injected = dir.path().join("injected");
+    let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+        .args(["inject-qknorm", s(&fixture("qwen2")), "-o", s(&injected)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sinkmerge(
+        &[
+            "--ref",
+            s(&fixture("qwen2")),
+            s(&injected),
+            "--n",
+            "2",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["models"][1]["model_type"], "qwen3");
+    assert_eq!(v["models"][1]["qk_norm"], "per-head");
+    assert!(v["models"][1]["per_layer"][0]["m_q"].is_array());
+    assert!(v["pairs"][0]["b_gap_median"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn non_finite_weights_are_named() {
+    fails_with(
+        &[s(&root().join("tests/fixtures/nonfinite"))],
+        &["model.layers.0.self_attn.k_proj.weight", "NaN/Inf"],
+    );
+}
+
+#[test]
+fn cuda_device_is_refused_clearly() {
+    fails_with(
+        &[s(&fixture("qwen2")), "--device", "cuda"],
+        &["no GPU backend"],
+    );
+}
+
+#[test]
+fn bad_flags() {
+    fails_with(&[s(&fixture("qwen2")), "--n", "0"], &["--n 0"]);
+    fails_with(&[s(&fixture("qwen2")), "--n", "100000"], &["pool holds"]);
+    fails_with(&[s(&fixture("qwen2")), "--last", "0"], &["--last"]);
+    fails_with(&[s(&fixture("qwen2")), "--seed", "1"], &["--n"]);
+}
+
+#[test]
+fn nothing_is_written_on_error_and_inputs_are_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("plot.svg");
+    let bad = variant(&fixture("qwen2"), &[("tokenizer.json", None)]);
+    fails_with(
+        &[s(&fixture("qwen2")), s(bad.path()), "--plot", s(&plot)],
+        &["tokenizer.json"],
+    );
+    assert!(!plot.exists());
+    let model = variant(&fixture("qwen2"), &[]);
+    let inside = model.path().join("plot.svg");
+    fails_with(
+        &[s(model.path()), "--plot", s(&inside)],
+        &["inside the input model directory"],
+    );
+    assert!(!inside.exists());
+}

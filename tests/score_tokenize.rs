@@ -1,0 +1,64 @@
+//! Token ids of the scorer's tokenization against transformers' `AutoTokenizer` (add_special_tokens
+//! = true) and `apply_chat_template(add_generation_prompt=True, tokenize=True)`, dumped by
+//! `tools/gen_score_goldens.py` for every tokenizer flavour of the fixtures (Qwen, generic,
+//! Llama-3 with its BOS; tokenizer-config and processor `chat_template.json` templates).
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use sinkmerge::sink::tokenize::TextEncoder;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn token_ids_match_transformers() {
+    let path = root().join("tests/fixtures/score/tokenization.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    assert!(cases.len() >= 30);
+    let (mut plain, mut chat) = (0, 0);
+    for case in cases {
+        let fixture = case["fixture"].as_str().unwrap();
+        let prompt = case["prompt"].as_str().unwrap();
+        let dir = root().join("tests/fixtures/models").join(fixture);
+        let encoder = TextEncoder::load(&dir, false).unwrap();
+        assert_eq!(
+            encoder.encode(prompt).unwrap(),
+            ids(&case["ids"]),
+            "{fixture}: {prompt:?}"
+        );
+        plain += 1;
+        if !case["chat_ids"].is_null() {
+            let encoder = TextEncoder::load(&dir, true).unwrap();
+            assert_eq!(
+                encoder.encode(prompt).unwrap(),
+                ids(&case["chat_ids"]),
+                "{fixture} (chat template): {prompt:?} rendered as {:?}",
+                encoder.render(prompt).unwrap()
+            );
+            chat += 1;
+        }
+    }
+    eprintln!("{plain} plain and {chat} chat-template encodings match transformers");
+    assert!(chat >= 20);
+}
+
+#[test]
+fn llama3_tokenizer_adds_its_bos() {
+    let dir = root().join("tests/fixtures/models/llama31-tied");
+    let ids = TextEncoder::load(&dir, false)
+        .unwrap()
+        .encode("hi")
+        .unwrap();
+    assert_eq!(ids[0], 304, "<|begin_of_text|>");
+}
