@@ -193,6 +193,13 @@ fn vs_ratio_is_exactly_four_for_a_quarter_of_the_displacement() {
         .find(|l| l.starts_with("q_proj"))
         .expect("ratio table row for q_proj");
     assert!(line.split_whitespace().nth(2) == Some("4.000"), "{line}");
+    // k_proj has a ratio in 3 of its 4 layers (none where dW = 0).
+    let k_line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("ratio pair1/pair2"))
+        .find(|l| l.starts_with("k_proj"))
+        .expect("ratio table row for k_proj");
+    assert_eq!(k_line.split_whitespace().last(), Some("3"), "{k_line}");
 }
 
 #[test]

@@ -343,6 +343,7 @@ fn render_ratios(ratios: &[RatioSeries]) -> String {
         "median window",
         "max window",
         "median all",
+        // Layers with a ratio: a layer where pair 2 did not move has none.
         "layers",
     ]);
     let mut last_module = "";
@@ -359,7 +360,7 @@ fn render_ratios(ratios: &[RatioSeries]) -> String {
             opt_num(r.window.median),
             opt_num(r.window.max),
             opt_num(r.all.median),
-            r.per_layer.len().to_string(),
+            r.all.count.to_string(),
         ]);
         last_module = &r.module;
     }
