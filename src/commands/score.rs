@@ -322,6 +322,19 @@ fn opt(x: Option<f64>) -> String {
     x.map_or("-".to_string(), fmt_num)
 }
 
+/// "last 10 layers (18-27)", or "all 6 layers" when every model has no more than `--last`.
+fn window_text(scores: &Scores, last: usize) -> String {
+    let mut ranges: Vec<String> = (scores.models.iter())
+        .map(|m| format!("{}-{}", m.window[0], m.window[1]))
+        .collect();
+    ranges.dedup();
+    let whole = scores.models.iter().all(|m| m.num_layers <= last);
+    match scores.models.first() {
+        Some(m) if whole && ranges.len() == 1 => format!("all {} layers", m.num_layers),
+        _ => format!("last {last} layers ({})", ranges.join(", ")),
+    }
+}
+
 fn render_text(report: &Report) -> String {
     let scores = report.scores;
     let s = &report.settings;
@@ -332,14 +345,14 @@ fn render_text(report: &Report) -> String {
         PromptSource::File { path } => path.clone(),
     };
     out.push_str(&format!(
-        "{} prompts ({source}){}; window: last {} layers; S = {} G; sink position: {}\n\n",
+        "{} prompts ({source}){}; window: {}; S = {} G; sink position: {}\n\n",
         s.n_prompts,
         if s.chat_template {
             ", chat template"
         } else {
             ""
         },
-        s.last,
+        window_text(scores, s.last),
         match s.stat {
             Stat::Median => "median",
             Stat::Mean => "mean",
