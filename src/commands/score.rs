@@ -232,6 +232,32 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// S of one model as `sinkmerge score MODEL` reports it with every default (the 15 built-in
+/// prompts, raw text, last 10 layers, median, column sinks): what `predict --model` places.
+pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
+    let ckpt = Checkpoint::open_ref(reference)?;
+    let input = Input {
+        label: ckpt.label.clone(),
+        ckpt: &ckpt,
+        tokens: tokenize(&ckpt, &prompts::default_prompts(), false)?,
+    };
+    let settings = Settings {
+        last: 10,
+        stat: Stat::Median,
+        sink_position: SinkPosition::Column,
+    };
+    let layers = DecoderSpec::from_model_config(&ckpt.config).map_or(0, |s| s.num_layers() as u64);
+    let bar = crate::progress::items(layers, "layers", progress);
+    let scores = score(&[input], None, settings, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    scores.models[0].sink_strength.ok_or_else(|| {
+        bad!(
+            "{}: no valid observation in the last 10 layers, so S is undefined",
+            ckpt.label
+        )
+    })
+}
+
 /// Token ids of every prompt for one model, checked against its context length.
 fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
     let config = ckpt.dir.join("config.json");
