@@ -27,7 +27,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
         Command::Extract(args) => extract::run(args, progress),
-        Command::Predict(args) => predict::run(args),
+        Command::Predict(args) => predict::run(args, progress),
         Command::Perturb(args) => perturb::run(args, progress),
         Command::Ablate(args) => ablate::run(args, progress),
         Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
