@@ -71,3 +71,15 @@ pub struct OutputArgs {
     #[arg(long, value_name = "SIZE", default_value = "5G")]
     pub max_shard_size: String,
 }
+
+impl OutputArgs {
+    /// The output directory (required by `command`) and the shard size in bytes.
+    pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
+        let output = (self.output.clone())
+            .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
+        Ok((
+            output,
+            crate::checkpoint::writer::parse_size(&self.max_shard_size)?,
+        ))
+    }
+}
