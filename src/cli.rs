@@ -52,6 +52,8 @@ pub enum Command {
     /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
     #[command(long_about = commands::score::LONG_ABOUT, after_help = commands::score::AFTER_HELP)]
     Score(commands::score::Args),
+    // About and long help live with the arguments in commands/norms.rs.
+    Norms(commands::norms::Args),
     Linear(commands::methods::LinearArgs),
     TaskArithmetic(commands::methods::TaskArithmeticArgs),
     Ties(commands::methods::TiesArgs),
@@ -75,4 +77,16 @@ pub struct OutputArgs {
     /// Largest safetensors shard, in bytes with optional k/M/G suffix (decimal) or Ki/Mi/Gi
     #[arg(long, value_name = "SIZE", default_value = "5G")]
     pub max_shard_size: String,
+}
+
+impl OutputArgs {
+    /// The output directory (required by `command`) and the shard size in bytes.
+    pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
+        let output = (self.output.clone())
+            .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
+        Ok((
+            output,
+            crate::checkpoint::writer::parse_size(&self.max_shard_size)?,
+        ))
+    }
 }

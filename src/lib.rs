@@ -3,7 +3,8 @@
 //! The crate is organised in rooms with one concern each:
 //! - [`checkpoint`]: reading (validated, mmap'd, sharded safetensors), resolving model references
 //!   (paths, HF cache, aliases), and writing outputs atomically.
-//! - [`analysis`]: the sink-strength predictor, the paper's weight-space controls and theory checks.
+//! - [`analysis`]: the sink-strength predictor, the paper's weight-space controls and theory checks,
+//!   drift norms between checkpoints.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.

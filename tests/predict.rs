@@ -146,6 +146,28 @@ fn a_new_backbone_gets_prediction_similar_range_and_rank() {
     assert!(text.contains("no panel pair within"), "{text}");
 }
 
+/// `--model` runs the scorer with its defaults and places the measured S exactly as `--s` would.
+#[test]
+fn a_model_is_scored_then_placed() {
+    let model = "assets/models/tiny-qwen3/ref";
+    let score: Value = serde_json::from_str(&ok(&["score", model, "--json"])).unwrap();
+    let s = f(&score["models"][0]["sink_strength"]);
+    let r = json(&["--model", model]);
+    assert_eq!(r["measured"]["model"], model);
+    assert_eq!(f(&r["measured"]["sink_strength"]), s);
+    assert_eq!(f(&r["query"]["sink_strength"]), s);
+    let by_value = json(&["--s", &s.to_string()]);
+    assert_eq!(r["query"], by_value["query"]);
+
+    let text = ok(&["predict", "--model", model]);
+    assert!(
+        text.contains(&format!("measured      S = {s:.4} for {model}")),
+        "{text}"
+    );
+    let err = bad_input(&["predict", "--model", "tests/fixtures/no-such-model"]);
+    assert!(err.contains("no-such-model"), "{err}");
+}
+
 #[test]
 fn text_report_lists_every_pair_and_the_summary() {
     let text = ok(&["predict"]);

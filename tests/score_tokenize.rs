@@ -62,3 +62,47 @@ fn llama3_tokenizer_adds_its_bos() {
         .unwrap();
     assert_eq!(ids[0], 304, "<|begin_of_text|>");
 }
+
+/// The bundled trained models' byte-level BPE tokenizer (written by `tools/train_tiny.py`) on the
+/// 15 default calibration prompts, raw and through its chat template, against transformers'
+/// `AutoTokenizer` (`tests/fixtures/goldens/tiny_default_prompt_ids.json`, from `train_tiny.py verify`).
+#[test]
+fn bundled_tokenizer_matches_transformers_on_the_default_prompts() {
+    let path = root().join("tests/fixtures/goldens/tiny_default_prompt_ids.json");
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let prompts = golden["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 15);
+    let defaults = sinkmerge::sink::prompts::default_prompts();
+    for model in [
+        "tiny-qwen2/ref",
+        "tiny-qwen2/vl",
+        "tiny-qwen3/ref",
+        "tiny-qwen3/vl",
+    ] {
+        let dir = root().join("assets/models").join(model);
+        let raw = TextEncoder::load(&dir, false).unwrap();
+        let chat = TextEncoder::load(&dir, true).unwrap();
+        for (i, prompt) in prompts.iter().enumerate() {
+            let prompt = prompt.as_str().unwrap();
+            assert_eq!(
+                prompt, defaults[i],
+                "the golden's prompts are assets/prompts/default.txt"
+            );
+            assert_eq!(
+                raw.encode(prompt).unwrap(),
+                ids(&golden["raw"][i]),
+                "{model}: {prompt:?}"
+            );
+            assert_eq!(
+                chat.render(prompt).unwrap(),
+                golden["chat_template_text"][i].as_str().unwrap(),
+                "{model} chat template text"
+            );
+            assert_eq!(
+                chat.encode(prompt).unwrap(),
+                ids(&golden["chat_template"][i]),
+                "{model} (chat template): {prompt:?}"
+            );
+        }
+    }
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate the VLM-family fixtures for `sinkmerge extract` (tests/fixtures/families/<case>/).
 
-Run by hand (see docs/extract.md, "Fixtures and goldens"):
+Run by hand (see README.md, extract, "Fixtures and goldens"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_family_fixtures.py
 

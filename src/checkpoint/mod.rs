@@ -4,6 +4,7 @@
 pub mod dtype;
 pub mod header;
 pub mod output;
+mod residency;
 pub mod resolve;
 pub mod writer;
 

@@ -189,7 +189,7 @@ fn unique_suffix() -> String {
 
 /// An absolute, normalized path. Existing prefixes are canonicalized so that symlinks (the HF
 /// cache is made of them) and `..` cannot hide that two paths are the same.
-fn absolute(path: &Path) -> Result<PathBuf> {
+pub fn absolute(path: &Path) -> Result<PathBuf> {
     let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {

@@ -62,12 +62,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let output = args
-        .out
-        .output
-        .clone()
-        .ok_or_else(|| bad!("ablate needs an output directory: -o OUT"))?;
-    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    let (output, max_shard) = args.out.required("ablate")?;
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }

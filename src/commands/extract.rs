@@ -55,7 +55,7 @@ fn families_help() -> String {
         s += &format!("  {}\n      {}\n", f.name(), f.help());
     }
     s += "\nUNVERIFIED layouts are implemented as shared/reference/extraction.md documents them; check such an \
-extraction against the VLM (docs/extract.md, tools/check_extract.py).";
+extraction against the VLM (README, \"Checking an extraction against the VLM\"; tools/check_extract.py).";
     s
 }
 

@@ -6,7 +6,6 @@ use std::borrow::Cow;
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::bad;
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
 use crate::cli::OutputArgs;
@@ -44,12 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let output = args
-        .out
-        .output
-        .clone()
-        .ok_or_else(|| bad!("inject-qknorm needs an output directory: -o OUT"))?;
-    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    let (output, max_shard) = args.out.required("inject-qknorm")?;
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;
 

@@ -6,13 +6,12 @@ use std::path::PathBuf;
 use safetensors::Dtype;
 
 use super::methods::CommonArgs;
+use crate::bad;
 use crate::checkpoint::dtype::parse_float_dtype;
-use crate::checkpoint::writer::parse_size;
 use crate::error::Result;
 use crate::merge::plan::{self, RunOptions, Summary};
 use crate::merge::MergeSpec;
 use crate::report::human_bytes;
-use crate::{bad, bail};
 
 /// Run a merge described by a mergekit-style YAML config.
 ///
@@ -57,16 +56,11 @@ pub fn execute(
     progress: bool,
     warnings: Vec<String>,
 ) -> Result<()> {
-    let Some(dest) = common.output.output.clone() else {
-        bail!(
-            "{}: the output directory is missing; pass -o OUT",
-            spec.method.name()
-        );
-    };
+    let (dest, max_shard_size) = common.output.required(spec.method.name())?;
     let options = RunOptions {
         dest,
         force: common.output.force,
-        max_shard_size: parse_size(&common.output.max_shard_size)?,
+        max_shard_size,
         progress: progress && !common.json,
     };
     let summary = plan::run(spec, &options, warnings)?;

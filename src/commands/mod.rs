@@ -7,6 +7,7 @@ pub mod inject_qknorm;
 pub mod inspect;
 pub mod merge;
 pub mod methods;
+pub mod norms;
 pub mod perturb;
 pub mod predict;
 pub mod score;
@@ -28,11 +29,12 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
         Command::Extract(args) => extract::run(args, progress),
-        Command::Predict(args) => predict::run(args),
+        Command::Predict(args) => predict::run(args, progress),
         Command::Perturb(args) => perturb::run(args, progress),
         Command::Ablate(args) => ablate::run(args, progress),
         Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
         Command::Score(args) => score::run(args, progress),
+        Command::Norms(args) => norms::run(args, progress),
         Command::Linear(args) => methods::run_linear(args, progress),
         Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),
         Command::Ties(args) => methods::run_ties(args, progress),

@@ -60,12 +60,7 @@ pub struct Args {
 const WARN_MISMATCH: f64 = 1e-3;
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let output = args
-        .out
-        .output
-        .clone()
-        .ok_or_else(|| bad!("perturb needs an output directory: -o OUT"))?;
-    let max_shard = writer::parse_size(&args.out.max_shard_size)?;
+    let (output, max_shard) = args.out.required("perturb")?;
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
     if let (Ok(a), Ok(b)) = (

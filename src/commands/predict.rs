@@ -19,12 +19,14 @@ reference-LLM pairs (arXiv 2609.00746, Sections 3.2-3.3 and Appendix E).\n\n\
 Prints Spearman's rho between S and the task delta (average ranks on ties, as scipy), Pearson's r, \
 the least-squares line delta = a + b*S, every pair's leave-one-pair-out held-out prediction, their \
 mean absolute error (LOO MAE), and the LOO error of a constant baseline that predicts the mean of \
-the other pairs. With --s, also places a new backbone on the panel.",
+the other pairs. With --s VALUE (or --model MODEL, which runs the scorer to get S), also places a \
+new backbone on the panel.",
     after_help = "Examples:\n  \
 sinkmerge predict                                  # the paper's 17 pairs, IFEval\n  \
 sinkmerge predict --panel paper-9 --task gsm8k     # Table 12, one task\n  \
 sinkmerge predict --panel paper-6                  # Table 10's six headline pairs\n  \
-sinkmerge predict --s 1.9 --plot figure3.svg       # place a backbone with S = 1.9"
+sinkmerge predict --s 1.9 --plot figure3.svg       # place a backbone with S = 1.9\n  \
+sinkmerge predict --model Qwen/Qwen3-8B            # measure its S first, then place it"
 )]
 pub struct Args {
     /// Panel: a built-in name (paper-17 = Table 11, paper-9 = Table 12, paper-6 = Table 10) or a
@@ -46,7 +48,13 @@ pub struct Args {
     #[arg(long = "s", value_name = "VALUE", allow_negative_numbers = true)]
     pub s: Option<f64>,
 
-    /// With --s: "similar S" means |S_panel - S| <= this
+    /// Reference LLM (directory, HF-cache repo id or alias) to place on the panel: its S is
+    /// measured as `sinkmerge score MODEL` does with every default (15 built-in prompts, last 10
+    /// layers, median), then used as --s
+    #[arg(long, value_name = "MODEL", conflicts_with = "s")]
+    pub model: Option<String>,
+
+    /// With --s or --model: "similar S" means |S_panel - S| <= this
     #[arg(long, value_name = "WIDTH", default_value_t = 0.25)]
     pub similar_within: f64,
 
@@ -60,7 +68,14 @@ pub struct Args {
     pub plot: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let measured = match &args.model {
+        Some(model) => Some(crate::commands::score::default_sink_strength(
+            model,
+            progress && !args.json,
+        )?),
+        None => None,
+    };
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");
@@ -81,9 +96,8 @@ pub fn run(args: Args) -> Result<()> {
     let (points, skipped) = panel.points(task);
     let analysis = predict::analyze(&points)
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
-    let query = args
-        .s
-        .map(|s| predict::query(&points, &analysis, s, args.similar_within));
+    let query =
+        (args.s.or(measured)).map(|s| predict::query(&points, &analysis, s, args.similar_within));
 
     if let Some(path) = &args.plot {
         let chart = Scatter {
@@ -117,8 +131,19 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(q) = &query {
             map.insert("query".into(), serde_json::to_value(q).expect("JSON"));
         }
+        if let (Some(model), Some(s)) = (&args.model, measured) {
+            map.insert(
+                "measured".into(),
+                json!({"model": model, "sink_strength": s, "prompts": "default", "last": 10, "stat": "median"}),
+            );
+        }
         println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
     } else {
+        if let (Some(model), Some(s)) = (&args.model, measured) {
+            println!(
+                "measured      S = {s:.4} for {model} (sinkmerge score defaults: 15 built-in prompts, last 10 layers, median)"
+            );
+        }
         print!(
             "{}",
             render(
@@ -179,7 +204,8 @@ fn render(
     if let Some(q) = query {
         s += &format!(
             "\nnew backbone  S = {}\npredicted     {task} = {:.2}   (full-panel fit)\n",
-            q.sink_strength, q.predicted
+            fmt_num(q.sink_strength),
+            q.predicted
         );
         match q.similar_range {
             Some((lo, hi)) => {
@@ -193,7 +219,7 @@ fn render(
                     lo,
                     hi,
                     q.similar.len(),
-                    q.sink_strength,
+                    fmt_num(q.sink_strength),
                     q.similar_within,
                     names.join(", ")
                 );
@@ -201,7 +227,8 @@ fn render(
             None => {
                 s += &format!(
                     "similar S     no panel pair within |S - {}| <= {} (--similar-within)\n",
-                    q.sink_strength, q.similar_within
+                    fmt_num(q.sink_strength),
+                    q.similar_within
                 )
             }
         }

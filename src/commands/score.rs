@@ -232,6 +232,32 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// S of one model as `sinkmerge score MODEL` reports it with every default (the 15 built-in
+/// prompts, raw text, last 10 layers, median, column sinks): what `predict --model` places.
+pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
+    let ckpt = Checkpoint::open_ref(reference)?;
+    let input = Input {
+        label: ckpt.label.clone(),
+        ckpt: &ckpt,
+        tokens: tokenize(&ckpt, &prompts::default_prompts(), false)?,
+    };
+    let settings = Settings {
+        last: 10,
+        stat: Stat::Median,
+        sink_position: SinkPosition::Column,
+    };
+    let layers = DecoderSpec::from_model_config(&ckpt.config).map_or(0, |s| s.num_layers() as u64);
+    let bar = crate::progress::items(layers, "layers", progress);
+    let scores = score(&[input], None, settings, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    scores.models[0].sink_strength.ok_or_else(|| {
+        bad!(
+            "{}: no valid observation in the last 10 layers, so S is undefined",
+            ckpt.label
+        )
+    })
+}
+
 /// Token ids of every prompt for one model, checked against its context length.
 fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
     let config = ckpt.dir.join("config.json");
@@ -322,6 +348,19 @@ fn opt(x: Option<f64>) -> String {
     x.map_or("-".to_string(), fmt_num)
 }
 
+/// "last 10 layers (18-27)", or "all 6 layers" when every model has no more than `--last`.
+fn window_text(scores: &Scores, last: usize) -> String {
+    let mut ranges: Vec<String> = (scores.models.iter())
+        .map(|m| format!("{}-{}", m.window[0], m.window[1]))
+        .collect();
+    ranges.dedup();
+    let whole = scores.models.iter().all(|m| m.num_layers <= last);
+    match scores.models.first() {
+        Some(m) if whole && ranges.len() == 1 => format!("all {} layers", m.num_layers),
+        _ => format!("last {last} layers ({})", ranges.join(", ")),
+    }
+}
+
 fn render_text(report: &Report) -> String {
     let scores = report.scores;
     let s = &report.settings;
@@ -332,14 +371,14 @@ fn render_text(report: &Report) -> String {
         PromptSource::File { path } => path.clone(),
     };
     out.push_str(&format!(
-        "{} prompts ({source}){}; window: last {} layers; S = {} G; sink position: {}\n\n",
+        "{} prompts ({source}){}; window: {}; S = {} G; sink position: {}\n\n",
         s.n_prompts,
         if s.chat_template {
             ", chat template"
         } else {
             ""
         },
-        s.last,
+        window_text(scores, s.last),
         match s.stat {
             Stat::Median => "median",
             Stat::Mean => "mean",

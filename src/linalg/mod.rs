@@ -1,7 +1,11 @@
 //! f32 numerical kernels shared by norms, merges and the controls. Reductions accumulate in f64
 //! in a fixed order so results do not depend on the thread count.
 
+mod gram;
+pub mod rows;
+pub mod spectral;
 pub mod svd;
+mod tridiagonal;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
