@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that every merge method's output loads with transformers and runs.
 
-Run by hand from the repository root after `cargo build` (documented in docs/merge.md):
+Run by hand from the repository root after `cargo build` (documented in README.md, merges):
 
     nice -n 10 /work/main/tools/.venv/bin/python tools/check_merge_loads.py [target/debug/sinkmerge]
 

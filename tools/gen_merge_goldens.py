@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures and mergekit goldens for sinkmerge's merge tests (tests/fixtures/merge/).
 
-Run by hand from the repository root (documented in docs/merge.md, "Goldens"):
+Run by hand from the repository root (documented in README.md, merges, "Goldens and tools"):
 
     nice -n 10 /work/main/tools/.venv/bin/python tools/gen_merge_goldens.py
 

@@ -10,7 +10,7 @@
 //! theta = base + alpha * merged                               (alpha scales every tensor)
 //! ```
 //!
-//! Choices (documented in docs/merge.md):
+//! Choices (documented in README.md, merges):
 //! - Embeddings and lm_head are averaged, not SVD'd, as mergekit PR #639 does; set
 //!   `svd_embeddings: true` for the official code's behaviour (it SVDs every 2-D tensor).
 //! - The official code leaves the last `k - T r` columns of `U_cat` zero and orthogonalizes the
