@@ -3,16 +3,24 @@
 
 use super::Checkpoint;
 
+/// Bytes per WILLNEED request: no more than a typical device read-ahead size (4-8 MB), which is
+/// the most Linux reads for one request.
+#[cfg(unix)]
+const PREFETCH_PIECE: usize = 4 << 20;
+
 impl Checkpoint {
     /// Ask the OS to start reading tensor `name` into the page cache without waiting
     /// (`madvise(MADV_WILLNEED)` on its byte range). Commands that stream tensors call it one
-    /// tensor ahead. It is only a hint: unknown names and refusals are ignored.
+    /// tensor or more ahead. It is only a hint: unknown names and refusals are ignored.
     pub fn prefetch(&self, name: &str) {
         #[cfg(unix)]
         if let Some((shard, begin, len)) = self.byte_range(name) {
-            let _ = shard
-                .mmap
-                .advise_range(memmap2::Advice::WillNeed, begin, len);
+            // Linux reads at most the device's read-ahead size (a few MB) per WILLNEED call, so a
+            // large tensor is asked for in pieces of that order.
+            for start in (begin..begin + len).step_by(PREFETCH_PIECE) {
+                let piece = PREFETCH_PIECE.min(begin + len - start);
+                let _ = (shard.mmap).advise_range(memmap2::Advice::WillNeed, start, piece);
+            }
         }
         #[cfg(not(unix))]
         let _ = name;

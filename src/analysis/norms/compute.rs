@@ -196,11 +196,10 @@ pub fn compute_rows(
     let mut rows = Vec::with_capacity(jobs.len());
     let mut ref_norms = RefNorms::new();
     let mut warnings = Vec::new();
+    // Index of the first job whose tensors have not been asked from the disk yet.
+    let mut requested = 1;
     for (i, job) in jobs.iter().enumerate() {
-        if let Some(next) = jobs.get(i + 1).filter(|n| n.pair.name != job.pair.name) {
-            inputs.reference.prefetch(&next.pair.reference);
-            inputs.target.prefetch(&next.pair.target);
-        }
+        requested = request_ahead(inputs, &jobs, i, requested.max(i + 1));
         let metrics = if job.is_matrix {
             let (metrics, reference) = matrix_job(inputs, job, &mut warnings)?;
             ref_norms.insert(job.key(), reference);
@@ -225,6 +224,40 @@ pub fn compute_rows(
         }
     }
     Ok((aggregate_experts(rows), ref_norms, warnings))
+}
+
+/// Bytes of upcoming tensors (both checkpoints) asked from the disk ahead of the computation,
+/// so a cold read overlaps the passes over the tensors before it. They land in the page cache,
+/// not in the process's memory.
+const READ_AHEAD: usize = 768 << 20;
+
+/// Asks the disk for the tensors of the jobs after `current`, from `from` on, until READ_AHEAD
+/// bytes lie ahead of the current job; returns the first job not asked for.
+fn request_ahead(inputs: &Inputs, jobs: &[Job], current: usize, from: usize) -> usize {
+    let stored = |job: &Job| {
+        [
+            (inputs.reference, &job.pair.reference),
+            (inputs.target, &job.pair.target),
+        ]
+        .iter()
+        .filter_map(|(ckpt, name)| ckpt.info(name).map(|t| t.end - t.begin))
+        .sum::<usize>()
+    };
+    let mut ahead = 0;
+    let mut next = current + 1;
+    while next < jobs.len() && ahead < READ_AHEAD {
+        let job = &jobs[next];
+        // Experts of one fused tensor are consecutive jobs over the same bytes.
+        if job.pair.name != jobs[next - 1].pair.name {
+            if next >= from {
+                inputs.reference.prefetch(&job.pair.reference);
+                inputs.target.prefetch(&job.pair.target);
+            }
+            ahead += stored(job);
+        }
+        next += 1;
+    }
+    next.max(from)
 }
 
 /// The two stored views of a job's elements.
