@@ -221,21 +221,7 @@ impl<'a> PlanBuilder<'a> {
     pub fn keep(&mut self, stored: &str, name: String) -> Result<()> {
         let info = self.ckpt.require(stored)?;
         let (dtype, shape, numel) = (info.dtype, info.shape.clone(), info.numel());
-        self.push(
-            stored,
-            OutTensor {
-                name,
-                dtype,
-                shape,
-                parts: vec![Part {
-                    source: stored.to_string(),
-                    piece: Piece::Range {
-                        start: 0,
-                        len: numel,
-                    },
-                }],
-            },
-        )
+        self.push_range(stored, name, dtype, shape, 0, numel)
     }
 
     /// Rows `[first, first + count)` of the 2-D (or N-D, split on the first axis) stored tensor as `name`.
@@ -259,19 +245,31 @@ impl<'a> PlanBuilder<'a> {
         let mut shape = vec![count];
         shape.extend_from_slice(rest);
         let dtype = info.dtype;
+        self.push_range(stored, name, dtype, shape, first * row, count * row)
+    }
+
+    /// `name` as one contiguous range of elements of the stored tensor.
+    fn push_range(
+        &mut self,
+        stored: &str,
+        name: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        start: usize,
+        len: usize,
+    ) -> Result<()> {
+        let piece = Piece::Range { start, len };
+        let parts = vec![Part {
+            source: stored.to_string(),
+            piece,
+        }];
         self.push(
             stored,
             OutTensor {
                 name,
                 dtype,
                 shape,
-                parts: vec![Part {
-                    source: stored.to_string(),
-                    piece: Piece::Range {
-                        start: first * row,
-                        len: count * row,
-                    },
-                }],
+                parts,
             },
         )
     }
