@@ -69,13 +69,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let measured = match &args.model {
-        Some(model) => Some(crate::commands::score::default_sink_strength(
-            model,
-            progress && !args.json,
-        )?),
-        None => None,
-    };
+    let measured = (args.model.as_deref())
+        .map(|model| crate::commands::score::default_sink_strength(model, progress && !args.json))
+        .transpose()?;
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");

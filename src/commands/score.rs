@@ -189,17 +189,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         sink_position: args.sink_position,
     };
     let show = progress && !args.json;
-    let layers: u64 = ckpts
-        .iter()
-        .map(|c| {
-            DecoderSpec::from_model_config(&c.config)
-                .map(|s| s.num_layers() as u64)
-                .unwrap_or(0)
-        })
-        .sum();
-    let bar = crate::progress::items(layers, "layers", show);
-    let scores = score(&inputs, reference, settings, &|| bar.inc(1))?;
-    bar.finish_and_clear();
+    let scores = score_with_progress(&inputs, reference, settings, show)?;
 
     let report = Report {
         scores: &scores,
@@ -232,6 +222,24 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// The scorer with a progress bar over the layers of every model.
+fn score_with_progress(
+    inputs: &[Input],
+    reference: Option<usize>,
+    settings: Settings,
+    show: bool,
+) -> Result<Scores> {
+    let layers: u64 = (inputs.iter())
+        .map(|i| {
+            DecoderSpec::from_model_config(&i.ckpt.config).map_or(0, |s| s.num_layers() as u64)
+        })
+        .sum();
+    let bar = crate::progress::items(layers, "layers", show);
+    let scores = score(inputs, reference, settings, &|| bar.inc(1))?;
+    bar.finish_and_clear();
+    Ok(scores)
+}
+
 /// S of one model as `sinkmerge score MODEL` reports it with every default (the 15 built-in
 /// prompts, raw text, last 10 layers, median, column sinks): what `predict --model` places.
 pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
@@ -246,10 +254,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
         stat: Stat::Median,
         sink_position: SinkPosition::Column,
     };
-    let layers = DecoderSpec::from_model_config(&ckpt.config).map_or(0, |s| s.num_layers() as u64);
-    let bar = crate::progress::items(layers, "layers", progress);
-    let scores = score(&[input], None, settings, &|| bar.inc(1))?;
-    bar.finish_and_clear();
+    let scores = score_with_progress(&[input], None, settings, progress)?;
     scores.models[0].sink_strength.ok_or_else(|| {
         bad!(
             "{}: no valid observation in the last 10 layers, so S is undefined",
