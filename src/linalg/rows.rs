@@ -32,6 +32,9 @@ pub trait RowSet<const K: usize>: Sync {
         need: [bool; K],
         scratch: &'a mut RowScratch,
     ) -> [&'a [f32]; K];
+    /// Hint that row `i` will be read soon (no effect past the last row).
+    #[inline(always)]
+    fn prefetch_row(&self, _i: usize) {}
 }
 
 impl<S: RowSource> RowSet<1> for S {
@@ -118,6 +121,26 @@ impl<'a> StoredRows<'a> {
         })
     }
 
+    /// Ask the CPU to start loading row `i` into cache: the hardware prefetchers stop at every
+    /// 4 KiB page boundary, which the passes over page-cache memory cross every few µs.
+    #[inline(always)]
+    fn prefetch_row(&self, i: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if i < self.rows {
+            let size = dtype::byte_size(self.dtype);
+            let row = &self.bytes[i * self.cols * size..(i + 1) * self.cols * size];
+            for line in row.chunks(64) {
+                // SAFETY: prefetching is a hint and never faults; the address lies in `bytes`.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch(
+                        line.as_ptr() as *const i8,
+                        std::arch::x86_64::_MM_HINT_T0,
+                    )
+                };
+            }
+        }
+    }
+
     /// Decode row `i` into `out` (`cols` values).
     #[inline(always)]
     fn decode_row(&self, i: usize, out: &mut [f32]) {
@@ -185,6 +208,11 @@ impl RowSet<2> for DiffRows<'_> {
     }
     fn cols(&self) -> usize {
         self.target.cols
+    }
+    #[inline(always)]
+    fn prefetch_row(&self, i: usize) {
+        self.target.prefetch_row(i);
+        self.reference.prefetch_row(i);
     }
     #[inline(always)]
     fn row_set<'a>(
