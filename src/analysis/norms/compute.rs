@@ -7,6 +7,7 @@
 //! computed, and a finished tensor's pages leave the process's resident set.
 
 use std::collections::HashMap;
+use std::sync::mpsc;
 
 use indicatif::ProgressBar;
 use serde::Serialize;
@@ -196,33 +197,38 @@ pub fn compute_rows(
     let mut rows = Vec::with_capacity(jobs.len());
     let mut ref_norms = RefNorms::new();
     let mut warnings = Vec::new();
-    // Index of the first job whose tensors have not been asked from the disk yet.
-    let mut requested = 1;
-    for (i, job) in jobs.iter().enumerate() {
-        requested = request_ahead(inputs, &jobs, i, requested.max(i + 1));
-        let metrics = if job.is_matrix {
-            let (metrics, reference) = matrix_job(inputs, job, &mut warnings)?;
-            ref_norms.insert(job.key(), reference);
-            Metrics::Matrix(metrics)
-        } else {
-            Metrics::Vector(vector_job(inputs, job)?)
-        };
-        let parsed = &job.pair.parsed;
-        rows.push(Row {
-            tensor: job.label(),
-            layer: parsed.layer,
-            module: module_label(parsed.module, parsed.param),
-            expert: job.expert,
-            experts: None,
-            shape: job.shape(),
-            metrics,
-        });
-        bar.inc(1);
-        if jobs.get(i + 1).is_none_or(|n| n.pair.name != job.pair.name) {
-            inputs.reference.release(&job.pair.reference);
-            inputs.target.release(&job.pair.target);
+    std::thread::scope(|scope| -> Result<()> {
+        // The reader is told which job the computation has reached; it stops when `started`
+        // is dropped (at the end, or on an error).
+        let (started, reached) = mpsc::channel();
+        scope.spawn(|| read_ahead(inputs, &jobs, reached));
+        for (i, job) in jobs.iter().enumerate() {
+            let _ = started.send(i);
+            let metrics = if job.is_matrix {
+                let (metrics, reference) = matrix_job(inputs, job, &mut warnings)?;
+                ref_norms.insert(job.key(), reference);
+                Metrics::Matrix(metrics)
+            } else {
+                Metrics::Vector(vector_job(inputs, job)?)
+            };
+            let parsed = &job.pair.parsed;
+            rows.push(Row {
+                tensor: job.label(),
+                layer: parsed.layer,
+                module: module_label(parsed.module, parsed.param),
+                expert: job.expert,
+                experts: None,
+                shape: job.shape(),
+                metrics,
+            });
+            bar.inc(1);
+            if jobs.get(i + 1).is_none_or(|n| n.pair.name != job.pair.name) {
+                inputs.reference.release(&job.pair.reference);
+                inputs.target.release(&job.pair.target);
+            }
         }
-    }
+        Ok(())
+    })?;
     Ok((aggregate_experts(rows), ref_norms, warnings))
 }
 
@@ -231,9 +237,11 @@ pub fn compute_rows(
 /// not in the process's memory.
 const READ_AHEAD: usize = 768 << 20;
 
-/// Asks the disk for the tensors of the jobs after `current`, from `from` on, until READ_AHEAD
-/// bytes lie ahead of the current job; returns the first job not asked for.
-fn request_ahead(inputs: &Inputs, jobs: &[Job], current: usize, from: usize) -> usize {
+/// Asks the disk for the jobs' tensors in order, keeping READ_AHEAD bytes ahead of the job the
+/// computation has reached (the latest index received). It runs on its own thread because
+/// asking is not free: the kernel allocates the page-cache pages and queues the reads inside
+/// the call, and the passes should not wait for that.
+fn read_ahead(inputs: &Inputs, jobs: &[Job], reached: mpsc::Receiver<usize>) {
     let stored = |job: &Job| {
         [
             (inputs.reference, &job.pair.reference),
@@ -243,21 +251,29 @@ fn request_ahead(inputs: &Inputs, jobs: &[Job], current: usize, from: usize) -> 
         .filter_map(|(ckpt, name)| ckpt.info(name).map(|t| t.end - t.begin))
         .sum::<usize>()
     };
-    let mut ahead = 0;
-    let mut next = current + 1;
-    while next < jobs.len() && ahead < READ_AHEAD {
-        let job = &jobs[next];
-        // Experts of one fused tensor are consecutive jobs over the same bytes.
-        if job.pair.name != jobs[next - 1].pair.name {
-            if next >= from {
+    // Experts of one fused tensor are consecutive jobs over the same bytes: count them once.
+    let first_of_tensor = |i: usize| i == 0 || jobs[i].pair.name != jobs[i - 1].pair.name;
+    let mut next: usize = 0;
+    // Bytes asked for in jobs current+1..next.
+    let mut ahead = 0usize;
+    let mut current = 0;
+    while let Ok(i) = reached.recv() {
+        ahead -= (current + 1..(i + 1).min(next))
+            .filter(|&j| first_of_tensor(j))
+            .map(|j| stored(&jobs[j]))
+            .sum::<usize>();
+        current = i;
+        next = next.max(i + 1);
+        while next < jobs.len() && ahead < READ_AHEAD {
+            if first_of_tensor(next) {
+                let job = &jobs[next];
                 inputs.reference.prefetch(&job.pair.reference);
                 inputs.target.prefetch(&job.pair.target);
+                ahead += stored(job);
             }
-            ahead += stored(job);
+            next += 1;
         }
-        next += 1;
     }
-    next.max(from)
 }
 
 /// The two stored views of a job's elements.
