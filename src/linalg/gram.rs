@@ -11,12 +11,9 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+use super::dot::{madd, LANES};
 use super::rows::{RowScratch, RowSet};
 
-/// Values per f32 partial dot product before it is added into f64 (bounds the f32 rounding).
-const DOT_BLOCK: usize = 1024;
-/// Independent f32 accumulators (a multiple of every SIMD width in use).
-const LANES: usize = 32;
 /// Rows whose f32 contributions to z are summed before being added into f64.
 const FLUSH_ROWS: usize = 16;
 /// How far ahead (in f32 bytes of a row) rows are prefetched.
@@ -190,13 +187,13 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
     let mut pending = 0;
     for i in rows {
         a.prefetch_row(i + ahead);
-        let set = a.row_set(i, need, scratch);
+        let (set, dots) = a.row_set_dots::<FMA>(i, need, v, scratch);
         for k in 0..K {
             if squares {
                 sums[k] += squares_f64(set[k]);
             }
-            if let Some(vk) = v[k] {
-                let t = dot_f32::<FMA>(set[k], vk) as f32;
+            if v[k].is_some() {
+                let t = dots[k] as f32;
                 for (s, x) in acc[k].iter_mut().zip(set[k]) {
                     *s = madd::<FMA>(t, *x, *s);
                 }
@@ -221,37 +218,6 @@ fn flush<const K: usize>(acc: &mut [Vec<f32>; K], out: &mut [Vec<f64>; K]) {
             *s = 0.0;
         }
     }
-}
-
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-/// x·y: f32 products in LANES accumulators over blocks of DOT_BLOCK, blocks summed in f64.
-#[inline(always)]
-fn dot_f32<const FMA: bool>(x: &[f32], y: &[f32]) -> f64 {
-    let mut total = 0f64;
-    for (xb, yb) in x.chunks(DOT_BLOCK).zip(y.chunks(DOT_BLOCK)) {
-        let mut acc = [0f32; LANES];
-        let (xc, yc) = (xb.chunks_exact(LANES), yb.chunks_exact(LANES));
-        let (xr, yr) = (xc.remainder(), yc.remainder());
-        for (p, q) in xc.zip(yc) {
-            for l in 0..LANES {
-                acc[l] = madd::<FMA>(p[l], q[l], acc[l]);
-            }
-        }
-        let mut s = 0f32;
-        for (p, q) in xr.iter().zip(yr) {
-            s = madd::<FMA>(*p, *q, s);
-        }
-        total += acc.iter().map(|&a| a as f64).sum::<f64>() + s as f64;
-    }
-    total
 }
 
 /// Σ x² with f64 products: f32 squares would underflow or overflow for extreme weights.

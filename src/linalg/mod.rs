@@ -1,6 +1,7 @@
 //! f32 numerical kernels shared by norms, merges and the controls. Reductions accumulate in f64
 //! in a fixed order so results do not depend on the thread count.
 
+mod dot;
 mod gram;
 pub mod rows;
 pub mod spectral;

@@ -9,6 +9,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use safetensors::Dtype;
 
+use super::dot::{bf16_bits, diff_dots_bf16, dot_f32};
 use crate::checkpoint::dtype;
 
 /// A matrix that hands out its rows as f32.
@@ -35,6 +36,21 @@ pub trait RowSet<const K: usize>: Sync {
     /// Hint that row `i` will be read soon (no effect past the last row).
     #[inline(always)]
     fn prefetch_row(&self, _i: usize) {}
+
+    /// [`RowSet::row_set`], plus `row_k · v_k` for every k with a vector (0 for the others),
+    /// summed as [`dot_f32`] sums. Sources that decode can fuse the two.
+    #[inline(always)]
+    fn row_set_dots<'a, const FMA: bool>(
+        &'a self,
+        i: usize,
+        need: [bool; K],
+        v: &[Option<&[f32]>; K],
+        scratch: &'a mut RowScratch,
+    ) -> ([&'a [f32]; K], [f64; K]) {
+        let set = self.row_set(i, need, scratch);
+        let dots = std::array::from_fn(|k| v[k].map_or(0.0, |vk| dot_f32::<FMA>(set[k], vk)));
+        (set, dots)
+    }
 }
 
 impl<S: RowSource> RowSet<1> for S {
@@ -234,6 +250,42 @@ impl RowSet<2> for DiffRows<'_> {
         let (first, second) = (&scratch.first[..], &scratch.second[..]);
         [first, if need[1] { second } else { &[] }]
     }
+
+    #[inline(always)]
+    fn row_set_dots<'a, const FMA: bool>(
+        &'a self,
+        i: usize,
+        need: [bool; 2],
+        v: &[Option<&[f32]>; 2],
+        scratch: &'a mut RowScratch,
+    ) -> ([&'a [f32]; 2], [f64; 2]) {
+        let bf16 = self.target.dtype == Dtype::BF16 && self.reference.dtype == Dtype::BF16;
+        match (bf16, v) {
+            (true, [Some(vd), Some(vr)]) => {
+                // The lockstep pass's common case: decode, subtract and both dot products in
+                // one sweep over the stored rows.
+                let n = self.target.cols;
+                scratch.first.resize(n, 0.0);
+                scratch.second.resize(n, 0.0);
+                let row = i * n * 2..(i + 1) * n * 2;
+                let dots = diff_dots_bf16::<FMA>(
+                    &self.target.bytes[row.clone()],
+                    &self.reference.bytes[row],
+                    &mut scratch.first,
+                    &mut scratch.second,
+                    vd,
+                    vr,
+                );
+                ([&scratch.first, &scratch.second], [dots.0, dots.1])
+            }
+            _ => {
+                let set = self.row_set(i, need, scratch);
+                let dots =
+                    std::array::from_fn(|k| v[k].map_or(0.0, |vk| dot_f32::<FMA>(set[k], vk)));
+                (set, dots)
+            }
+        }
+    }
 }
 
 /// Decode little-endian `dtype` values; the caller guarantees matching lengths and a float dtype.
@@ -242,7 +294,7 @@ fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         Dtype::BF16 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+                *o = bf16_bits(b);
             }
         }
         Dtype::F32 => {
