@@ -48,8 +48,7 @@ pub trait RowSet<const K: usize>: Sync {
         scratch: &'a mut RowScratch,
     ) -> ([&'a [f32]; K], [f64; K]) {
         let set = self.row_set(i, need, scratch);
-        let dots = std::array::from_fn(|k| v[k].map_or(0.0, |vk| dot_f32::<FMA>(set[k], vk)));
-        (set, dots)
+        (set, dots::<K, FMA>(&set, v))
     }
 }
 
@@ -280,12 +279,23 @@ impl RowSet<2> for DiffRows<'_> {
             }
             _ => {
                 let set = self.row_set(i, need, scratch);
-                let dots =
-                    std::array::from_fn(|k| v[k].map_or(0.0, |vk| dot_f32::<FMA>(set[k], vk)));
-                (set, dots)
+                (set, dots::<2, FMA>(&set, v))
             }
         }
     }
+}
+
+/// `set[k] · v[k]` for every k with a vector, 0 for the others. A plain loop rather than a
+/// closure, so it is inlined into the caller's SIMD code path instead of calling a software fma.
+#[inline(always)]
+fn dots<const K: usize, const FMA: bool>(set: &[&[f32]; K], v: &[Option<&[f32]>; K]) -> [f64; K] {
+    let mut out = [0f64; K];
+    for ((o, row), vk) in out.iter_mut().zip(set).zip(v) {
+        if let Some(vk) = vk {
+            *o = dot_f32::<FMA>(row, vk);
+        }
+    }
+    out
 }
 
 /// Decode little-endian `dtype` values; the caller guarantees matching lengths and a float dtype.
