@@ -8,6 +8,12 @@ const DOT_BLOCK: usize = 1024;
 /// Independent f32 accumulators (a multiple of every SIMD width in use).
 pub const LANES: usize = 32;
 
+/// How far ahead of the row being read (in stored bytes) the passes ask the CPU to load
+/// memory. The hardware prefetchers stop at every 4 KiB page boundary, which a pass over
+/// page-cache memory crosses every few hundred nanoseconds; software prefetches do not. Measured
+/// on the norms benchmark: 2 KiB ahead beat 1, 4, 16 and 32 KiB (2.08 s against 2.15-2.28 s).
+pub const PREFETCH_AHEAD: usize = 2 << 10;
+
 /// `a * b + c`, fused when the caller is compiled for FMA.
 #[inline(always)]
 pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -136,6 +142,10 @@ unsafe fn diff_dots_avx2(
         )))
     };
     for c in range.step_by(LANES) {
+        // One 64-byte line of each stored row per step, PREFETCH_AHEAD bytes on (past the end
+        // of the row is the next row; a prefetch never faults).
+        _mm_prefetch::<_MM_HINT_T0>(t.as_ptr().wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(r.as_ptr().wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
         for q in 0..REGS {
             let j = c + 8 * q;
             let rv = widen(r.as_ptr().add(2 * j));

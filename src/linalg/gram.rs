@@ -16,8 +16,6 @@ use super::rows::{RowScratch, RowSet};
 
 /// Rows whose f32 contributions to z are summed before being added into f64.
 const FLUSH_ROWS: usize = 16;
-/// How far ahead (in f32 bytes of a row) rows are prefetched.
-const PREFETCH_BYTES_AHEAD: usize = 16 << 10;
 /// At most this many parallel row tasks per pass.
 const MAX_TASKS: usize = 64;
 /// At least this many matrix entries per task, so small matrices are not over-split.
@@ -35,12 +33,11 @@ pub struct Plan<const K: usize> {
     slots: Vec<Slot<K>>,
 }
 
-/// What one task writes: its share of every product and sum of squares, and its working rows.
+/// What one task writes: its share of every product and sum of squares.
 struct Slot<const K: usize> {
     products: [Vec<f64>; K],
     acc: [Vec<f32>; K],
     squares: [f64; K],
-    scratch: RowScratch,
 }
 
 impl<const K: usize> Plan<K> {
@@ -59,7 +56,6 @@ impl<const K: usize> Plan<K> {
                     products: std::array::from_fn(|_| Vec::new()),
                     acc: std::array::from_fn(|_| Vec::new()),
                     squares: [0.0; K],
-                    scratch: RowScratch::new(),
                 })
                 .collect(),
             tasks,
@@ -180,33 +176,87 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
         products,
         acc,
         squares: sums,
-        scratch,
     } = slot;
     *sums = [0.0; K];
-    let ahead = PREFETCH_BYTES_AHEAD.div_ceil(n * 4).max(1);
     let mut pending = 0;
-    for i in rows {
-        a.prefetch_row(i + ahead);
-        let (set, dots) = a.row_set_dots::<FMA>(i, need, v, scratch);
-        for k in 0..K {
-            if squares {
-                sums[k] += squares_f64(set[k]);
+    ROW_BLOCK_SCRATCH.with_borrow_mut(|block| {
+        block.resize_with(ROW_BLOCK, RowScratch::new);
+        let mut i = rows.start;
+        while i < rows.end {
+            // ROW_BLOCK divides FLUSH_ROWS, so a block never straddles a flush.
+            let end = (i + ROW_BLOCK).min(rows.end);
+            let mut sets: [[&[f32]; K]; ROW_BLOCK] = [[&[]; K]; ROW_BLOCK];
+            let mut t = [[0f32; K]; ROW_BLOCK];
+            for (r, scratch) in (i..end).zip(block.iter_mut()) {
+                let (set, dots) = a.row_set_dots::<FMA>(r, need, v, scratch);
+                for k in 0..K {
+                    if squares {
+                        sums[k] += squares_f64(set[k]);
+                    }
+                    t[r - i][k] = dots[k] as f32;
+                }
+                sets[r - i] = set;
             }
-            if v[k].is_some() {
-                let t = dots[k] as f32;
-                for (s, x) in acc[k].iter_mut().zip(set[k]) {
-                    *s = madd::<FMA>(t, *x, *s);
+            for k in 0..K {
+                if v[k].is_some() {
+                    add_rows::<K, FMA>(&mut acc[k], &sets[..end - i], &t[..end - i], k);
+                }
+            }
+            pending += end - i;
+            if pending == FLUSH_ROWS {
+                flush(acc, products);
+                pending = 0;
+            }
+            i = end;
+        }
+    });
+    if pending > 0 {
+        flush(acc, products);
+    }
+}
+
+/// Rows decoded and added into the products together (see [`add_rows`]).
+const ROW_BLOCK: usize = 8;
+const _: () = assert!(FLUSH_ROWS % ROW_BLOCK == 0);
+
+thread_local! {
+    /// Each worker's decoded rows of one block (a few MB at most).
+    static ROW_BLOCK_SCRATCH: std::cell::RefCell<Vec<RowScratch>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `acc += Σ_r t[r][k] · sets[r][k]`, a chunk of `acc` at a time held in registers across the
+/// rows: one load and store of `acc` per block instead of per row. Each value still receives
+/// the rows' fused multiply-adds in row order, so the bits equal adding one row at a time.
+#[inline(always)]
+fn add_rows<const K: usize, const FMA: bool>(
+    acc: &mut [f32],
+    sets: &[[&[f32]; K]],
+    t: &[[f32; K]],
+    k: usize,
+) {
+    const CHUNK: usize = 64;
+    let mut start = 0;
+    for chunk in acc.chunks_mut(CHUNK) {
+        let len = chunk.len();
+        if len == CHUNK {
+            let mut reg = [0f32; CHUNK];
+            reg.copy_from_slice(chunk);
+            for (set, tr) in sets.iter().zip(t) {
+                let x = &set[k][start..start + CHUNK];
+                for l in 0..CHUNK {
+                    reg[l] = madd::<FMA>(tr[k], x[l], reg[l]);
+                }
+            }
+            chunk.copy_from_slice(&reg);
+        } else {
+            for (set, tr) in sets.iter().zip(t) {
+                for (s, x) in chunk.iter_mut().zip(&set[k][start..start + len]) {
+                    *s = madd::<FMA>(tr[k], *x, *s);
                 }
             }
         }
-        pending += 1;
-        if pending == FLUSH_ROWS {
-            flush(acc, products);
-            pending = 0;
-        }
-    }
-    if pending > 0 {
-        flush(acc, products);
+        start += len;
     }
 }
 
@@ -242,6 +292,7 @@ fn squares_f64(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linalg::dot::dot_f32;
     use crate::linalg::rows::DenseRows;
 
     #[test]
@@ -255,6 +306,45 @@ mod tests {
         assert_eq!(r.squares, [31.0]);
         let r = pass(&dense, &mut plan, [None], false);
         assert!(r.products[0].is_none() && r.squares == [0.0]);
+    }
+
+    /// Rows added a block at a time give the bits of adding them one at a time.
+    #[test]
+    fn blocked_rows_sum_like_one_row_at_a_time() {
+        let (m, n) = (45, 70); // not multiples of ROW_BLOCK, FLUSH_ROWS or the register chunk
+        let a: Vec<f32> = (0..m * n).map(|i| ((i as f32) * 0.731).sin()).collect();
+        let v: Vec<f32> = (0..n).map(|j| ((j as f32) * 0.173).cos()).collect();
+        let dense = DenseRows::new(&a, m, n);
+        let got = pass(&dense, &mut Plan::new(m, n), [Some(&v[..])], false);
+        let fma = !matches!(kernel(), Kernel::Baseline);
+        let mut want = vec![0f64; n];
+        for task in Plan::<1>::new(m, n).tasks {
+            let (mut part, mut acc) = (vec![0f64; n], vec![0f32; n]);
+            for (done, i) in task.enumerate() {
+                let row = &a[i * n..(i + 1) * n];
+                let t = if fma {
+                    dot_f32::<true>(row, &v)
+                } else {
+                    dot_f32::<false>(row, &v)
+                } as f32;
+                for (s, x) in acc.iter_mut().zip(row) {
+                    *s = if fma { t.mul_add(*x, *s) } else { t * *x + *s };
+                }
+                if (done + 1) % FLUSH_ROWS == 0 {
+                    for (p, s) in part.iter_mut().zip(&mut acc) {
+                        *p += *s as f64;
+                        *s = 0.0;
+                    }
+                }
+            }
+            for (p, s) in part.iter_mut().zip(&acc) {
+                *p += *s as f64;
+            }
+            for (w, p) in want.iter_mut().zip(&part) {
+                *w += p;
+            }
+        }
+        assert_eq!(got.products[0].as_deref(), Some(&want[..]));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use safetensors::Dtype;
 
-use super::dot::{bf16_bits, diff_dots_bf16, dot_f32};
+use super::dot::{bf16_bits, diff_dots_bf16, dot_f32, PREFETCH_AHEAD};
 use crate::checkpoint::dtype;
 
 /// A matrix that hands out its rows as f32.
@@ -33,10 +33,6 @@ pub trait RowSet<const K: usize>: Sync {
         need: [bool; K],
         scratch: &'a mut RowScratch,
     ) -> [&'a [f32]; K];
-    /// Hint that row `i` will be read soon (no effect past the last row).
-    #[inline(always)]
-    fn prefetch_row(&self, _i: usize) {}
-
     /// [`RowSet::row_set`], plus `row_k · v_k` for every k with a vector (0 for the others),
     /// summed as [`dot_f32`] sums. Sources that decode can fuse the two.
     #[inline(always)]
@@ -136,15 +132,16 @@ impl<'a> StoredRows<'a> {
         })
     }
 
-    /// Ask the CPU to start loading row `i` into cache: the hardware prefetchers stop at every
-    /// 4 KiB page boundary, which the passes over page-cache memory cross every few µs.
+    /// Ask the CPU to start loading the bytes [`PREFETCH_AHEAD`] past the start of row `i`
+    /// (see there).
     #[inline(always)]
-    fn prefetch_row(&self, i: usize) {
+    fn prefetch_ahead(&self, i: usize) {
         #[cfg(target_arch = "x86_64")]
-        if i < self.rows {
-            let size = dtype::byte_size(self.dtype);
-            let row = &self.bytes[i * self.cols * size..(i + 1) * self.cols * size];
-            for line in row.chunks(64) {
+        {
+            let row_bytes = self.cols * dtype::byte_size(self.dtype);
+            let start = (i * row_bytes + PREFETCH_AHEAD).min(self.bytes.len());
+            let end = (start + row_bytes).min(self.bytes.len());
+            for line in self.bytes[start..end].chunks(64) {
                 // SAFETY: prefetching is a hint and never faults; the address lies in `bytes`.
                 unsafe {
                     std::arch::x86_64::_mm_prefetch(
@@ -154,11 +151,14 @@ impl<'a> StoredRows<'a> {
                 };
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = i;
     }
 
     /// Decode row `i` into `out` (`cols` values).
     #[inline(always)]
     fn decode_row(&self, i: usize, out: &mut [f32]) {
+        self.prefetch_ahead(i);
         let size = dtype::byte_size(self.dtype);
         let bytes = &self.bytes[i * self.cols * size..(i + 1) * self.cols * size];
         decode(self.dtype, bytes, out);
@@ -223,11 +223,6 @@ impl RowSet<2> for DiffRows<'_> {
     }
     fn cols(&self) -> usize {
         self.target.cols
-    }
-    #[inline(always)]
-    fn prefetch_row(&self, i: usize) {
-        self.target.prefetch_row(i);
-        self.reference.prefetch_row(i);
     }
     #[inline(always)]
     fn row_set<'a>(
