@@ -52,56 +52,61 @@ pub fn bf16_bits(b: &[u8]) -> f32 {
     f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
 }
 
-/// Decodes two rows of little-endian bf16 bytes `t` and `r` in one sweep, writing `d = t - r` and
-/// `r` as f32, and returns `(d·vd, r·vr)` summed as [`dot_f32`] sums them: the drift's and the
-/// reference's products of one lockstep pass without re-reading the decoded rows.
+/// One row of a bf16 drift and the same row of its reference, in a lockstep pass: the stored
+/// bytes, where they are decoded to, and the Lanczos vector of each matrix.
+pub struct DiffRowPair<'a> {
+    /// TARGET's and REF's stored rows (little-endian bf16).
+    pub target: &'a [u8],
+    pub reference: &'a [u8],
+    /// Written: `target - reference` and `reference`, as f32.
+    pub diff: &'a mut [f32],
+    pub reference_f32: &'a mut [f32],
+    /// The vectors the two rows are dotted with.
+    pub v_diff: &'a [f32],
+    pub v_reference: &'a [f32],
+}
+
+impl DiffRowPair<'_> {
+    fn check(&self) {
+        let n = self.diff.len();
+        assert!(self.target.len() == 2 * n && self.reference.len() == 2 * n);
+        assert!(self.reference_f32.len() == n && self.v_diff.len() == n);
+        assert!(self.v_reference.len() == n);
+    }
+
+    /// Decode and dot element `j`.
+    #[inline(always)]
+    fn element<const FMA: bool>(&mut self, j: usize, acc_d: &mut f32, acc_r: &mut f32) {
+        let rv = bf16_bits(&self.reference[2 * j..2 * j + 2]);
+        let dv = bf16_bits(&self.target[2 * j..2 * j + 2]) - rv;
+        self.diff[j] = dv;
+        self.reference_f32[j] = rv;
+        *acc_d = madd::<FMA>(dv, self.v_diff[j], *acc_d);
+        *acc_r = madd::<FMA>(rv, self.v_reference[j], *acc_r);
+    }
+}
+
+/// Decodes the row pair in one sweep and returns `(diff·v_diff, reference·v_reference)`, summed
+/// as [`dot_f32`] sums them: both products of a lockstep pass without re-reading the decoded rows.
 #[inline(always)]
-pub fn diff_dots_bf16<const FMA: bool>(
-    t: &[u8],
-    r: &[u8],
-    d: &mut [f32],
-    rf: &mut [f32],
-    vd: &[f32],
-    vr: &[f32],
-) -> (f64, f64) {
-    let n = d.len();
-    assert!(t.len() == 2 * n && r.len() == 2 * n && rf.len() == n);
-    assert!(vd.len() == n && vr.len() == n);
+pub fn diff_dots_bf16<const FMA: bool>(pair: &mut DiffRowPair) -> (f64, f64) {
+    pair.check();
+    let n = pair.diff.len();
     let (mut total_d, mut total_r) = (0f64, 0f64);
     for start in (0..n).step_by(DOT_BLOCK) {
         let end = (start + DOT_BLOCK).min(n);
         let whole = start + (end - start) / LANES * LANES;
         let (mut acc_d, mut acc_r) = ([0f32; LANES], [0f32; LANES]);
-        #[cfg(target_arch = "x86_64")]
-        let simd = FMA && has_avx2_fma();
-        #[cfg(not(target_arch = "x86_64"))]
-        let simd = false;
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: AVX2 and FMA are present; the lengths were checked above.
-            (acc_d, acc_r) = unsafe { diff_dots_avx2(t, r, d, rf, vd, vr, start..whole) };
-        }
-        for c in (start..whole).step_by(LANES).filter(|_| !simd) {
-            let (tc, rc) = (&t[2 * c..2 * c + 2 * LANES], &r[2 * c..2 * c + 2 * LANES]);
-            let (dc, rfc) = (&mut d[c..c + LANES], &mut rf[c..c + LANES]);
-            let (vdc, vrc) = (&vd[c..c + LANES], &vr[c..c + LANES]);
-            for l in 0..LANES {
-                let rv = bf16_bits(&rc[2 * l..2 * l + 2]);
-                let dv = bf16_bits(&tc[2 * l..2 * l + 2]) - rv;
-                dc[l] = dv;
-                rfc[l] = rv;
-                acc_d[l] = madd::<FMA>(dv, vdc[l], acc_d[l]);
-                acc_r[l] = madd::<FMA>(rv, vrc[l], acc_r[l]);
+        if !simd_chunks::<FMA>(pair, start..whole, &mut acc_d, &mut acc_r) {
+            for c in (start..whole).step_by(LANES) {
+                for l in 0..LANES {
+                    pair.element::<FMA>(c + l, &mut acc_d[l], &mut acc_r[l]);
+                }
             }
         }
         let (mut s_d, mut s_r) = (0f32, 0f32);
         for j in whole..end {
-            let rv = bf16_bits(&r[2 * j..2 * j + 2]);
-            let dv = bf16_bits(&t[2 * j..2 * j + 2]) - rv;
-            d[j] = dv;
-            rf[j] = rv;
-            s_d = madd::<FMA>(dv, vd[j], s_d);
-            s_r = madd::<FMA>(rv, vr[j], s_r);
+            pair.element::<FMA>(j, &mut s_d, &mut s_r);
         }
         total_d += acc_d.iter().map(|&a| a as f64).sum::<f64>() + s_d as f64;
         total_r += acc_r.iter().map(|&a| a as f64).sum::<f64>() + s_r as f64;
@@ -109,10 +114,23 @@ pub fn diff_dots_bf16<const FMA: bool>(
     (total_d, total_r)
 }
 
-#[cfg(target_arch = "x86_64")]
+/// Runs the whole chunks of `range` through [`diff_dots_avx2`] when the sums are fused and the
+/// CPU has AVX2 and FMA; false (nothing done) otherwise.
 #[inline(always)]
-fn has_avx2_fma() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+fn simd_chunks<const FMA: bool>(
+    pair: &mut DiffRowPair,
+    range: std::ops::Range<usize>,
+    acc_d: &mut [f32; LANES],
+    acc_r: &mut [f32; LANES],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if FMA && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA are present.
+        (*acc_d, *acc_r) = unsafe { diff_dots_avx2(pair, range) };
+        return true;
+    }
+    let _ = (pair, range, acc_d, acc_r);
+    false
 }
 
 /// The whole-chunk part of [`diff_dots_bf16`] for `range` (a multiple of [`LANES`] long), in
@@ -121,18 +139,16 @@ fn has_avx2_fma() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn diff_dots_avx2(
-    t: &[u8],
-    r: &[u8],
-    d: &mut [f32],
-    rf: &mut [f32],
-    vd: &[f32],
-    vr: &[f32],
+    pair: &mut DiffRowPair,
     range: std::ops::Range<usize>,
 ) -> ([f32; LANES], [f32; LANES]) {
     use std::arch::x86_64::*;
     const REGS: usize = LANES / 8;
-    assert!(range.end <= d.len() && range.len() % LANES == 0);
-    assert!(2 * d.len() <= t.len().min(r.len()) && d.len() <= rf.len().min(vd.len().min(vr.len())));
+    pair.check();
+    assert!(range.end <= pair.diff.len() && range.len() % LANES == 0);
+    let (t, r) = (pair.target.as_ptr(), pair.reference.as_ptr());
+    let (d, rf) = (pair.diff.as_mut_ptr(), pair.reference_f32.as_mut_ptr());
+    let (vd, vr) = (pair.v_diff.as_ptr(), pair.v_reference.as_ptr());
     let mut acc_d = [_mm256_setzero_ps(); REGS];
     let mut acc_r = [_mm256_setzero_ps(); REGS];
     // bf16 -> f32: widen the 16 bits to 32 and shift them into the high half.
@@ -144,16 +160,16 @@ unsafe fn diff_dots_avx2(
     for c in range.step_by(LANES) {
         // One 64-byte line of each stored row per step, PREFETCH_AHEAD bytes on (past the end
         // of the row is the next row; a prefetch never faults).
-        _mm_prefetch::<_MM_HINT_T0>(t.as_ptr().wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(r.as_ptr().wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(t.wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(2 * c + PREFETCH_AHEAD) as *const i8);
         for q in 0..REGS {
             let j = c + 8 * q;
-            let rv = widen(r.as_ptr().add(2 * j));
-            let dv = _mm256_sub_ps(widen(t.as_ptr().add(2 * j)), rv);
-            _mm256_storeu_ps(d.as_mut_ptr().add(j), dv);
-            _mm256_storeu_ps(rf.as_mut_ptr().add(j), rv);
-            acc_d[q] = _mm256_fmadd_ps(dv, _mm256_loadu_ps(vd.as_ptr().add(j)), acc_d[q]);
-            acc_r[q] = _mm256_fmadd_ps(rv, _mm256_loadu_ps(vr.as_ptr().add(j)), acc_r[q]);
+            let rv = widen(r.add(2 * j));
+            let dv = _mm256_sub_ps(widen(t.add(2 * j)), rv);
+            _mm256_storeu_ps(d.add(j), dv);
+            _mm256_storeu_ps(rf.add(j), rv);
+            acc_d[q] = _mm256_fmadd_ps(dv, _mm256_loadu_ps(vd.add(j)), acc_d[q]);
+            acc_r[q] = _mm256_fmadd_ps(rv, _mm256_loadu_ps(vr.add(j)), acc_r[q]);
         }
     }
     let lanes = |regs: [__m256; REGS]| {
@@ -186,10 +202,18 @@ mod tests {
             );
             let (mut d, mut rf) = (vec![0f32; n], vec![0f32; n]);
             let diff: Vec<f32> = tv.iter().zip(&rv).map(|(a, b)| a - b).collect();
+            let mut pair = DiffRowPair {
+                target: &t,
+                reference: &r,
+                diff: &mut d,
+                reference_f32: &mut rf,
+                v_diff: &vd,
+                v_reference: &vr,
+            };
             let (unfused, fused) = (
-                diff_dots_bf16::<false>(&t, &r, &mut d, &mut rf, &vd, &vr),
+                diff_dots_bf16::<false>(&mut pair),
                 // The SIMD kernel where the CPU has one.
-                diff_dots_bf16::<true>(&t, &r, &mut d, &mut rf, &vd, &vr),
+                diff_dots_bf16::<true>(&mut pair),
             );
             let bits = |(x, y): (f64, f64)| (x.to_bits(), y.to_bits());
             let want_unfused = (dot_f32::<false>(&diff, &vd), dot_f32::<false>(&rv, &vr));

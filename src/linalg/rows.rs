@@ -9,7 +9,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use safetensors::Dtype;
 
-use super::dot::{bf16_bits, diff_dots_bf16, dot_f32, PREFETCH_AHEAD};
+use super::dot::{bf16_bits, diff_dots_bf16, dot_f32, DiffRowPair, PREFETCH_AHEAD};
 use crate::checkpoint::dtype;
 
 /// A matrix that hands out its rows as f32.
@@ -262,14 +262,14 @@ impl RowSet<2> for DiffRows<'_> {
                 scratch.first.resize(n, 0.0);
                 scratch.second.resize(n, 0.0);
                 let row = i * n * 2..(i + 1) * n * 2;
-                let dots = diff_dots_bf16::<FMA>(
-                    &self.target.bytes[row.clone()],
-                    &self.reference.bytes[row],
-                    &mut scratch.first,
-                    &mut scratch.second,
-                    vd,
-                    vr,
-                );
+                let dots = diff_dots_bf16::<FMA>(&mut DiffRowPair {
+                    target: &self.target.bytes[row.clone()],
+                    reference: &self.reference.bytes[row],
+                    diff: &mut scratch.first,
+                    reference_f32: &mut scratch.second,
+                    v_diff: vd,
+                    v_reference: vr,
+                });
                 ([&scratch.first, &scratch.second], [dots.0, dots.1])
             }
             _ => {
