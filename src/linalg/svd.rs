@@ -111,13 +111,17 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
 /// Every singular value (non-increasing) and the singular vectors of the smaller dimension: V
 /// (n x n) when `m >= n`, U (m x m) otherwise. Computed in f64.
 ///
-/// First from the Gram matrix of the smaller side (see [`gram_eigen`]), which is about twice as
-/// fast as the SVD on the 7B MLP shapes; when its error bound on the nuclear norm is not tight
-/// enough (exactly low-rank matrices, whose zero singular values come out as rounding noise of
-/// size `sqrt(eps) * ||A||`), from faer's SVD.
+/// First from the Gram matrix of the smaller side ([`GramEvd`]), which is about twice as fast as
+/// the SVD on the 7B MLP shapes; when its error bound on the nuclear norm is above
+/// [`GRAM_NUCLEAR_TOL`] (exactly low-rank matrices, whose zero singular values come out as
+/// rounding noise of size `sqrt(eps)·||A||`), from faer's SVD.
 pub fn small_side_svd(a: MatRef<'_, f32>) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
-    if let Some(found) = gram_eigen(a) {
-        return Ok(found);
+    if let Some(evd) =
+        GramEvd::of(a).filter(|e| e.nuclear_error() <= GRAM_NUCLEAR_TOL * e.nuclear())
+    {
+        let k = evd.lambda.len();
+        let vectors = Mat::<f32>::from_fn(k, k, |i, j| evd.vectors[(i, j)] as f32);
+        return Ok((evd.singular_values(), vectors));
     }
     let (m, n) = a.shape();
     let k = m.min(n);
@@ -130,80 +134,175 @@ pub fn small_side_svd(a: MatRef<'_, f32>) -> Result<(Vec<f32>, Mat<f32>), SvdFai
     Ok((s, to_f32(&vectors)))
 }
 
-/// Relative error of the nuclear norm (the sum of the singular values) that [`gram_eigen`]
-/// accepts. STAR's output scales with the nuclear norm, and the merges promise 1e-4 relative.
+/// The top `r` singular triplets (fewer if `r > min(m, n)`), computed in f64.
+///
+/// From [`GramEvd`] when every kept σ² is at least [`GRAM_RELATIVE_GAP`] times the eigenvalue
+/// error bound away from zero: the large-side vectors are then `A v / σ` (or `Aᵀu / σ`) to
+/// that relative accuracy. Otherwise from the thin SVD.
+pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<Svd, SvdFailed> {
+    let (m, n) = a.shape();
+    let r = r.min(m.min(n));
+    if let Some(evd) =
+        GramEvd::of(a).filter(|e| r == 0 || e.lambda[r - 1] >= GRAM_RELATIVE_GAP * e.delta)
+    {
+        let s: Vec<f32> = evd.singular_values()[..r].to_vec();
+        let small = Mat::<f64>::from_fn(evd.vectors.nrows(), r, |i, j| evd.vectors[(i, j)]);
+        // The large side: A v_j / σ_j (tall) or Aᵀ u_j / σ_j (wide), in f64.
+        let x = to_f64(a);
+        let mut large = Mat::<f64>::zeros(m.max(n), r);
+        let lhs = if m >= n { x.as_ref() } else { x.transpose() };
+        faer_matmul(
+            large.as_mut(),
+            Accum::Replace,
+            lhs,
+            small.as_ref(),
+            1.0,
+            Par::Seq,
+        );
+        for j in 0..r {
+            let inv = 1.0 / evd.lambda[j].sqrt();
+            large.col_mut(j).iter_mut().for_each(|x| *x *= inv);
+        }
+        let (u, v) = if m >= n {
+            (large, small)
+        } else {
+            (small, large)
+        };
+        return Ok(Svd {
+            u: to_f32(&u),
+            s,
+            v: to_f32(&v),
+        });
+    }
+    Ok(thin_svd(a)?.truncate(r))
+}
+
+/// Relative error of the nuclear norm (the sum of the singular values) that STAR accepts from
+/// [`GramEvd`]. STAR's output scales with the nuclear norm, and the merges promise 1e-4 relative.
 const GRAM_NUCLEAR_TOL: f64 = 1e-5;
 
-/// The singular values and small-side singular vectors of `a` from the eigendecomposition of
-/// `G = AᵀA` (or `AAᵀ` for a wide matrix) in f64, or `None` when they cannot be trusted to
-/// [`GRAM_NUCLEAR_TOL`].
+/// How many times the eigenvalue error bound a kept σ² must be for [`top_svd`] and [`polar`] to
+/// use [`GramEvd`]: their results then carry a relative error of about 1e-5 at most (the bound
+/// is for the worst case; rounding errors of random sign are far smaller).
+const GRAM_RELATIVE_GAP: f64 = 1e5;
+
+/// The eigendecomposition of the Gram matrix of `a`'s smaller side, `G = AᵀA` (or `AAᵀ` for a
+/// wide matrix), in f64: σ² and the small-side singular vectors, with a bound on the error.
 ///
 /// The f32 entries' products are exact in f64, so `G` is off by at most `l·eps·||A||_F²` (sums
 /// of length `l`, the larger side) and its symmetric eigendecomposition adds a backward error
-/// of about `k·eps·||G||` (k the smaller side): every computed eigenvalue λ is within `δ` of a
-/// true σ². Each σ then lies in `[√max(λ-δ, 0), √(λ+δ)]`, and the sum of those widths bounds the
-/// error of the nuclear norm; above the tolerance the caller falls back to the SVD.
-fn gram_eigen(a: MatRef<'_, f32>) -> Option<(Vec<f32>, Mat<f32>)> {
-    let (m, n) = a.shape();
-    let (k, long) = (m.min(n), m.max(n));
-    if k == 0 {
-        return None;
+/// of about `k·eps·||G||` (k the smaller side): every computed eigenvalue λ is within `delta` of
+/// a true σ². Small singular values are the weak point: σ = √λ is only known to about √delta.
+struct GramEvd {
+    /// Eigenvalues, non-increasing (σ² up to `delta`).
+    lambda: Vec<f64>,
+    /// Their eigenvectors, column j for `lambda[j]`.
+    vectors: Mat<f64>,
+    delta: f64,
+}
+
+impl GramEvd {
+    fn of(a: MatRef<'_, f32>) -> Option<GramEvd> {
+        let (m, n) = a.shape();
+        let (k, long) = (m.min(n), m.max(n));
+        if k == 0 {
+            return None;
+        }
+        let x = to_f64(a);
+        let (lhs, rhs) = if m >= n {
+            (x.transpose(), x.as_ref())
+        } else {
+            (x.as_ref(), x.transpose())
+        };
+        let mut gram = Mat::<f64>::zeros(k, k);
+        triangular::matmul(
+            gram.as_mut(),
+            BlockStructure::TriangularLower,
+            Accum::Replace,
+            lhs,
+            BlockStructure::Rectangular,
+            rhs,
+            BlockStructure::Rectangular,
+            1.0,
+            Par::Seq,
+        );
+        drop(x);
+        let mut eigenvalues = Diag::<f64>::zeros(k);
+        let mut eigenvectors = Mat::<f64>::zeros(k, k);
+        let scratch = self_adjoint_evd_scratch::<f64>(
+            k,
+            ComputeEigenvectors::Yes,
+            Par::Seq,
+            Default::default(),
+        );
+        self_adjoint_evd(
+            gram.as_ref(),
+            eigenvalues.as_mut(),
+            Some(eigenvectors.as_mut()),
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        )
+        .ok()?;
+        let fro2: f64 = (0..k).map(|i| gram[(i, i)]).sum();
+        // Ascending from faer; singular values go the other way.
+        let lambda: Vec<f64> = eigenvalues.column_vector().iter().rev().copied().collect();
+        if !lambda.iter().all(|l| l.is_finite()) {
+            return None;
+        }
+        let top = lambda[0].max(0.0);
+        Some(GramEvd {
+            delta: f64::EPSILON * (long as f64 * fro2 + 8.0 * k as f64 * top),
+            vectors: Mat::<f64>::from_fn(k, k, |i, j| eigenvectors[(i, k - 1 - j)]),
+            lambda,
+        })
     }
-    let x = to_f64(a);
-    let (lhs, rhs) = if m >= n {
-        (x.transpose(), x.as_ref())
-    } else {
-        (x.as_ref(), x.transpose())
-    };
-    let mut gram = Mat::<f64>::zeros(k, k);
-    triangular::matmul(
-        gram.as_mut(),
-        BlockStructure::TriangularLower,
-        Accum::Replace,
-        lhs,
-        BlockStructure::Rectangular,
-        rhs,
-        BlockStructure::Rectangular,
-        1.0,
-        Par::Seq,
-    );
-    drop(x);
-    let mut eigenvalues = Diag::<f64>::zeros(k);
-    let mut eigenvectors = Mat::<f64>::zeros(k, k);
-    let scratch =
-        self_adjoint_evd_scratch::<f64>(k, ComputeEigenvectors::Yes, Par::Seq, Default::default());
-    self_adjoint_evd(
-        gram.as_ref(),
-        eigenvalues.as_mut(),
-        Some(eigenvectors.as_mut()),
-        Par::Seq,
-        MemStack::new(&mut MemBuffer::new(scratch)),
-        Default::default(),
-    )
-    .ok()?;
-    let fro2: f64 = (0..k).map(|i| gram[(i, i)]).sum();
-    // Ascending from faer; singular values go the other way.
-    let lambda: Vec<f64> = eigenvalues.column_vector().iter().rev().copied().collect();
-    let top = lambda.first().copied().unwrap_or(0.0).max(0.0);
-    let delta = f64::EPSILON * (long as f64 * fro2 + 8.0 * k as f64 * top);
-    let nuclear: f64 = lambda.iter().map(|&l| l.max(0.0).sqrt()).sum();
-    let width: f64 = lambda
-        .iter()
-        .map(|&l| (l + delta).sqrt() - (l - delta).max(0.0).sqrt())
-        .sum();
-    // NaN (from non-finite input) fails the test too.
-    let trusted = width <= GRAM_NUCLEAR_TOL * nuclear;
-    if !trusted {
-        return None;
+
+    fn singular_values(&self) -> Vec<f32> {
+        self.lambda
+            .iter()
+            .map(|&l| l.max(0.0).sqrt() as f32)
+            .collect()
     }
-    let s = lambda.iter().map(|&l| l.max(0.0).sqrt() as f32).collect();
-    let vectors = Mat::<f32>::from_fn(k, k, |i, j| eigenvectors[(i, k - 1 - j)] as f32);
-    Some((s, vectors))
+
+    fn nuclear(&self) -> f64 {
+        self.lambda.iter().map(|&l| l.max(0.0).sqrt()).sum()
+    }
+
+    /// Each σ lies in `[√max(λ - delta, 0), √(λ + delta)]`; the sum of those widths bounds the
+    /// error of the nuclear norm.
+    fn nuclear_error(&self) -> f64 {
+        self.lambda
+            .iter()
+            .map(|&l| (l + self.delta).sqrt() - (l - self.delta).max(0.0).sqrt())
+            .sum()
+    }
 }
 
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal
 /// columns nearest to `a` (orthogonal Procrustes).
+///
+/// As `a (aᵀa)^(-1/2)` from [`GramEvd`] when `aᵀa` is well conditioned (its smallest eigenvalue
+/// at least [`GRAM_RELATIVE_GAP`] times the error bound), else from the thin SVD: TSV's
+/// concatenated singular vectors are badly conditioned when the tasks share directions, and
+/// the inverse square root would then amplify rounding (merging.md, numerical notes).
 pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
+    let (m, p) = a.shape();
+    let gram = (m >= p).then(|| GramEvd::of(a)).flatten();
+    if let Some(evd) = gram.filter(|e| e.lambda[p - 1] >= GRAM_RELATIVE_GAP * e.delta) {
+        // (aᵀa)^(-1/2) = W diag(λ^(-1/2)) Wᵀ
+        let scaled = Mat::<f64>::from_fn(p, p, |i, j| evd.vectors[(i, j)] / evd.lambda[j].sqrt());
+        let mut inv_sqrt = Mat::<f64>::zeros(p, p);
+        faer_matmul(
+            inv_sqrt.as_mut(),
+            Accum::Replace,
+            scaled.as_ref(),
+            evd.vectors.transpose(),
+            1.0,
+            Par::Seq,
+        );
+        return Ok(matmul(a, to_f32(&inv_sqrt).as_ref()));
+    }
     let svd = thin_svd(a)?;
     Ok(matmul(svd.u.as_ref(), svd.v.transpose()))
 }
@@ -289,30 +388,60 @@ mod tests {
         assert!(svd.s.windows(2).all(|w| w[0] >= w[1]));
     }
 
+    /// |<x_j, y_j>| = 1 for every column: the same singular vectors up to sign.
+    fn same_vectors(x: &Mat<f32>, y: &Mat<f32>) {
+        for j in 0..x.ncols() {
+            let dot: f32 = (0..x.nrows()).map(|i| x[(i, j)] * y[(i, j)]).sum();
+            assert!((dot.abs() - 1.0).abs() < 1e-4, "vector {j}: {dot}");
+        }
+    }
+
     #[test]
     fn the_gram_route_gives_the_svd_and_refuses_exact_low_rank() {
         for (m, n) in [(60, 25), (25, 60)] {
             let a = matrix(m, n, 0.8, 3);
-            let (s, vectors) = gram_eigen(a.as_ref()).expect("full rank: the Gram route is used");
+            let evd = GramEvd::of(a.as_ref()).unwrap();
+            assert!(evd.nuclear_error() <= GRAM_NUCLEAR_TOL * evd.nuclear());
             let svd = thin_svd(a.as_ref()).unwrap();
+            let (s, vectors) = small_side_svd(a.as_ref()).unwrap();
             for (x, y) in s.iter().zip(&svd.s) {
                 assert!((x - y).abs() <= 1e-6 * svd.s[0], "{x} vs {y}");
             }
-            // The same singular vectors up to sign: |<gram_j, svd_j>| = 1.
-            let reference = if m >= n { &svd.v } else { &svd.u };
-            for j in 0..s.len() {
-                let dot: f32 = (0..vectors.nrows())
-                    .map(|i| vectors[(i, j)] * reference[(i, j)])
-                    .sum();
-                assert!((dot.abs() - 1.0).abs() < 1e-4, "vector {j}: {dot}");
-            }
+            same_vectors(&vectors, if m >= n { &svd.v } else { &svd.u });
+            // The top 10 triplets, large side included.
+            let top = top_svd(a.as_ref(), 10).unwrap();
+            let want = svd.clone().truncate(10);
+            same_vectors(&top.u, &want.u);
+            same_vectors(&top.v, &want.v);
+            assert!(max_abs_diff(&low_rank(&top), &low_rank(&want)) < 1e-5);
         }
         // Rank 2 of 200: 198 singular values are zero, which the Gram route only resolves to
         // about sqrt(eps)·||A|| each, so its bound on the nuclear norm fails and the SVD is used.
         let low = &matrix(400, 2, 0.0, 4) * &matrix(2, 200, 0.0, 5);
-        assert!(gram_eigen(low.as_ref()).is_none());
+        let evd = GramEvd::of(low.as_ref()).unwrap();
+        assert!(evd.nuclear_error() > GRAM_NUCLEAR_TOL * evd.nuclear());
         let (s, _) = small_side_svd(low.as_ref()).unwrap();
         assert!(s[2..].iter().all(|&x| x <= 1e-5 * s[0]), "{:?}", &s[..4]);
+        // Its third singular value is noise, so asking for 3 triplets also takes the SVD: the
+        // third pair of vectors is then SVD's (arbitrary but orthonormal) choice.
+        assert!(evd.lambda[2] < GRAM_RELATIVE_GAP * evd.delta);
+        let top = top_svd(low.as_ref(), 3).unwrap();
+        let gram = matmul(top.u.transpose(), top.u.as_ref());
+        assert!(max_abs_diff(&gram, &Mat::identity(3, 3)) < 1e-5);
+    }
+
+    #[test]
+    fn an_ill_conditioned_polar_factor_comes_from_the_svd() {
+        // Two nearly equal columns: aᵀa has an eigenvalue of about 1e-12.
+        let mut a = matrix(30, 4, 0.0, 6);
+        for i in 0..30 {
+            a[(i, 3)] = a[(i, 2)] + 1e-6 * a[(i, 0)];
+        }
+        let evd = GramEvd::of(a.as_ref()).unwrap();
+        assert!(evd.lambda[3] < GRAM_RELATIVE_GAP * evd.delta);
+        let p = polar(a.as_ref()).unwrap();
+        let gram = matmul(p.transpose(), p.as_ref());
+        assert!(max_abs_diff(&gram, &Mat::identity(4, 4)) < 1e-5);
     }
 
     #[test]

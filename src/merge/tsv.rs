@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::params::{Default, Kind, ParamSpec, Scope};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
 use crate::error::Result;
-use crate::linalg::svd::{matmul, polar, thin_svd};
+use crate::linalg::svd::{matmul, polar, top_svd};
 use crate::tensor::Tensor;
 use crate::{bad, bail};
 use faer::Mat;
@@ -116,7 +116,7 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
     }
     let svds = deltas
         .par_iter()
-        .map(|d| thin_svd(d.mat()))
+        .map(|d| top_svd(d.mat(), r))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| bad!("{e}"))?;
     let kept: Vec<(usize, usize)> = (0..tasks)
