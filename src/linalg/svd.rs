@@ -1,15 +1,18 @@
 //! Singular value decompositions and products for the spectral merge methods (TSV, STAR), on
-//! faer.
+//! faer. Everything is computed in f64 on the f32 input (see [`to_f64`] for why), by one of two
+//! routes:
+//! - the eigendecomposition of the Gram matrix of the smaller side ([`GramEvd`]): 12 s against
+//!   28 s for the SVD of a 18944 x 3584 matrix on one core, used whenever its error bound shows
+//!   the result is accurate enough for the caller;
+//! - faer's SVD (QR + divide-and-conquer bidiagonal), otherwise: exactly low-rank matrices and
+//!   badly conditioned concatenations, where squaring the matrix loses the digits that matter.
 //!
-//! - [`thin_svd`]: every singular triplet (faer's QR + divide-and-conquer bidiagonal SVD, run
-//!   in f64 on the f32 input, factors returned in f32; see [`to_f64`] for why).
-//! - [`small_side_svd`]: every singular value, and the singular vectors of the smaller dimension
-//!   only (V of a tall matrix, U of a wide one), from the f64 Gram matrix's eigendecomposition
-//!   where its error bound allows (12 s against 28 s for the SVD of a 18944 x 3584 matrix on one
-//!   core), else from the SVD without forming the large factor.
-//! - [`polar`]: the orthogonal polar factor `U V^T` of a thin SVD. It is taken from the SVD
-//!   rather than from `A (A^T A)^{-1/2}`, which loses half the digits in f32 on the badly
-//!   conditioned concatenations TSV builds (merging.md, numerical notes).
+//! The functions:
+//! - [`thin_svd`]: every singular triplet (SVD only).
+//! - [`top_svd`]: the top r triplets (TSV's per-task decomposition).
+//! - [`small_side_svd`]: every singular value and the singular vectors of the smaller dimension
+//!   (STAR, which needs the nuclear norm and the leading subspace).
+//! - [`polar`]: the orthogonal polar factor, `U V^T` of the SVD or `A (A^T A)^(-1/2)`.
 //! - [`matmul`]: a product split into fixed row blocks computed in parallel.
 //!
 //! Every faer call runs single-threaded (`Par::Seq`): faer splits parallel work by thread
