@@ -151,12 +151,15 @@ unsafe fn diff_dots_avx2(
     let (vd, vr) = (pair.v_diff.as_ptr(), pair.v_reference.as_ptr());
     let mut acc_d = [_mm256_setzero_ps(); REGS];
     let mut acc_r = [_mm256_setzero_ps(); REGS];
-    // bf16 -> f32: widen the 16 bits to 32 and shift them into the high half.
-    let widen = |p: *const u8| {
+    /// Eight bf16 values at `p` as f32: widen the 16 bits to 32 and shift them into the high
+    /// half. A function always inlined here rather than a closure, which might not be inlined
+    /// into this AVX2 context.
+    #[inline(always)]
+    unsafe fn widen(p: *const u8) -> __m256 {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
             _mm_loadu_si128(p as *const __m128i),
         )))
-    };
+    }
     for c in range.step_by(LANES) {
         // One 64-byte line of each stored row per step, PREFETCH_AHEAD bytes on (past the end
         // of the row is the next row; a prefetch never faults).

@@ -179,37 +179,40 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
     } = slot;
     *sums = [0.0; K];
     let mut pending = 0;
-    ROW_BLOCK_SCRATCH.with_borrow_mut(|block| {
-        block.resize_with(ROW_BLOCK, RowScratch::new);
-        let mut i = rows.start;
-        while i < rows.end {
-            // ROW_BLOCK divides FLUSH_ROWS, so a block never straddles a flush.
-            let end = (i + ROW_BLOCK).min(rows.end);
-            let mut sets: [[&[f32]; K]; ROW_BLOCK] = [[&[]; K]; ROW_BLOCK];
-            let mut t = [[0f32; K]; ROW_BLOCK];
-            for (r, scratch) in (i..end).zip(block.iter_mut()) {
-                let (set, dots) = a.row_set_dots::<FMA>(r, need, v, scratch);
-                for k in 0..K {
-                    if squares {
-                        sums[k] += squares_f64(set[k]);
-                    }
-                    t[r - i][k] = dots[k] as f32;
-                }
-                sets[r - i] = set;
-            }
+    // Taken out of the thread-local and put back, rather than used inside `with`: code in a
+    // closure is not always inlined into the caller's AVX2 context, and its fused multiply-adds
+    // then become calls to a software fma (5x slower, seen in the criterion bench).
+    let mut block = ROW_BLOCK_SCRATCH.take();
+    block.resize_with(ROW_BLOCK, RowScratch::new);
+    let mut i = rows.start;
+    while i < rows.end {
+        // ROW_BLOCK divides FLUSH_ROWS, so a block never straddles a flush.
+        let end = (i + ROW_BLOCK).min(rows.end);
+        let mut sets: [[&[f32]; K]; ROW_BLOCK] = [[&[]; K]; ROW_BLOCK];
+        let mut t = [[0f32; K]; ROW_BLOCK];
+        for (r, scratch) in (i..end).zip(block.iter_mut()) {
+            let (set, dots) = a.row_set_dots::<FMA>(r, need, v, scratch);
             for k in 0..K {
-                if v[k].is_some() {
-                    add_rows::<K, FMA>(&mut acc[k], &sets[..end - i], &t[..end - i], k);
+                if squares {
+                    sums[k] += squares_f64(set[k]);
                 }
+                t[r - i][k] = dots[k] as f32;
             }
-            pending += end - i;
-            if pending == FLUSH_ROWS {
-                flush(acc, products);
-                pending = 0;
-            }
-            i = end;
+            sets[r - i] = set;
         }
-    });
+        for k in 0..K {
+            if v[k].is_some() {
+                add_rows::<K, FMA>(&mut acc[k], &sets[..end - i], &t[..end - i], k);
+            }
+        }
+        pending += end - i;
+        if pending == FLUSH_ROWS {
+            flush(acc, products);
+            pending = 0;
+        }
+        i = end;
+    }
+    ROW_BLOCK_SCRATCH.set(block);
     if pending > 0 {
         flush(acc, products);
     }
