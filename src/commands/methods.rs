@@ -314,20 +314,23 @@ fn entries(models: &[String], columns: &[(&str, Vec<Option<f64>>)]) -> Vec<Model
         .collect()
 }
 
-fn spec(
+/// Resolves one command's merge (the method, its inputs and parameters, the common flags) into a
+/// spec and runs it, as `sinkmerge merge` runs a YAML file.
+fn merge_with(
     method: &str,
     base: Option<String>,
     entries: Vec<ModelEntry>,
     params: Settings,
     common: &CommonArgs,
-    warnings: &mut Vec<String>,
-) -> Result<MergeSpec> {
+    progress: bool,
+) -> Result<()> {
+    let mut warnings = Vec::new();
     let method = merge::method(method).expect("registered");
     let tokenizer = common
         .tokenizer_from
         .clone()
         .or_else(|| entries.first().map(|e| e.model.clone()));
-    MergeSpec::new(
+    let spec = MergeSpec::new(
         method,
         base,
         entries,
@@ -335,24 +338,23 @@ fn spec(
         None,
         super::merge::out_dtype(common.out_dtype.as_deref())?,
         tokenizer,
-        warnings,
-    )
+        &mut warnings,
+    )?;
+    super::merge::execute(&spec, common, progress, warnings)
 }
 
 pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
     let n = args.models.len();
     let weights = per_model("weights", &args.weights.weights, n, Some(1.0))?;
     let params = Settings::from([("normalize".to_string(), flag(!args.no_normalize))]);
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         "linear",
         None,
         entries(&args.models, &[("weight", weights)]),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
 
 pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<()> {
@@ -362,16 +364,14 @@ pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<(
         ("lambda".to_string(), num(args.lambda)),
         ("normalize".to_string(), flag(args.normalize)),
     ]);
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         "task_arithmetic",
         Some(args.models.base),
         entries(&args.models.models, &[("weight", weights)]),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
 
 pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
@@ -389,8 +389,7 @@ pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
         ("trim".to_string(), choice(trim)),
         ("election".to_string(), choice(election(args.election))),
     ]);
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         "ties",
         Some(args.models.base),
         entries(
@@ -399,9 +398,8 @@ pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
         ),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
 
 fn election(e: ElectionArg) -> &'static str {
@@ -451,8 +449,7 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
             "dare_ties"
         }
     };
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         method,
         Some(args.models.base),
         entries(
@@ -461,9 +458,8 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
         ),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
 
 pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
@@ -471,16 +467,14 @@ pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
         ("alpha".to_string(), num(args.alpha)),
         ("svd_embeddings".to_string(), flag(args.svd_embeddings)),
     ]);
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         "tsv",
         Some(args.models.base),
         entries(&args.models.models, &[]),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
 
 pub fn run_star(args: StarArgs, progress: bool) -> Result<()> {
@@ -488,14 +482,12 @@ pub fn run_star(args: StarArgs, progress: bool) -> Result<()> {
         ("eta".to_string(), num(args.eta)),
         ("svd_embeddings".to_string(), flag(args.svd_embeddings)),
     ]);
-    let mut warnings = Vec::new();
-    let spec = spec(
+    merge_with(
         "star",
         Some(args.models.base),
         entries(&args.models.models, &[]),
         params,
         &args.common,
-        &mut warnings,
-    )?;
-    super::merge::execute(&spec, &args.common, progress, warnings)
+        progress,
+    )
 }
