@@ -18,8 +18,14 @@ use super::task_vector::{self, Combine, Election};
 use super::{MergeMethod, Prepared, TensorParams};
 use crate::error::Result;
 
-pub struct DareLinear;
-pub struct DareTies;
+/// `dare_linear` (task arithmetic on the dropped task vectors) or `dare_ties` (with TIES' sign
+/// election): one method with two registered names, as in mergekit.
+pub struct Dare {
+    ties: bool,
+}
+
+pub const DARE_LINEAR: Dare = Dare { ties: false };
+pub const DARE_TIES: Dare = Dare { ties: true };
 
 pub const RESCALE: ParamSpec = ParamSpec {
     name: "rescale",
@@ -68,13 +74,21 @@ const TIES_PARAMS: &[ParamSpec] = &[
     task_vector::INT8_MASK,
 ];
 
-impl MergeMethod for DareLinear {
+impl MergeMethod for Dare {
     fn name(&self) -> &'static str {
-        "dare_linear"
+        if self.ties {
+            "dare_ties"
+        } else {
+            "dare_linear"
+        }
     }
 
     fn summary(&self) -> &'static str {
-        "random drop + rescale, then task arithmetic (Yu et al. 2024; mergekit `dare_linear`)"
+        if self.ties {
+            "random drop + rescale, then TIES sign election (Yu et al. 2024; mergekit `dare_ties`)"
+        } else {
+            "random drop + rescale, then task arithmetic (Yu et al. 2024; mergekit `dare_linear`)"
+        }
     }
 
     fn needs_base(&self) -> bool {
@@ -82,7 +96,11 @@ impl MergeMethod for DareLinear {
     }
 
     fn params(&self) -> &'static [ParamSpec] {
-        LINEAR_PARAMS
+        if self.ties {
+            TIES_PARAMS
+        } else {
+            LINEAR_PARAMS
+        }
     }
 
     fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
@@ -90,33 +108,8 @@ impl MergeMethod for DareLinear {
     }
 
     fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        dare(job, params, None)
-    }
-}
-
-impl MergeMethod for DareTies {
-    fn name(&self) -> &'static str {
-        "dare_ties"
-    }
-
-    fn summary(&self) -> &'static str {
-        "random drop + rescale, then TIES sign election (Yu et al. 2024; mergekit `dare_ties`)"
-    }
-
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        TIES_PARAMS
-    }
-
-    fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
-        task_vector::check_densities(job, params, self.name())
-    }
-
-    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        dare(job, params, Some(Election::from_params(params)))
+        let election = self.ties.then(|| Election::from_params(params));
+        dare(job, params, election)
     }
 }
 

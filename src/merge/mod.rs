@@ -65,8 +65,8 @@ pub static METHODS: &[&dyn MergeMethod] = &[
     &linear::Linear,
     &task_arithmetic::TaskArithmetic,
     &ties::Ties,
-    &dare::DareLinear,
-    &dare::DareTies,
+    &dare::DARE_LINEAR,
+    &dare::DARE_TIES,
     &tsv::Tsv,
     &star::Star,
 ];
