@@ -35,22 +35,14 @@ impl Tensor {
         self.data.len()
     }
 
-    /// Rows of the matrix view: the first dimension (1 for a vector).
+    /// Rows of the matrix view (see [`matrix_shape`]).
     pub fn rows(&self) -> usize {
-        if self.shape.len() >= 2 {
-            self.shape[0]
-        } else {
-            1
-        }
+        matrix_shape(&self.shape).0
     }
 
-    /// Columns of the matrix view: the product of the remaining dimensions.
+    /// Columns of the matrix view (see [`matrix_shape`]).
     pub fn cols(&self) -> usize {
-        if self.shape.len() >= 2 {
-            self.shape[1..].iter().product()
-        } else {
-            self.data.len()
-        }
+        matrix_shape(&self.shape).1
     }
 
     /// Row-major matrix view (`[out, in]` for a linear weight).
@@ -71,5 +63,14 @@ impl Checkpoint {
             );
         }
         Ok(Tensor::new(info.shape.clone(), self.read_f32(name)?))
+    }
+}
+
+/// `(rows, cols)` of a tensor viewed as a matrix: the first dimension by the product of the
+/// others (`[out, in]` for a linear weight); a vector (or a scalar) is one row.
+pub fn matrix_shape(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [rows, rest @ ..] if !rest.is_empty() => (*rows, rest.iter().product()),
+        _ => (1, shape.iter().product()),
     }
 }

@@ -16,7 +16,7 @@ use crate::arch::names::{self, Module};
 use crate::bail;
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::tensor::{matrix_shape, Tensor};
 
 /// Elements per block (per input). Blocks hold whole rows, at least one.
 pub const BLOCK_ELEMS: usize = 1 << 18;
@@ -120,22 +120,14 @@ impl<'a> TensorJob<'a> {
         self.shape.iter().product()
     }
 
-    /// Rows of the matrix view (1 for a vector).
+    /// Rows of the matrix view (see [`matrix_shape`]).
     pub fn rows(&self) -> usize {
-        if self.shape.len() >= 2 {
-            self.shape[0]
-        } else {
-            1
-        }
+        matrix_shape(&self.shape).0
     }
 
-    /// Columns of the matrix view.
+    /// Columns of the matrix view (see [`matrix_shape`]).
     pub fn cols(&self) -> usize {
-        if self.shape.len() >= 2 {
-            self.shape[1..].iter().product()
-        } else {
-            self.numel()
-        }
+        matrix_shape(&self.shape).1
     }
 
     /// What kind of tensor this is, by the standard name grammar.
