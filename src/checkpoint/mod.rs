@@ -302,14 +302,19 @@ pub const AUX_FILES: &[&str] = &[
     "chat_template.json",
 ];
 
-pub fn read_json(path: &Path) -> Result<Value> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+/// A text file's contents; a missing file is a one-line error naming it.
+pub fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             bad!("{}: file is missing", path.display())
         } else {
             Error::read(path, e)
         }
-    })?;
+    })
+}
+
+pub fn read_json(path: &Path) -> Result<Value> {
+    let text = read_text(path)?;
     serde_json::from_str(&text).map_err(|e| bad!("{}: not valid JSON: {e}", path.display()))
 }
 

@@ -19,7 +19,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 use super::params::{yaml_repr, Scope, Setting, Settings};
 use super::{method, method_names, MergeMethod};
 use crate::checkpoint::dtype::{parse_float_dtype, torch_name};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::{bad, bail};
 
 /// One input model and its per-model parameter settings.
@@ -96,13 +96,7 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
 impl MergeSpec {
     /// Read a YAML merge config; warnings (ignored settings) are returned beside it.
     pub fn from_yaml_file(path: &Path) -> Result<(MergeSpec, Vec<String>)> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                bad!("{}: file is missing", path.display())
-            } else {
-                Error::read(path, e)
-            }
-        })?;
+        let text = crate::checkpoint::read_text(path)?;
         Self::from_yaml(&text, &path.display().to_string())
     }
 

@@ -414,16 +414,7 @@ mod tests {
         );
         let err = parse_scalar(&W, &y("abc"), "cfg").unwrap_err().to_string();
         assert!(err.contains("`weight` must be a number"), "{err}");
-        let rescale = ParamSpec {
-            name: "rescale",
-            scope: Scope::Global,
-            kind: Kind::Choice {
-                options: &["l1", "inverse", "none"],
-                bools: Some(("l1", "none")),
-            },
-            default: Default::Choice("l1"),
-            doc: "",
-        };
+        let rescale = crate::merge::dare::RESCALE;
         assert_eq!(
             parse_scalar(&rescale, &y("true"), "c").unwrap(),
             Value::Choice("l1".into())
