@@ -49,9 +49,12 @@ impl<const K: usize> Plan<K> {
         let tasks: Vec<Range<usize>> = (0..rows.div_ceil(per_task))
             .map(|t| t * per_task..((t + 1) * per_task).min(rows))
             .collect();
-        let batch = (PARTIAL_ENTRIES / (cols * K).max(1)).clamp(2, tasks.len().max(2));
+        // Tasks run at once, each with its own slot: bounded by PARTIAL_ENTRIES, at least two.
+        let batch = (PARTIAL_ENTRIES / (cols * K).max(1))
+            .max(2)
+            .min(tasks.len());
         Plan {
-            slots: (0..batch.min(tasks.len()))
+            slots: (0..batch)
                 .map(|_| Slot {
                     products: std::array::from_fn(|_| Vec::new()),
                     acc: std::array::from_fn(|_| Vec::new()),
