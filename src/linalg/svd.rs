@@ -22,6 +22,7 @@
 
 use faer::diag::Diag;
 use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
 use faer::linalg::evd::{self_adjoint_evd, self_adjoint_evd_scratch, ComputeEigenvectors};
 use faer::linalg::matmul::matmul as faer_matmul;
 use faer::linalg::matmul::triangular::{self, BlockStructure};
@@ -209,59 +210,7 @@ struct GramEvd {
 
 impl GramEvd {
     fn of(a: MatRef<'_, f32>) -> Option<GramEvd> {
-        let (m, n) = a.shape();
-        let (k, long) = (m.min(n), m.max(n));
-        if k == 0 {
-            return None;
-        }
-        let x = to_f64(a);
-        let (lhs, rhs) = if m >= n {
-            (x.transpose(), x.as_ref())
-        } else {
-            (x.as_ref(), x.transpose())
-        };
-        let mut gram = Mat::<f64>::zeros(k, k);
-        triangular::matmul(
-            gram.as_mut(),
-            BlockStructure::TriangularLower,
-            Accum::Replace,
-            lhs,
-            BlockStructure::Rectangular,
-            rhs,
-            BlockStructure::Rectangular,
-            1.0,
-            Par::Seq,
-        );
-        drop(x);
-        let mut eigenvalues = Diag::<f64>::zeros(k);
-        let mut eigenvectors = Mat::<f64>::zeros(k, k);
-        let scratch = self_adjoint_evd_scratch::<f64>(
-            k,
-            ComputeEigenvectors::Yes,
-            Par::Seq,
-            Default::default(),
-        );
-        self_adjoint_evd(
-            gram.as_ref(),
-            eigenvalues.as_mut(),
-            Some(eigenvectors.as_mut()),
-            Par::Seq,
-            MemStack::new(&mut MemBuffer::new(scratch)),
-            Default::default(),
-        )
-        .ok()?;
-        let fro2: f64 = (0..k).map(|i| gram[(i, i)]).sum();
-        // Ascending from faer; singular values go the other way.
-        let lambda: Vec<f64> = eigenvalues.column_vector().iter().rev().copied().collect();
-        if !lambda.iter().all(|l| l.is_finite()) {
-            return None;
-        }
-        let top = lambda[0].max(0.0);
-        Some(GramEvd {
-            delta: f64::EPSILON * (long as f64 * fro2 + 8.0 * k as f64 * top),
-            vectors: Mat::<f64>::from_fn(k, k, |i, j| eigenvectors[(i, k - 1 - j)]),
-            lambda,
-        })
+        Gram::of(a)?.evd()
     }
 
     fn singular_values(&self) -> Vec<f32> {
@@ -285,6 +234,105 @@ impl GramEvd {
     }
 }
 
+/// The lower triangle of the Gram matrix of `a`'s smaller side (`AᵀA` or `AAᵀ`) in f64: the
+/// first step of [`GramEvd`], kept apart so that [`polar`] can test its conditioning cheaply.
+struct Gram {
+    lower: Mat<f64>,
+    /// `||A||_F²`, the trace.
+    fro2: f64,
+    /// The larger side: the length of each product's sum.
+    long: usize,
+}
+
+impl Gram {
+    fn of(a: MatRef<'_, f32>) -> Option<Gram> {
+        let (m, n) = a.shape();
+        let (k, long) = (m.min(n), m.max(n));
+        if k == 0 {
+            return None;
+        }
+        let x = to_f64(a);
+        let (lhs, rhs) = if m >= n {
+            (x.transpose(), x.as_ref())
+        } else {
+            (x.as_ref(), x.transpose())
+        };
+        let mut lower = Mat::<f64>::zeros(k, k);
+        triangular::matmul(
+            lower.as_mut(),
+            BlockStructure::TriangularLower,
+            Accum::Replace,
+            lhs,
+            BlockStructure::Rectangular,
+            rhs,
+            BlockStructure::Rectangular,
+            1.0,
+            Par::Seq,
+        );
+        let fro2 = (0..k).map(|i| lower[(i, i)]).sum();
+        Some(Gram { lower, fro2, long })
+    }
+
+    /// The rounding error of the products, the part of [`GramEvd`]'s `delta` known before the
+    /// eigendecomposition.
+    fn product_error(&self) -> f64 {
+        f64::EPSILON * self.long as f64 * self.fro2
+    }
+
+    /// Whether the smallest eigenvalue is below `t`: the Cholesky factorization of `G - t·I`
+    /// fails. A tenth of the eigendecomposition's cost, so [`polar`] can refuse an ill-conditioned
+    /// matrix (TSV's square concatenations) before paying for it. Cholesky's own rounding,
+    /// about `k·eps·||G||`, is far below the thresholds it is used with.
+    fn smallest_eigenvalue_below(&self, t: f64) -> bool {
+        let k = self.lower.nrows();
+        let mut shifted = self.lower.clone();
+        for i in 0..k {
+            shifted[(i, i)] -= t;
+        }
+        let scratch = cholesky_in_place_scratch::<f64>(k, Par::Seq, Default::default());
+        cholesky_in_place(
+            shifted.as_mut(),
+            Default::default(),
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        )
+        .is_err()
+    }
+
+    fn evd(self) -> Option<GramEvd> {
+        let k = self.lower.nrows();
+        let mut eigenvalues = Diag::<f64>::zeros(k);
+        let mut eigenvectors = Mat::<f64>::zeros(k, k);
+        let scratch = self_adjoint_evd_scratch::<f64>(
+            k,
+            ComputeEigenvectors::Yes,
+            Par::Seq,
+            Default::default(),
+        );
+        self_adjoint_evd(
+            self.lower.as_ref(),
+            eigenvalues.as_mut(),
+            Some(eigenvectors.as_mut()),
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        )
+        .ok()?;
+        // Ascending from faer; singular values go the other way.
+        let lambda: Vec<f64> = eigenvalues.column_vector().iter().rev().copied().collect();
+        if !lambda.iter().all(|l| l.is_finite()) {
+            return None;
+        }
+        let top = lambda[0].max(0.0);
+        Some(GramEvd {
+            delta: self.product_error() + f64::EPSILON * 8.0 * k as f64 * top,
+            vectors: Mat::<f64>::from_fn(k, k, |i, j| eigenvectors[(i, k - 1 - j)]),
+            lambda,
+        })
+    }
+}
+
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal
 /// columns nearest to `a` (orthogonal Procrustes).
 ///
@@ -294,8 +342,12 @@ impl GramEvd {
 /// the inverse square root would then amplify rounding (merging.md, numerical notes).
 pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
     let (m, p) = a.shape();
-    let gram = (m >= p).then(|| GramEvd::of(a)).flatten();
-    if let Some(evd) = gram.filter(|e| e.lambda[p - 1] >= GRAM_RELATIVE_GAP * e.delta) {
+    let evd = (m >= p)
+        .then(|| Gram::of(a))
+        .flatten()
+        .filter(|g| !g.smallest_eigenvalue_below(GRAM_RELATIVE_GAP * g.product_error()))
+        .and_then(Gram::evd);
+    if let Some(evd) = evd.filter(|e| e.lambda[p - 1] >= GRAM_RELATIVE_GAP * e.delta) {
         // (aᵀa)^(-1/2) = W diag(λ^(-1/2)) Wᵀ
         let scaled = Mat::<f64>::from_fn(p, p, |i, j| evd.vectors[(i, j)] / evd.lambda[j].sqrt());
         let mut inv_sqrt = Mat::<f64>::zeros(p, p);
@@ -445,9 +497,21 @@ mod tests {
         }
         let evd = GramEvd::of(a.as_ref()).unwrap();
         assert!(evd.lambda[3] < GRAM_RELATIVE_GAP * evd.delta);
+        // The Cholesky test refuses it before the eigendecomposition.
+        let gram = Gram::of(a.as_ref()).unwrap();
+        assert!(gram.smallest_eigenvalue_below(GRAM_RELATIVE_GAP * gram.product_error()));
         let p = polar(a.as_ref()).unwrap();
         let gram = matmul(p.transpose(), p.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(4, 4)) < 1e-5);
+    }
+
+    #[test]
+    fn the_cholesky_test_brackets_the_smallest_eigenvalue() {
+        let a = matrix(50, 8, 1.0, 7);
+        let smallest = GramEvd::of(a.as_ref()).unwrap().lambda[7];
+        let gram = Gram::of(a.as_ref()).unwrap();
+        assert!(gram.smallest_eigenvalue_below(smallest * 1.001));
+        assert!(!gram.smallest_eigenvalue_below(smallest * 0.999));
     }
 
     #[test]
