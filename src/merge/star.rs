@@ -124,18 +124,17 @@ pub fn kept_rank(s: &[f32], eta: f64) -> usize {
 /// matrix), equal since `D V_r = U_r diag(s_r)`: only the small-side singular vectors are needed.
 pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let (m, n) = (delta.rows(), delta.cols());
-    let (s, vectors) = small_side_svd(delta.mat()).map_err(|e| bad!("{e}"))?;
+    let (s, top) = small_side_svd(delta.mat(), |s| kept_rank(s, eta)).map_err(|e| bad!("{e}"))?;
     let total: f64 = s.iter().map(|&x| x as f64).sum();
     if total == 0.0 {
         return Ok(vec![0.0; m * n]);
     }
-    let r = kept_rank(&s, eta);
+    let r = top.ncols();
     let kept: f64 = s[..r].iter().map(|&x| x as f64).sum();
     let scale = (total / kept) as f32;
-    let basis = Mat::<f32>::from_fn(vectors.nrows(), r, |i, j| vectors[(i, j)] * scale);
-    let top = vectors.subcols(0, r);
+    let basis = Mat::<f32>::from_fn(top.nrows(), r, |i, j| top[(i, j)] * scale);
     let product = if m >= n {
-        let coords = matmul(delta.mat(), top);
+        let coords = matmul(delta.mat(), top.as_ref());
         matmul(coords.as_ref(), basis.transpose())
     } else {
         let coords = matmul(top.transpose(), delta.mat());
