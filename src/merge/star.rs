@@ -118,13 +118,31 @@ pub fn kept_rank(s: &[f32], eta: f64) -> usize {
     s.len()
 }
 
+/// [`kept_rank`] when no error of at most `err` in every partial sum of `s` (the total included)
+/// could move it: the sums just below and at the cut must clear the target by the error of the
+/// sum and of the target (`err · eta/100`). `None` otherwise; always decided when `err` is 0.
+pub fn certain_kept_rank(s: &[f32], eta: f64, err: f64) -> Option<usize> {
+    let r = kept_rank(s, eta);
+    if err == 0.0 || s.is_empty() {
+        return Some(r);
+    }
+    let total: f64 = s.iter().map(|&x| x as f64).sum();
+    let target = total * (eta / 100.0);
+    let margin = err * (1.0 + eta / 100.0);
+    let below: f64 = s[..r - 1].iter().map(|&x| x as f64).sum();
+    let at = below + s[r - 1] as f64;
+    let enough = r == s.len() || at >= target + margin;
+    (below < target - margin && enough).then_some(r)
+}
+
 /// One task vector truncated to eta% of its nuclear norm and rescaled (row-major).
 ///
 /// `U_r diag(s_r) V_r^T` is computed as the projection `D V_r V_r^T` (or `U_r U_r^T D` for a wide
 /// matrix), equal since `D V_r = U_r diag(s_r)`: only the small-side singular vectors are needed.
 pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let (m, n) = (delta.rows(), delta.cols());
-    let (s, top) = small_side_svd(delta.mat(), |s| kept_rank(s, eta)).map_err(|e| bad!("{e}"))?;
+    let (s, top) = small_side_svd(delta.mat(), |s, err| certain_kept_rank(s, eta, err))
+        .map_err(|e| bad!("{e}"))?;
     let total: f64 = s.iter().map(|&x| x as f64).sum();
     if total == 0.0 {
         return Ok(vec![0.0; m * n]);
@@ -157,6 +175,21 @@ mod tests {
         // Rounding cannot push eta = 100 past the end.
         let odd = [0.1f32, 0.2, 0.7000001];
         assert_eq!(kept_rank(&odd, 100.0), 3);
+    }
+
+    #[test]
+    fn the_rank_is_certain_only_when_rounding_cannot_move_it() {
+        let s = [4.0f32, 3.0, 2.0, 1.0]; // total 10, cumsum 4, 7, 9, 10
+                                         // eta 50: target 5, cut at 2 (4 < 5 <= 7); the margin is 1.5 x err.
+        assert_eq!(certain_kept_rank(&s, 50.0, 0.0), Some(2));
+        assert_eq!(certain_kept_rank(&s, 50.0, 0.5), Some(2));
+        assert_eq!(certain_kept_rank(&s, 50.0, 0.7), None); // 4 + 0.7 could reach 5 - 0.35
+                                                            // eta 40: target exactly 4 = cumsum at 1, so any error makes it undecided.
+        assert_eq!(certain_kept_rank(&s, 40.0, 0.0), Some(1));
+        assert_eq!(certain_kept_rank(&s, 40.0, 1e-9), None);
+        // eta 100 keeps everything unless the last value is within the error of zero.
+        assert_eq!(certain_kept_rank(&s, 100.0, 0.4), Some(4));
+        assert_eq!(certain_kept_rank(&s, 100.0, 0.6), None);
     }
 
     #[test]
