@@ -131,19 +131,24 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
 /// First from the Gram matrix of the smaller side ([`GramEvd`]), which is about twice as fast as
 /// the SVD on the 7B MLP shapes. From faer's SVD when the Gram route's error bound on the
 /// nuclear norm is above [`GRAM_NUCLEAR_TOL`] (exactly low-rank matrices, whose zero singular
-/// values come out as rounding noise of size `sqrt(eps)·||A||`) or leaves `rank` undecided.
+/// values come out as rounding noise of size `sqrt(eps)·||A||`) or leaves `rank` undecided,
+/// even after [`GramEvd::refine_tail`].
 pub fn small_side_svd(
     a: MatRef<'_, f32>,
     rank: impl Fn(&[f32], f64) -> Option<usize>,
 ) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
     let (m, n) = a.shape();
     let k = m.min(n);
-    if let Some(evd) =
-        GramEvd::of(a).filter(|e| e.nuclear_error() <= GRAM_NUCLEAR_TOL * e.nuclear())
-    {
-        let s = evd.singular_values();
-        if let Some(r) = rank(&s, evd.nuclear_error()) {
-            return Ok((s, to_f32(&evd.vectors(r.min(k)))));
+    if let Some(mut evd) = GramEvd::of(a) {
+        let decide = |e: &GramEvd| {
+            let err = e.nuclear_error();
+            (err <= GRAM_NUCLEAR_TOL * e.nuclear())
+                .then(|| rank(&e.singular_values(), err))
+                .flatten()
+        };
+        let decided = decide(&evd).or_else(|| evd.refine_tail(a).then(|| decide(&evd)).flatten());
+        if let Some(r) = decided {
+            return Ok((evd.singular_values(), to_f32(&evd.vectors(r.min(k)))));
         }
     }
     let mut vectors = Mat::<f64>::zeros(k, k);
@@ -239,6 +244,9 @@ struct GramEvd {
     block_factors: Mat<f64>,
     /// The eigenvectors of T, ascending like faer's eigenvalues (column k-1-j for `lambda[j]`).
     tridiagonal_vectors: Mat<f64>,
+    /// Tighter upper bounds on the smallest singular values, smallest first, from
+    /// [`GramEvd::refine_tail`]; empty until then.
+    tail_upper: Vec<f64>,
 }
 
 impl GramEvd {
@@ -249,7 +257,14 @@ impl GramEvd {
     /// The eigenvectors of the leading `r` eigenvalues, column j for `lambda[j]`.
     fn vectors(&self, r: usize) -> Mat<f64> {
         let k = self.lambda.len();
-        let mut out = Mat::<f64>::from_fn(k, r, |i, j| self.tridiagonal_vectors[(i, k - 1 - j)]);
+        self.back_transform(Mat::<f64>::from_fn(k, r, |i, j| {
+            self.tridiagonal_vectors[(i, k - 1 - j)]
+        }))
+    }
+
+    /// `Q z` for eigenvectors `z` of the tridiagonal form.
+    fn back_transform(&self, mut out: Mat<f64>) -> Mat<f64> {
+        let (k, r) = out.shape();
         if k > 1 && r > 0 {
             let scratch = apply_block_householder_sequence_on_the_left_in_place_scratch::<f64>(
                 k - 1,
@@ -268,26 +283,117 @@ impl GramEvd {
         out
     }
 
+    /// The interval holding the true σ of `lambda[j]`: `[√max(λ - delta, 0), √(λ + delta)]`
+    /// (Weyl), its top lowered by [`GramEvd::refine_tail`] where that is tighter.
+    fn bounds(&self, j: usize) -> (f64, f64) {
+        let l = self.lambda[j];
+        let mut upper = (l + self.delta).sqrt();
+        if let Some(&u) = self.tail_upper.get(self.lambda.len() - 1 - j) {
+            upper = upper.min(u);
+        }
+        ((l - self.delta).max(0.0).sqrt(), upper)
+    }
+
+    /// σ_j: `√λ_j`, kept inside [`GramEvd::bounds`].
+    fn singular_value(&self, j: usize) -> f64 {
+        let (lower, upper) = self.bounds(j);
+        self.lambda[j].max(0.0).sqrt().min(upper).max(lower)
+    }
+
     fn singular_values(&self) -> Vec<f32> {
-        self.lambda
-            .iter()
-            .map(|&l| l.max(0.0).sqrt() as f32)
+        (0..self.lambda.len())
+            .map(|j| self.singular_value(j) as f32)
             .collect()
     }
 
     fn nuclear(&self) -> f64 {
-        self.lambda.iter().map(|&l| l.max(0.0).sqrt()).sum()
+        (0..self.lambda.len()).map(|j| self.singular_value(j)).sum()
     }
 
-    /// Each σ lies in `[√max(λ - delta, 0), √(λ + delta)]`; the sum of those widths bounds the
-    /// error of the nuclear norm.
+    /// The sum of the widths of [`GramEvd::bounds`], which bounds the error of the nuclear norm
+    /// and of every partial sum of the singular values.
     fn nuclear_error(&self) -> f64 {
-        self.lambda
-            .iter()
-            .map(|&l| (l + self.delta).sqrt() - (l - self.delta).max(0.0).sqrt())
+        (0..self.lambda.len())
+            .map(|j| {
+                let (lower, upper) = self.bounds(j);
+                upper - lower
+            })
             .sum()
     }
+
+    /// Tighten the upper bounds of the singular values the Gram matrix cannot resolve (`λ` below
+    /// [`TAIL_DELTAS`] times `delta`, where the interval is about `√delta` wide whatever the true
+    /// σ), from the matrix itself: with `W` their t eigenvectors, the singular values of `A W` (or
+    /// `Aᵀ W`), computed in f64 without squaring, bound the t smallest of `A` from above one by
+    /// one (interlacing: `σ_i(A W) >= σ_{i+k-t}(A)` for orthonormal `W`). The slack
+    /// `k·eps·||A||` covers `W`'s rounding. Tiny singular values of a square task vector are
+    /// what this is for: the 3584 x 3584 ones of the merge benchmark have about 50 below
+    /// `√delta`, which alone made their nuclear-norm bound 1e-5.
+    ///
+    /// Returns whether it tightened anything; skipped (false) when more than k/8 values are
+    /// unresolved (exactly low-rank matrices: the SVD is then as cheap).
+    fn refine_tail(&mut self, a: MatRef<'_, f32>) -> bool {
+        let k = self.lambda.len();
+        let t = self
+            .lambda
+            .iter()
+            .filter(|&&l| l < TAIL_DELTAS * self.delta)
+            .count();
+        if t == 0 || t > k / 8 {
+            return false;
+        }
+        let w = self.back_transform(Mat::<f64>::from_fn(k, t, |i, j| {
+            self.tridiagonal_vectors[(i, j)]
+        }));
+        let x = to_f64(a);
+        let (m, n) = a.shape();
+        let mut b = Mat::<f64>::zeros(m.max(n), t);
+        let lhs = if m >= n { x.as_ref() } else { x.transpose() };
+        faer_matmul(b.as_mut(), Accum::Replace, lhs, w.as_ref(), 1.0, Par::Seq);
+        drop(x);
+        let mut ritz = Diag::<f64>::zeros(t);
+        let scratch = svd_scratch::<f64>(
+            b.nrows(),
+            t,
+            ComputeSvdVectors::No,
+            ComputeSvdVectors::No,
+            Par::Seq,
+            Default::default(),
+        );
+        let solved = svd(
+            b.as_ref(),
+            ritz.as_mut(),
+            None,
+            None,
+            Par::Seq,
+            MemStack::new(&mut MemBuffer::new(scratch)),
+            Default::default(),
+        );
+        if solved.is_err() {
+            return false;
+        }
+        let slack = f64::EPSILON * k as f64 * (self.lambda[0] + self.delta).sqrt();
+        // Descending from faer; the bounds go smallest first.
+        self.tail_upper = ritz
+            .column_vector()
+            .iter()
+            .rev()
+            .map(|&r| r + slack)
+            .collect();
+        let consistent = (k - t..k).all(|j| {
+            let (lower, upper) = self.bounds(j);
+            lower <= upper
+        });
+        if !consistent {
+            self.tail_upper.clear();
+        }
+        consistent
+    }
 }
+
+/// Eigenvalues below this many times [`GramEvd`]'s `delta` count as unresolved for
+/// [`GramEvd::refine_tail`].
+const TAIL_DELTAS: f64 = 4.0;
 
 /// The lower triangle of the Gram matrix of `a`'s smaller side (`AᵀA` or `AAᵀ`) in f64: the
 /// first step of [`GramEvd`], kept apart so that [`polar`] can test its conditioning cheaply.
@@ -409,6 +515,7 @@ impl Gram {
             reflectors,
             block_factors,
             tridiagonal_vectors,
+            tail_upper: Vec::new(),
         })
     }
 }
@@ -569,6 +676,42 @@ mod tests {
         let top = top_svd(low.as_ref(), 3).unwrap();
         let gram = matmul(top.u.transpose(), top.u.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(3, 3)) < 1e-5);
+    }
+
+    #[test]
+    fn refining_the_tail_tightens_the_bounds_and_keeps_the_true_values_inside() {
+        // 120 singular values: j^-0.8, then 10 at 1e-9 (f32 rounding leaves them near 1e-7).
+        let (m, n) = (200, 120);
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let g1 = Mat::<f32>::from_fn(m, n, |_, _| StandardNormal.sample(&mut rng));
+        let g2 = Mat::<f32>::from_fn(n, n, |_, _| StandardNormal.sample(&mut rng));
+        let (u, v) = (orthonormal(&g1), orthonormal(&g2));
+        let s = |j: usize| {
+            if j < n - 10 {
+                ((j + 1) as f32).powf(-0.8)
+            } else {
+                1e-9
+            }
+        };
+        let scaled = Mat::<f32>::from_fn(m, n, |i, j| u[(i, j)] * s(j));
+        let a = &scaled * v.transpose();
+        let exact = thin_svd(a.as_ref()).unwrap().s;
+        let mut evd = GramEvd::of(a.as_ref()).unwrap();
+        let before = evd.nuclear_error();
+        assert!(evd.refine_tail(a.as_ref()));
+        let after = evd.nuclear_error();
+        assert!(after < before / 3.0, "{before:e} -> {after:e}");
+        for (j, &x) in exact.iter().enumerate() {
+            let (lower, upper) = evd.bounds(j);
+            // The SVD's values were rounded to f32: allow that rounding.
+            let (x, rounding) = (x as f64, 1e-7 * x as f64);
+            assert!(
+                lower - rounding <= x && x <= upper + rounding,
+                "{j}: {x:e} not in [{lower:e}, {upper:e}]"
+            );
+        }
+        let exact_nuclear: f64 = exact.iter().map(|&x| x as f64).sum();
+        assert!((evd.nuclear() - exact_nuclear).abs() <= after + 1e-7 * exact_nuclear);
     }
 
     #[test]
