@@ -124,9 +124,9 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
 /// dimension (V when `m >= n`, U otherwise), as many as `rank` asks for once it has seen the
 /// singular values (STAR keeps 72-86 of 3584 on its benchmark). Computed in f64.
 ///
-/// `rank(s, err)` gets the singular values and a bound `err` on the error of every partial sum
-/// of them, and returns `None` when that error could change its answer; with `err = 0` it must
-/// decide.
+/// `rank(s, err)` gets the singular values and a bound `err[j]` on the error of each (its f32
+/// rounding included), and returns `None` when those errors could change its answer; with
+/// every bound 0 it must decide.
 ///
 /// First from the Gram matrix of the smaller side ([`GramEvd`]), which is about twice as fast as
 /// the SVD on the 7B MLP shapes. From faer's SVD when the Gram route's error bound on the
@@ -135,15 +135,21 @@ pub fn thin_svd(a: MatRef<'_, f32>) -> Result<Svd, SvdFailed> {
 /// even after [`GramEvd::refine_tail`].
 pub fn small_side_svd(
     a: MatRef<'_, f32>,
-    rank: impl Fn(&[f32], f64) -> Option<usize>,
+    rank: impl Fn(&[f32], &[f64]) -> Option<usize>,
 ) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
     let (m, n) = a.shape();
     let k = m.min(n);
     if let Some(mut evd) = GramEvd::of(a) {
         let decide = |e: &GramEvd| {
-            let err = e.nuclear_error();
-            (err <= GRAM_NUCLEAR_TOL * e.nuclear())
-                .then(|| rank(&e.singular_values(), err))
+            let s = e.singular_values();
+            let errors: Vec<f64> = (0..s.len())
+                .map(|j| {
+                    let (lower, upper) = e.bounds(j);
+                    upper - lower + s[j] as f64 * f64::from(f32::EPSILON)
+                })
+                .collect();
+            (e.nuclear_error() <= GRAM_NUCLEAR_TOL * e.nuclear())
+                .then(|| rank(&s, &errors))
                 .flatten()
         };
         let decided = decide(&evd).or_else(|| evd.refine_tail(a).then(|| decide(&evd)).flatten());
@@ -158,7 +164,7 @@ pub fn small_side_svd(
         svd_f64(a, Some(&mut vectors), None)?
     };
     // The SVD's own rounding (about k·eps·σ1 per value) is the floor of any route: taken as exact.
-    let r = rank(&s, 0.0).unwrap_or(k).min(k);
+    let r = rank(&s, &vec![0.0; s.len()]).unwrap_or(k).min(k);
     Ok((s, to_f32(&vectors.subcols(0, r).to_owned())))
 }
 

@@ -118,21 +118,23 @@ pub fn kept_rank(s: &[f32], eta: f64) -> usize {
     s.len()
 }
 
-/// [`kept_rank`] when no error of at most `err` in every partial sum of `s` (the total included)
-/// could move it: the sums just below and at the cut must clear the target by the error of the
-/// sum and of the target (`err · eta/100`). `None` otherwise; always decided when `err` is 0.
-pub fn certain_kept_rank(s: &[f32], eta: f64, err: f64) -> Option<usize> {
+/// [`kept_rank`] when errors of at most `err[j]` in `s[j]` cannot move it: the sum just below
+/// the cut must stay under the target and the sum at the cut reach it, whatever the errors of
+/// those sums and of the target (`eta/100` of the total's). `None` otherwise; always decided
+/// when every error is 0.
+pub fn certain_kept_rank(s: &[f32], eta: f64, err: &[f64]) -> Option<usize> {
     let r = kept_rank(s, eta);
-    if err == 0.0 || s.is_empty() {
+    let total_err: f64 = err.iter().sum();
+    if total_err == 0.0 || s.is_empty() {
         return Some(r);
     }
     let total: f64 = s.iter().map(|&x| x as f64).sum();
-    let target = total * (eta / 100.0);
-    let margin = err * (1.0 + eta / 100.0);
+    let (target, target_err) = (total * (eta / 100.0), total_err * (eta / 100.0));
     let below: f64 = s[..r - 1].iter().map(|&x| x as f64).sum();
-    let at = below + s[r - 1] as f64;
-    let enough = r == s.len() || at >= target + margin;
-    (below < target - margin && enough).then_some(r)
+    let below_err: f64 = err[..r - 1].iter().sum();
+    let (at, at_err) = (below + s[r - 1] as f64, below_err + err[r - 1]);
+    let enough = r == s.len() || at - at_err >= target + target_err;
+    (below + below_err < target - target_err && enough).then_some(r)
 }
 
 /// One task vector truncated to eta% of its nuclear norm and rescaled (row-major).
@@ -180,16 +182,20 @@ mod tests {
     #[test]
     fn the_rank_is_certain_only_when_rounding_cannot_move_it() {
         let s = [4.0f32, 3.0, 2.0, 1.0]; // total 10, cumsum 4, 7, 9, 10
-                                         // eta 50: target 5, cut at 2 (4 < 5 <= 7); the margin is 1.5 x err.
-        assert_eq!(certain_kept_rank(&s, 50.0, 0.0), Some(2));
-        assert_eq!(certain_kept_rank(&s, 50.0, 0.5), Some(2));
-        assert_eq!(certain_kept_rank(&s, 50.0, 0.7), None); // 4 + 0.7 could reach 5 - 0.35
-                                                            // eta 40: target exactly 4 = cumsum at 1, so any error makes it undecided.
-        assert_eq!(certain_kept_rank(&s, 40.0, 0.0), Some(1));
-        assert_eq!(certain_kept_rank(&s, 40.0, 1e-9), None);
-        // eta 100 keeps everything unless the last value is within the error of zero.
-        assert_eq!(certain_kept_rank(&s, 100.0, 0.4), Some(4));
-        assert_eq!(certain_kept_rank(&s, 100.0, 0.6), None);
+        let each = |e: f64| [e; 4];
+        // eta 50: target 5, cut at 2 (4 < 5 <= 7). With e per value the sum below the cut is
+        // off by e, the one at the cut by 2e and the target by 2e (half of 4e).
+        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.0)), Some(2));
+        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.3)), Some(2)); // 4.3 < 4.4, 6.4 >= 5.6
+        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.4)), None); // 4.4 < 4.2 fails
+                                                                   // Errors only in the tail, far from the cut, move just the target.
+        assert_eq!(certain_kept_rank(&s, 50.0, &[0.0, 0.0, 0.0, 1.0]), Some(2));
+        // eta 40: target exactly 4 = cumsum at 1, so any error makes it undecided.
+        assert_eq!(certain_kept_rank(&s, 40.0, &each(0.0)), Some(1));
+        assert_eq!(certain_kept_rank(&s, 40.0, &each(1e-9)), None);
+        // eta 100 keeps everything unless the last value is within the errors of zero.
+        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.1)), Some(4)); // 9.3 < 9.6
+        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.2)), None); // 9.6 < 9.2 fails
     }
 
     #[test]
