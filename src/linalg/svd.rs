@@ -334,10 +334,11 @@ impl GramEvd {
     /// one (interlacing: `σ_i(A W) >= σ_{i+k-t}(A)` for orthonormal `W`). The slack
     /// `k·eps·||A||` covers `W`'s rounding. Tiny singular values of a square task vector are
     /// what this is for: the 3584 x 3584 ones of the merge benchmark have about 50 below
-    /// `√delta`, which alone made their nuclear-norm bound 1e-5.
+    /// `√delta`, and refining them takes a nuclear-norm bound from 1.5e-5 to 1.0e-5.
     ///
     /// Returns whether it tightened anything; skipped (false) when more than k/8 values are
-    /// unresolved (exactly low-rank matrices: the SVD is then as cheap).
+    /// unresolved (exactly low-rank matrices: the product and its SVD would cost about as much
+    /// as the SVD of `A`).
     fn refine_tail(&mut self, a: MatRef<'_, f32>) -> bool {
         let k = self.lambda.len();
         let t = self
