@@ -1,15 +1,20 @@
 //! Merge kernels on one 4096 x 4096 f32 tensor (a base and two task models on disk, read from the
 //! page cache): the TIES top-k cut by radix selection against a full sort of the magnitudes (what
-//! mergekit's argsort does), DARE masks, and whole-tensor merges per method.
+//! mergekit's argsort does), DARE masks, and whole-tensor merges per method. Then STAR's
+//! decomposition of one 2048 x 1024 task vector with a decaying spectrum: the f64 Gram route with
+//! 64 leading vectors against faer's f64 thin SVD.
 //!
 //!     cargo bench --bench merge_kernels
 
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use faer::Mat;
 use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
 use safetensors::tensor::TensorView;
 use sinkmerge::checkpoint::Checkpoint;
+use sinkmerge::linalg::svd::{small_side_svd, thin_svd};
 use sinkmerge::merge::job::{Source, TensorJob};
 use sinkmerge::merge::params::Value;
 use sinkmerge::merge::{self, sparsify, TensorParams};
@@ -118,6 +123,24 @@ fn bench(c: &mut Criterion) {
             bench.iter(|| m.merge(&job, &p, &None).unwrap())
         });
     }
+    g.finish();
+
+    // G1 diag(j^-0.8) G2ᵀ, like benches/gen_merge_tasks.py's task vectors.
+    let (m, n) = (2048, 1024);
+    let g1 = Mat::<f32>::from_fn(m, n, |_, j| {
+        let x: f32 = StandardNormal.sample(&mut rng);
+        x * ((j + 1) as f32).powf(-0.8)
+    });
+    let g2 = Mat::<f32>::from_fn(n, n, |_, _| StandardNormal.sample(&mut rng));
+    let task_vector = &g1 * g2.transpose();
+    let mut g = c.benchmark_group("star_decomposition_2048x1024");
+    g.sample_size(10);
+    g.bench_function("gram_route_64_vectors", |bench| {
+        bench.iter(|| small_side_svd(task_vector.as_ref(), |_, _| Some(64)).unwrap())
+    });
+    g.bench_function("thin_svd", |bench| {
+        bench.iter(|| thin_svd(task_vector.as_ref()).unwrap())
+    });
     g.finish();
 }
 
