@@ -184,21 +184,8 @@ pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<Svd, SvdFailed> {
         let lambda = evd.lambda[..r].to_vec();
         // Its reflectors and tridiagonal eigenvectors are no longer needed (206 MB at k = 3584).
         drop(evd);
-        // The large side: A v_j / σ_j (tall) or Aᵀ u_j / σ_j (wide), in f64. `a` is converted
-        // again rather than kept from GramEvd::of: holding the f64 copy through the
-        // eigendecomposition would add its size (543 MB for 18944 x 3584) to every task's peak
-        // memory, to save a conversion that costs about 2% of the time.
-        let x = to_f64(a);
-        let mut large = Mat::<f64>::zeros(m.max(n), r);
-        let lhs = if m >= n { x.as_ref() } else { x.transpose() };
-        faer_matmul(
-            large.as_mut(),
-            Accum::Replace,
-            lhs,
-            small.as_ref(),
-            1.0,
-            Par::Seq,
-        );
+        // The large side: A v_j / σ_j (tall) or Aᵀ u_j / σ_j (wide), in f64.
+        let mut large = long_side_product(a, small.as_ref());
         for (j, l) in lambda.iter().enumerate() {
             let inv = 1.0 / l.sqrt();
             large.col_mut(j).iter_mut().for_each(|x| *x *= inv);
@@ -352,12 +339,7 @@ impl GramEvd {
         let w = self.back_transform(Mat::<f64>::from_fn(k, t, |i, j| {
             self.tridiagonal_vectors[(i, j)]
         }));
-        let x = to_f64(a);
-        let (m, n) = a.shape();
-        let mut b = Mat::<f64>::zeros(m.max(n), t);
-        let lhs = if m >= n { x.as_ref() } else { x.transpose() };
-        faer_matmul(b.as_mut(), Accum::Replace, lhs, w.as_ref(), 1.0, Par::Seq);
-        drop(x);
+        let b = long_side_product(a, w.as_ref());
         let mut ritz = Diag::<f64>::zeros(t);
         let scratch = svd_scratch::<f64>(
             b.nrows(),
@@ -398,8 +380,58 @@ impl GramEvd {
     }
 }
 
-/// Rows of the f64 block [`Gram::of`] converts at a time (59 MB at 3584 columns).
-const GRAM_BLOCK_ROWS: usize = 2048;
+/// Rows of the f64 block [`for_each_f64_block`] converts at a time (59 MB at 3584 columns).
+const F64_BLOCK_ROWS: usize = 2048;
+
+/// Call `f(start, block)` on consecutive blocks of [`F64_BLOCK_ROWS`] rows of X, the long side
+/// of `a` as rows (`a`, or `aᵀ` if wide), each converted to f64. The products the decompositions
+/// take of `a` are exact in f64 either way, and a converted copy of the whole of `a` would cost
+/// its size in f64 (543 MB for 18944 x 3584) for every task decomposed at once.
+fn for_each_f64_block(a: MatRef<'_, f32>, mut f: impl FnMut(usize, MatRef<'_, f64>)) {
+    let x = if a.nrows() >= a.ncols() {
+        a
+    } else {
+        a.transpose()
+    };
+    let (long, k) = x.shape();
+    let mut block = Mat::<f64>::zeros(F64_BLOCK_ROWS.min(long), k);
+    for start in (0..long).step_by(F64_BLOCK_ROWS) {
+        let rows = F64_BLOCK_ROWS.min(long - start);
+        let src = x.subrows(start, rows);
+        let mut dst = block.as_mut().subrows_mut(0, rows);
+        // Walk the source in its storage order.
+        if src.col_stride().unsigned_abs() == 1 {
+            for i in 0..rows {
+                for j in 0..k {
+                    dst[(i, j)] = src[(i, j)] as f64;
+                }
+            }
+        } else {
+            for j in 0..k {
+                for i in 0..rows {
+                    dst[(i, j)] = src[(i, j)] as f64;
+                }
+            }
+        }
+        f(start, block.as_ref().subrows(0, rows));
+    }
+}
+
+/// `X w` in f64, X the long side of `a` as rows ([`for_each_f64_block`]).
+fn long_side_product(a: MatRef<'_, f32>, w: MatRef<'_, f64>) -> Mat<f64> {
+    let mut out = Mat::<f64>::zeros(a.nrows().max(a.ncols()), w.ncols());
+    for_each_f64_block(a, |start, block| {
+        faer_matmul(
+            out.as_mut().subrows_mut(start, block.nrows()),
+            Accum::Replace,
+            block,
+            w,
+            1.0,
+            Par::Seq,
+        )
+    });
+    out
+}
 
 /// Eigenvalues below this many times [`GramEvd`]'s `delta` count as unresolved for
 /// [`GramEvd::refine_tail`].
@@ -416,38 +448,15 @@ struct Gram {
 }
 
 impl Gram {
-    /// `XᵀX` with X the long-side-as-rows view of `a` (`a` itself, or `aᵀ` if wide), summed over
-    /// blocks of [`GRAM_BLOCK_ROWS`] rows converted to f64 one at a time: the products are
-    /// exact in f64 either way, and a converted copy of the whole of `a` would cost its size in
-    /// f64 (543 MB for 18944 x 3584) for every task decomposed at once.
+    /// `XᵀX`, X the long side of `a` as rows ([`for_each_f64_block`]).
     fn of(a: MatRef<'_, f32>) -> Option<Gram> {
         let (m, n) = a.shape();
         let (k, long) = (m.min(n), m.max(n));
         if k == 0 {
             return None;
         }
-        let x = if m >= n { a } else { a.transpose() };
         let mut lower = Mat::<f64>::zeros(k, k);
-        let mut block = Mat::<f64>::zeros(GRAM_BLOCK_ROWS.min(long), k);
-        for start in (0..long).step_by(GRAM_BLOCK_ROWS) {
-            let rows = GRAM_BLOCK_ROWS.min(long - start);
-            let src = x.subrows(start, rows);
-            let mut dst = block.as_mut().subrows_mut(0, rows);
-            // Walk the source in its storage order.
-            if src.col_stride().unsigned_abs() == 1 {
-                for i in 0..rows {
-                    for j in 0..k {
-                        dst[(i, j)] = src[(i, j)] as f64;
-                    }
-                }
-            } else {
-                for j in 0..k {
-                    for i in 0..rows {
-                        dst[(i, j)] = src[(i, j)] as f64;
-                    }
-                }
-            }
-            let dst = dst.as_ref();
+        for_each_f64_block(a, |start, block| {
             triangular::matmul(
                 lower.as_mut(),
                 BlockStructure::TriangularLower,
@@ -456,14 +465,14 @@ impl Gram {
                 } else {
                     Accum::Add
                 },
-                dst.transpose(),
+                block.transpose(),
                 BlockStructure::Rectangular,
-                dst,
+                block,
                 BlockStructure::Rectangular,
                 1.0,
                 Par::Seq,
-            );
-        }
+            )
+        });
         let fro2 = (0..k).map(|i| lower[(i, i)]).sum();
         Some(Gram { lower, fro2, long })
     }
@@ -768,7 +777,7 @@ mod tests {
     #[test]
     fn the_gram_matrix_is_summed_over_blocks_of_rows() {
         // Three blocks of rows (two full, one partial), tall and wide, row- and column-major.
-        let tall = matrix(2 * GRAM_BLOCK_ROWS + 100, 12, 0.5, 9);
+        let tall = matrix(2 * F64_BLOCK_ROWS + 100, 12, 0.5, 9);
         let data: Vec<f32> = (0..tall.nrows())
             .flat_map(|i| (0..12).map(move |j| (i, j)))
             .map(|(i, j)| tall[(i, j)])
@@ -787,13 +796,23 @@ mod tests {
             });
             let want = x.transpose() * &x;
             let gram = Gram::of(a).unwrap();
-            assert_eq!(gram.long, 2 * GRAM_BLOCK_ROWS + 100);
+            assert_eq!(gram.long, 2 * F64_BLOCK_ROWS + 100);
             for j in 0..12 {
                 for i in j..12 {
                     let d = (gram.lower[(i, j)] - want[(i, j)]).abs();
                     assert!(
                         d <= 1e-12 * want[(j, j)].abs().max(1.0),
                         "({i}, {j}): {d:e}"
+                    );
+                }
+            }
+            // The long-side product goes through the same blocks.
+            let w = Mat::<f64>::from_fn(12, 3, |i, j| (i * 3 + j) as f64 - 17.0);
+            let (got, want) = (long_side_product(a, w.as_ref()), &x * &w);
+            for j in 0..3 {
+                for i in 0..x.nrows() {
+                    assert!(
+                        (got[(i, j)] - want[(i, j)]).abs() <= 1e-12 * want[(i, j)].abs().max(1.0)
                     );
                 }
             }
