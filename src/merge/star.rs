@@ -186,16 +186,19 @@ mod tests {
         // eta 50: target 5, cut at 2 (4 < 5 <= 7). With e per value the sum below the cut is
         // off by e, the one at the cut by 2e and the target by 2e (half of 4e).
         assert_eq!(certain_kept_rank(&s, 50.0, &each(0.0)), Some(2));
-        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.3)), Some(2)); // 4.3 < 4.4, 6.4 >= 5.6
-        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.4)), None); // 4.4 < 4.2 fails
-                                                                   // Errors only in the tail, far from the cut, move just the target.
+        // 4.3 < 4.4 and 6.4 >= 5.6:
+        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.3)), Some(2));
+        // 4.4 < 4.2 fails:
+        assert_eq!(certain_kept_rank(&s, 50.0, &each(0.4)), None);
+        // Errors only in the tail, far from the cut, move just the target.
         assert_eq!(certain_kept_rank(&s, 50.0, &[0.0, 0.0, 0.0, 1.0]), Some(2));
         // eta 40: target exactly 4 = cumsum at 1, so any error makes it undecided.
         assert_eq!(certain_kept_rank(&s, 40.0, &each(0.0)), Some(1));
         assert_eq!(certain_kept_rank(&s, 40.0, &each(1e-9)), None);
         // eta 100 keeps everything unless the last value is within the errors of zero.
-        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.1)), Some(4)); // 9.3 < 9.6
-        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.2)), None); // 9.6 < 9.2 fails
+        // 9.3 < 9.6, then 9.6 < 9.2 fails:
+        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.1)), Some(4));
+        assert_eq!(certain_kept_rank(&s, 100.0, &each(0.2)), None);
     }
 
     #[test]
