@@ -141,20 +141,19 @@ pub fn small_side_svd(
     let k = m.min(n);
     if let Some(mut evd) = GramEvd::of(a) {
         let decide = |e: &GramEvd| {
-            let s = e.singular_values();
-            let errors: Vec<f64> = (0..s.len())
-                .map(|j| {
-                    let (lower, upper) = e.bounds(j);
-                    upper - lower + s[j] as f64 * f64::from(f32::EPSILON)
-                })
-                .collect();
             (e.nuclear_error() <= GRAM_NUCLEAR_TOL * e.nuclear())
-                .then(|| rank(&s, &errors))
+                .then(|| {
+                    let (s, mut errors) = (e.singular_values(), e.widths());
+                    for (err, &x) in errors.iter_mut().zip(&s) {
+                        *err += x as f64 * f64::from(f32::EPSILON);
+                    }
+                    rank(&s, &errors).map(|r| (s, r))
+                })
                 .flatten()
         };
         let decided = decide(&evd).or_else(|| evd.refine_tail(a).then(|| decide(&evd)).flatten());
-        if let Some(r) = decided {
-            return Ok((evd.singular_values(), to_f32(&evd.vectors(r.min(k)))));
+        if let Some((s, r)) = decided {
+            return Ok((s, to_f32(&evd.vectors(r.min(k)))));
         }
     }
     let mut vectors = Mat::<f64>::zeros(k, k);
@@ -303,15 +302,20 @@ impl GramEvd {
         (0..self.lambda.len()).map(|j| self.singular_value(j)).sum()
     }
 
-    /// The sum of the widths of [`GramEvd::bounds`], which bounds the error of the nuclear norm
-    /// and of every partial sum of the singular values.
-    fn nuclear_error(&self) -> f64 {
+    /// The width of every [`GramEvd::bounds`] interval: a bound on each singular value's error.
+    fn widths(&self) -> Vec<f64> {
         (0..self.lambda.len())
             .map(|j| {
                 let (lower, upper) = self.bounds(j);
                 upper - lower
             })
-            .sum()
+            .collect()
+    }
+
+    /// The sum of the [`GramEvd::widths`], which bounds the error of the nuclear norm and of
+    /// every partial sum of the singular values.
+    fn nuclear_error(&self) -> f64 {
+        self.widths().iter().sum()
     }
 
     /// Tighten the upper bounds of the singular values the Gram matrix cannot resolve (`λ` below
