@@ -2,19 +2,24 @@
 //! page cache): the TIES top-k cut by radix selection against a full sort of the magnitudes (what
 //! mergekit's argsort does), DARE masks, and whole-tensor merges per method. Then STAR's
 //! decomposition of one 2048 x 1024 task vector with a decaying spectrum: the f64 Gram route with
-//! 64 leading vectors against faer's f64 thin SVD.
+//! 64 leading vectors against faer's f64 thin SVD. Last, the tridiagonal reduction under it, on a
+//! 3584 x 3584 Gram matrix (the 7B hidden size): faer's one-stage reduction against the two-stage one STAR uses.
 //!
 //!     cargo bench --bench merge_kernels
 
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use faer::Mat;
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::evd::tridiag::{tridiag_in_place, tridiag_in_place_scratch};
+use faer::linalg::qr::no_pivoting::factor::recommended_block_size;
+use faer::{Mat, Par};
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 use safetensors::tensor::TensorView;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::linalg::svd::{small_side_svd, thin_svd};
+use sinkmerge::linalg::two_stage::{self, TwoStage};
 use sinkmerge::merge::job::{Source, TensorJob};
 use sinkmerge::merge::params::Value;
 use sinkmerge::merge::{self, sparsify, TensorParams};
@@ -140,6 +145,32 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("thin_svd", |bench| {
         bench.iter(|| thin_svd(task_vector.as_ref()).unwrap())
+    });
+    g.finish();
+
+    let k = 3584;
+    let x = Mat::<f64>::from_fn(k, k, |_, _| StandardNormal.sample(&mut rng));
+    let gram = &x * x.transpose();
+    let mut g = c.benchmark_group("tridiagonal_reduction_3584");
+    g.sample_size(10);
+    g.bench_function("one_stage_faer", |bench| {
+        bench.iter(|| {
+            let mut a = gram.clone();
+            let block = recommended_block_size::<f64>(k, k);
+            let mut factors = Mat::<f64>::zeros(block, k - 1);
+            let scratch = tridiag_in_place_scratch::<f64>(k, Par::Seq, Default::default());
+            tridiag_in_place(
+                a.as_mut(),
+                factors.as_mut(),
+                Par::Seq,
+                MemStack::new(&mut MemBuffer::new(scratch)),
+                Default::default(),
+            );
+            a
+        })
+    });
+    g.bench_function("two_stage", |bench| {
+        bench.iter(|| TwoStage::reduce(gram.clone(), two_stage::BAND))
     });
     g.finish();
 }

@@ -7,6 +7,7 @@ pub mod rows;
 pub mod spectral;
 pub mod svd;
 mod tridiagonal;
+pub mod two_stage;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
