@@ -2,8 +2,9 @@
 //! faer. Everything is computed in f64 on the f32 input (see [`to_f64`] for why), by one of two
 //! routes:
 //! - the eigendecomposition of the Gram matrix of the smaller side ([`GramEvd`]): 2.4 s for the
-//!   product plus 6.5 s against 28 s for the SVD of a 18944 x 3584 matrix on one core, used
-//!   whenever its error bound shows the result is accurate enough for the caller;
+//!   product plus 6.5 s (1.9 s when few vectors are wanted, [`Wanted`]) against 28 s for the SVD
+//!   of a 18944 x 3584 matrix on one core, used whenever its error bound shows the result is
+//!   accurate enough for the caller;
 //! - faer's SVD (QR + divide-and-conquer bidiagonal), otherwise: exactly low-rank matrices and
 //!   badly conditioned concatenations, where squaring the matrix loses the digits that matter.
 //!
@@ -36,7 +37,12 @@ use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::linalg::qr::no_pivoting::factor::recommended_block_size;
 use faer::linalg::svd::{svd, svd_scratch, ComputeSvdVectors};
 use faer::{Accum, Conj, Mat, MatRef, Par};
+
+use super::tridiagonal::selected_eigenvectors;
+use super::two_stage::{self, TwoStage};
 use rayon::prelude::*;
+use std::mem::take;
+use std::ops::Range;
 
 /// Singular triplets: `A ~ U diag(s) V^T`, `u` is m x r, `v` is n x r, `s` non-increasing.
 #[derive(Debug, Clone)]
@@ -139,7 +145,7 @@ pub fn small_side_svd(
 ) -> Result<(Vec<f32>, Mat<f32>), SvdFailed> {
     let (m, n) = a.shape();
     let k = m.min(n);
-    if let Some(mut evd) = GramEvd::of(a) {
+    if let Some(mut evd) = GramEvd::of(a, Wanted::Few) {
         let decide = |e: &GramEvd| {
             (e.nuclear_error() <= GRAM_NUCLEAR_TOL * e.nuclear())
                 .then(|| {
@@ -152,8 +158,8 @@ pub fn small_side_svd(
                 .flatten()
         };
         let decided = decide(&evd).or_else(|| evd.refine_tail(a).then(|| decide(&evd)).flatten());
-        if let Some((s, r)) = decided {
-            return Ok((s, to_f32(&evd.vectors(r.min(k)))));
+        if let Some((s, vectors)) = decided.and_then(|(s, r)| Some((s, evd.vectors(r.min(k))?))) {
+            return Ok((s, to_f32(&vectors)));
         }
     }
     let mut vectors = Mat::<f64>::zeros(k, k);
@@ -175,11 +181,11 @@ pub fn small_side_svd(
 pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<Svd, SvdFailed> {
     let (m, n) = a.shape();
     let r = r.min(m.min(n));
-    if let Some(evd) =
-        GramEvd::of(a).filter(|e| r == 0 || e.lambda[r - 1] >= GRAM_RELATIVE_GAP * e.delta)
+    if let Some(evd) = GramEvd::of(a, Wanted::Most)
+        .filter(|e| r == 0 || e.lambda[r - 1] >= GRAM_RELATIVE_GAP * e.delta)
     {
         let s: Vec<f32> = evd.singular_values()[..r].to_vec();
-        let small = evd.vectors(r);
+        let small = evd.vectors(r).expect(KEPT_VECTORS);
         let lambda = evd.lambda[..r].to_vec();
         // Its reflectors and tridiagonal eigenvectors are no longer needed (206 MB at k = 3584).
         drop(evd);
@@ -215,6 +221,34 @@ const GRAM_NUCLEAR_TOL: f64 = 5e-5;
 /// is for the worst case; rounding errors of random sign are far smaller).
 const GRAM_RELATIVE_GAP: f64 = 1e5;
 
+/// How many eigenvectors a caller of [`GramEvd`] will form, which decides the route:
+/// - `Few` (STAR's tens): the [`TwoStage`] reduction, 1.4 s on a 3584 x 3584 Gram matrix
+///   against 4.5-5.0 s for faer's, eigenvalues alone (0.3 s), and the wanted vectors of the
+///   tridiagonal form by inverse iteration ([`selected_eigenvectors`]) instead of all of them
+///   by divide and conquer (1.05 s). Each vector's back-transformation costs more (0.17 s for
+///   96 against 0.03 s).
+/// - `Most` (TSV's top half, the polar factor's all): faer's one-stage reduction and divide and
+///   conquer, whose blocked back-transformation is the cheaper one per vector.
+#[derive(Clone, Copy)]
+enum Wanted {
+    Few,
+    Most,
+}
+
+/// Why [`GramEvd::vectors`] cannot fail on the `Most` route: every eigenvector of the tridiagonal
+/// form is computed with the eigenvalues.
+const KEPT_VECTORS: &str = "Wanted::Most keeps every tridiagonal eigenvector";
+
+/// How `G = Q T Qᵀ` was reduced to tridiagonal form.
+enum Reduction {
+    /// faer's one-stage reduction: the reflectors below the subdiagonal and their block factors.
+    OneStage {
+        reflectors: Mat<f64>,
+        block_factors: Mat<f64>,
+    },
+    TwoStage(TwoStage),
+}
+
 /// The eigendecomposition of the Gram matrix of `a`'s smaller side, `G = AᵀA` (or `AAᵀ` for a
 /// wide matrix), in f64: σ² and the small-side singular vectors, with a bound on the error.
 ///
@@ -226,53 +260,82 @@ const GRAM_RELATIVE_GAP: f64 = 1e5;
 /// The eigenvectors are formed on demand ([`GramEvd::vectors`]): STAR needs only the leading
 /// few and TSV the top half, and forming all of them (the back-transformation through the
 /// tridiagonal reduction's reflectors) is 1.4 of the 6.3 s of a 3584 x 3584 eigendecomposition.
+/// Both reductions are orthogonal similarities with the same kind of backward error, so
+/// `delta` holds for either (the tests measure their difference at under an eighth of it).
 struct GramEvd {
     /// Eigenvalues, non-increasing (σ² up to `delta`).
     lambda: Vec<f64>,
     delta: f64,
-    /// faer's tridiagonal reduction `G = Q T Qᵀ`: the reflectors below the subdiagonal and their
-    /// block factors.
-    reflectors: Mat<f64>,
-    block_factors: Mat<f64>,
-    /// The eigenvectors of T, ascending like faer's eigenvalues (column k-1-j for `lambda[j]`).
-    tridiagonal_vectors: Mat<f64>,
+    /// `G = Q T Qᵀ`, with `Q` kept as reflectors.
+    reduction: Reduction,
+    /// T's diagonal and subdiagonal.
+    diag: Vec<f64>,
+    subdiag: Vec<f64>,
+    /// Every eigenvector of T, ascending like faer's eigenvalues (column k-1-j for `lambda[j]`),
+    /// when most are wanted ([`Wanted::Most`]); otherwise they come one by one from inverse
+    /// iteration ([`GramEvd::tridiagonal_vectors`]).
+    all_tridiagonal_vectors: Option<Mat<f64>>,
     /// Tighter upper bounds on the smallest singular values, smallest first, from
     /// [`GramEvd::refine_tail`]; empty until then.
     tail_upper: Vec<f64>,
 }
 
 impl GramEvd {
-    fn of(a: MatRef<'_, f32>) -> Option<GramEvd> {
-        Gram::of(a)?.evd()
+    fn of(a: MatRef<'_, f32>, wanted: Wanted) -> Option<GramEvd> {
+        Gram::of(a)?.evd(wanted)
     }
 
-    /// The eigenvectors of the leading `r` eigenvalues, column j for `lambda[j]`.
-    fn vectors(&self, r: usize) -> Mat<f64> {
+    /// The eigenvectors of the leading `r` eigenvalues, column j for `lambda[j]` (None when
+    /// [`GramEvd::tridiagonal_vectors`] fails).
+    fn vectors(&self, r: usize) -> Option<Mat<f64>> {
         let k = self.lambda.len();
-        self.back_transform(Mat::<f64>::from_fn(k, r, |i, j| {
-            self.tridiagonal_vectors[(i, k - 1 - j)]
-        }))
+        let ascending = self.tridiagonal_vectors(k - r..k)?;
+        Some(self.back_transform(Mat::<f64>::from_fn(k, r, |i, j| ascending[(i, r - 1 - j)])))
+    }
+
+    /// The eigenvectors of T for the eigenvalues `ascending` counts in ascending order (index i
+    /// is `lambda[k - 1 - i]`), one per column: from [`selected_eigenvectors`] when they were not
+    /// all computed, or from a full divide and conquer if inverse iteration does not converge
+    /// (None if that fails too).
+    fn tridiagonal_vectors(&self, ascending: Range<usize>) -> Option<Mat<f64>> {
+        let k = self.lambda.len();
+        let select = |all: &Mat<f64>| all.subcols(ascending.start, ascending.len()).to_owned();
+        if let Some(all) = &self.all_tridiagonal_vectors {
+            return Some(select(all));
+        }
+        let values: Vec<f64> = ascending.clone().map(|i| self.lambda[k - 1 - i]).collect();
+        selected_eigenvectors(&self.diag, &self.subdiag, &values).or_else(|| {
+            let (_, all) = tridiagonal_evd(&self.diag, &self.subdiag, ComputeEigenvectors::Yes)?;
+            all.as_ref().map(select)
+        })
     }
 
     /// `Q z` for eigenvectors `z` of the tridiagonal form.
     fn back_transform(&self, mut out: Mat<f64>) -> Mat<f64> {
         let (k, r) = out.shape();
-        if k > 1 && r > 0 {
-            let scratch = apply_block_householder_sequence_on_the_left_in_place_scratch::<f64>(
-                k - 1,
-                self.block_factors.nrows(),
-                r,
-            );
-            apply_block_householder_sequence_on_the_left_in_place_with_conj(
-                self.reflectors.as_ref().submatrix(1, 0, k - 1, k - 1),
-                self.block_factors.as_ref(),
-                Conj::No,
-                out.as_mut().subrows_mut(1, k - 1),
-                Par::Seq,
-                MemStack::new(&mut MemBuffer::new(scratch)),
-            );
+        match &self.reduction {
+            Reduction::OneStage {
+                reflectors,
+                block_factors,
+            } if k > 1 && r > 0 => {
+                let scratch = apply_block_householder_sequence_on_the_left_in_place_scratch::<f64>(
+                    k - 1,
+                    block_factors.nrows(),
+                    r,
+                );
+                apply_block_householder_sequence_on_the_left_in_place_with_conj(
+                    reflectors.as_ref().submatrix(1, 0, k - 1, k - 1),
+                    block_factors.as_ref(),
+                    Conj::No,
+                    out.as_mut().subrows_mut(1, k - 1),
+                    Par::Seq,
+                    MemStack::new(&mut MemBuffer::new(scratch)),
+                );
+                out
+            }
+            Reduction::OneStage { .. } => out,
+            Reduction::TwoStage(reduced) => reduced.back_transform(out),
         }
-        out
     }
 
     /// The interval holding the true σ of `lambda[j]`: `[√max(λ - delta, 0), √(λ + delta)]`
@@ -340,9 +403,10 @@ impl GramEvd {
         if t == 0 || t > k / 8 {
             return false;
         }
-        let w = self.back_transform(Mat::<f64>::from_fn(k, t, |i, j| {
-            self.tridiagonal_vectors[(i, j)]
-        }));
+        let Some(tail) = self.tridiagonal_vectors(0..t) else {
+            return false;
+        };
+        let w = self.back_transform(tail);
         let b = long_side_product(a, w.as_ref());
         let mut ritz = Diag::<f64>::zeros(t);
         let scratch = svd_scratch::<f64>(
@@ -509,62 +573,92 @@ impl Gram {
     }
 
     /// The eigendecomposition, as faer's `self_adjoint_evd` computes it (tridiagonal reduction,
-    /// divide and conquer), but without forming the eigenvectors.
-    fn evd(self) -> Option<GramEvd> {
+    /// divide and conquer), but without forming the eigenvectors, by the route `wanted` picks.
+    fn evd(self, wanted: Wanted) -> Option<GramEvd> {
         let k = self.lower.nrows();
         let product_error = self.product_error();
-        let mut reflectors = self.lower;
-        let block = recommended_block_size::<f64>(k, k);
-        let mut block_factors = Mat::<f64>::zeros(block, k - 1);
-        let scratch = tridiag_in_place_scratch::<f64>(k, Par::Seq, Default::default());
-        tridiag_in_place(
-            reflectors.as_mut(),
-            block_factors.as_mut(),
-            Par::Seq,
-            MemStack::new(&mut MemBuffer::new(scratch)),
-            Default::default(),
-        );
-        let mut diag = Diag::<f64>::zeros(k);
-        let mut subdiag = Diag::<f64>::zeros(k);
-        for i in 0..k {
-            diag[i] = reflectors[(i, i)];
-            if i + 1 < k {
-                subdiag[i] = reflectors[(i + 1, i)];
+        let (diag, subdiag, reduction) = match wanted {
+            Wanted::Few => {
+                let mut reduced = TwoStage::reduce(self.lower, two_stage::BAND);
+                let (diag, subdiag) = (take(&mut reduced.diag), take(&mut reduced.subdiag));
+                (diag, subdiag, Reduction::TwoStage(reduced))
             }
-        }
-        let mut eigenvalues = Diag::<f64>::zeros(k);
-        let mut tridiagonal_vectors = Mat::<f64>::zeros(k, k);
-        let scratch = self_adjoint_evd_scratch::<f64>(
-            k,
-            ComputeEigenvectors::Yes,
-            Par::Seq,
-            Default::default(),
-        );
-        tridiagonal_self_adjoint_evd(
-            diag.as_ref(),
-            subdiag.as_ref(),
-            eigenvalues.as_mut(),
-            Some(tridiagonal_vectors.as_mut()),
-            Par::Seq,
-            MemStack::new(&mut MemBuffer::new(scratch)),
-            Default::default(),
-        )
-        .ok()?;
+            Wanted::Most => {
+                let mut reflectors = self.lower;
+                let block = recommended_block_size::<f64>(k, k);
+                let mut block_factors = Mat::<f64>::zeros(block, k - 1);
+                let scratch = tridiag_in_place_scratch::<f64>(k, Par::Seq, Default::default());
+                tridiag_in_place(
+                    reflectors.as_mut(),
+                    block_factors.as_mut(),
+                    Par::Seq,
+                    MemStack::new(&mut MemBuffer::new(scratch)),
+                    Default::default(),
+                );
+                let diag = (0..k).map(|i| reflectors[(i, i)]).collect();
+                let subdiag = (1..k).map(|i| reflectors[(i, i - 1)]).collect();
+                let reduction = Reduction::OneStage {
+                    reflectors,
+                    block_factors,
+                };
+                (diag, subdiag, reduction)
+            }
+        };
+        let compute = match wanted {
+            Wanted::Few => ComputeEigenvectors::No,
+            Wanted::Most => ComputeEigenvectors::Yes,
+        };
+        let (eigenvalues, all_tridiagonal_vectors) = tridiagonal_evd(&diag, &subdiag, compute)?;
         // Ascending from faer; singular values go the other way.
-        let lambda: Vec<f64> = eigenvalues.column_vector().iter().rev().copied().collect();
-        if !lambda.iter().all(|l| l.is_finite()) {
-            return None;
-        }
+        let lambda: Vec<f64> = eigenvalues.iter().rev().copied().collect();
         let top = lambda[0].max(0.0);
         Some(GramEvd {
             delta: product_error + f64::EPSILON * 8.0 * k as f64 * top,
             lambda,
-            reflectors,
-            block_factors,
-            tridiagonal_vectors,
+            reduction,
+            diag,
+            subdiag,
+            all_tridiagonal_vectors,
             tail_upper: Vec::new(),
         })
     }
+}
+
+/// The eigenvalues (ascending) of the symmetric tridiagonal matrix (`diag`, `subdiag`) and, if
+/// asked, all its eigenvectors, by faer's divide and conquer; None if it fails or gives a
+/// non-finite value.
+fn tridiagonal_evd(
+    diag: &[f64],
+    subdiag: &[f64],
+    compute: ComputeEigenvectors,
+) -> Option<(Vec<f64>, Option<Mat<f64>>)> {
+    let k = diag.len();
+    let mut d = Diag::<f64>::zeros(k);
+    let mut s = Diag::<f64>::zeros(k);
+    for i in 0..k {
+        d[i] = diag[i];
+        if i + 1 < k {
+            s[i] = subdiag[i];
+        }
+    }
+    let mut eigenvalues = Diag::<f64>::zeros(k);
+    let mut vectors = matches!(compute, ComputeEigenvectors::Yes).then(|| Mat::<f64>::zeros(k, k));
+    let scratch = self_adjoint_evd_scratch::<f64>(k, compute, Par::Seq, Default::default());
+    tridiagonal_self_adjoint_evd(
+        d.as_ref(),
+        s.as_ref(),
+        eigenvalues.as_mut(),
+        vectors.as_mut().map(|v| v.as_mut()),
+        Par::Seq,
+        MemStack::new(&mut MemBuffer::new(scratch)),
+        Default::default(),
+    )
+    .ok()?;
+    let values: Vec<f64> = eigenvalues.column_vector().iter().copied().collect();
+    values
+        .iter()
+        .all(|l| l.is_finite())
+        .then_some((values, vectors))
 }
 
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal
@@ -582,10 +676,10 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
         .then(|| Gram::of(a))
         .flatten()
         .filter(|g| !g.smallest_eigenvalue_below(GRAM_RELATIVE_GAP * g.product_error()))
-        .and_then(Gram::evd);
+        .and_then(|g| g.evd(Wanted::Most));
     if let Some(evd) = evd.filter(|e| e.lambda[p - 1] >= GRAM_RELATIVE_GAP * e.delta) {
         // (aᵀa)^(-1/2) = W diag(λ^(-1/2)) Wᵀ
-        let vectors = evd.vectors(p);
+        let vectors = evd.vectors(p).expect(KEPT_VECTORS);
         let scaled = Mat::<f64>::from_fn(p, p, |i, j| vectors[(i, j)] / evd.lambda[j].sqrt());
         let mut inv_sqrt = Mat::<f64>::zeros(p, p);
         faer_matmul(
@@ -695,8 +789,17 @@ mod tests {
     fn the_gram_route_gives_the_svd_and_refuses_exact_low_rank() {
         for (m, n) in [(60, 25), (25, 60)] {
             let a = matrix(m, n, 0.8, 3);
-            let evd = GramEvd::of(a.as_ref()).unwrap();
+            let evd = GramEvd::of(a.as_ref(), Wanted::Few).unwrap();
             assert!(evd.nuclear_error() <= GRAM_NUCLEAR_TOL * evd.nuclear());
+            // The two reductions agree within the error bound, vectors included.
+            let one_stage = GramEvd::of(a.as_ref(), Wanted::Most).unwrap();
+            for (x, y) in evd.lambda.iter().zip(&one_stage.lambda) {
+                assert!((x - y).abs() <= evd.delta, "{x} vs {y}");
+            }
+            same_vectors(
+                &to_f32(&evd.vectors(10).unwrap()),
+                &to_f32(&one_stage.vectors(10).unwrap()),
+            );
             let svd = thin_svd(a.as_ref()).unwrap();
             let (s, vectors) = small_side_svd(a.as_ref(), |s, _| Some(s.len())).unwrap();
             for (x, y) in s.iter().zip(&svd.s) {
@@ -713,7 +816,7 @@ mod tests {
         // Rank 2 of 200: 198 singular values are zero, which the Gram route only resolves to
         // about sqrt(eps)·||A|| each, so its bound on the nuclear norm fails and the SVD is used.
         let low = &matrix(400, 2, 0.0, 4) * &matrix(2, 200, 0.0, 5);
-        let evd = GramEvd::of(low.as_ref()).unwrap();
+        let evd = GramEvd::of(low.as_ref(), Wanted::Few).unwrap();
         assert!(evd.nuclear_error() > GRAM_NUCLEAR_TOL * evd.nuclear());
         let (s, _) = small_side_svd(low.as_ref(), |_, _| Some(0)).unwrap();
         assert!(s[2..].iter().all(|&x| x <= 1e-5 * s[0]), "{:?}", &s[..4]);
@@ -743,7 +846,7 @@ mod tests {
         let scaled = Mat::<f32>::from_fn(m, n, |i, j| u[(i, j)] * s(j));
         let a = &scaled * v.transpose();
         let exact = thin_svd(a.as_ref()).unwrap().s;
-        let mut evd = GramEvd::of(a.as_ref()).unwrap();
+        let mut evd = GramEvd::of(a.as_ref(), Wanted::Few).unwrap();
         let before = evd.nuclear_error();
         assert!(evd.refine_tail(a.as_ref()));
         let after = evd.nuclear_error();
@@ -768,7 +871,7 @@ mod tests {
         for i in 0..30 {
             a[(i, 3)] = a[(i, 2)] + 1e-6 * a[(i, 0)];
         }
-        let evd = GramEvd::of(a.as_ref()).unwrap();
+        let evd = GramEvd::of(a.as_ref(), Wanted::Few).unwrap();
         assert!(evd.lambda[3] < GRAM_RELATIVE_GAP * evd.delta);
         // The Cholesky test refuses it before the eigendecomposition.
         let gram = Gram::of(a.as_ref()).unwrap();
@@ -826,7 +929,7 @@ mod tests {
     #[test]
     fn the_cholesky_test_brackets_the_smallest_eigenvalue() {
         let a = matrix(50, 8, 1.0, 7);
-        let smallest = GramEvd::of(a.as_ref()).unwrap().lambda[7];
+        let smallest = GramEvd::of(a.as_ref(), Wanted::Few).unwrap().lambda[7];
         let gram = Gram::of(a.as_ref()).unwrap();
         assert!(gram.smallest_eigenvalue_below(smallest * 1.001));
         assert!(!gram.smallest_eigenvalue_below(smallest * 0.999));

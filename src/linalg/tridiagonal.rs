@@ -3,6 +3,12 @@
 //! Bisection on Sturm counts gives the largest eigenvalue to full f64 accuracy in O(k) per
 //! probe; two steps of inverse iteration give its eigenvector, whose last component is what the
 //! Lanczos residual bound needs. Both are O(k), so the bound can be checked after every step.
+//!
+//! [`selected_eigenvectors`] gives the eigenvectors of chosen eigenvalues of a large tridiagonal
+//! matrix the same way, for STAR's Gram matrices.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Largest eigenvalue of the symmetric tridiagonal matrix with diagonal `diag` and off-diagonal
 /// `off` (`off.len() == diag.len() - 1`), and the last component of its unit eigenvector.
@@ -82,60 +88,14 @@ fn largest_eigenvalue(diag: &[f64], off: &[f64]) -> f64 {
 }
 
 /// Unit eigenvector of the eigenvalue `lambda` by inverse iteration on T - λI, factored once
-/// with partial pivoting (LAPACK `dgttrf`/`dgttrs`); tiny pivots are raised to a floor, as
-/// inverse iteration intends.
+/// ([`ShiftedLu`]), from the all-ones vector.
 fn inverse_iteration(diag: &[f64], off: &[f64], lambda: f64) -> Vec<f64> {
     let k = diag.len();
     let floor = pivot_floor(diag, off).max(f64::MIN_POSITIVE) * 1e3;
-    let mut d: Vec<f64> = diag.iter().map(|a| a - lambda).collect();
-    let mut dl = off.to_vec();
-    let mut du = off.to_vec();
-    let mut du2 = vec![0.0; k.saturating_sub(2)];
-    let mut swapped = vec![false; k - 1];
-    for i in 0..k - 1 {
-        if d[i].abs() >= dl[i].abs() {
-            let pivot = if d[i].abs() < floor {
-                floor.copysign(d[i])
-            } else {
-                d[i]
-            };
-            d[i] = pivot;
-            let fact = dl[i] / pivot;
-            dl[i] = fact;
-            d[i + 1] -= fact * du[i];
-        } else {
-            let fact = d[i] / dl[i];
-            d[i] = dl[i];
-            dl[i] = fact;
-            let upper = du[i];
-            du[i] = d[i + 1];
-            d[i + 1] = upper - fact * d[i + 1];
-            if i + 2 < k {
-                du2[i] = du[i + 1];
-                du[i + 1] *= -fact;
-            }
-            swapped[i] = true;
-        }
-    }
-    if d[k - 1].abs() < floor {
-        d[k - 1] = floor.copysign(d[k - 1]);
-    }
-
+    let lu = ShiftedLu::factor(diag, off, lambda, floor);
     let mut x = vec![1.0; k];
     for _ in 0..3 {
-        // Forward: L y = P b.
-        for i in 0..k - 1 {
-            if swapped[i] {
-                x.swap(i, i + 1);
-            }
-            x[i + 1] -= dl[i] * x[i];
-        }
-        // Backward: U x = y.
-        x[k - 1] /= d[k - 1];
-        x[k - 2] = (x[k - 2] - du[k - 2] * x[k - 1]) / d[k - 2];
-        for i in (0..k.saturating_sub(2)).rev() {
-            x[i] = (x[i] - du[i] * x[i + 1] - du2[i] * x[i + 2]) / d[i];
-        }
+        lu.solve(&mut x);
         let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
         if !(norm.is_finite() && norm > 0.0) {
             break;
@@ -144,6 +104,186 @@ fn inverse_iteration(diag: &[f64], off: &[f64], lambda: f64) -> Vec<f64> {
     }
     x
 }
+
+/// `T - λI = P L U` with partial pivoting (LAPACK `dgttrf`); pivots below `floor` are raised to
+/// it, as inverse iteration intends (an exact eigenvalue makes the matrix singular).
+struct ShiftedLu {
+    /// U's diagonal and two superdiagonals.
+    d: Vec<f64>,
+    du: Vec<f64>,
+    du2: Vec<f64>,
+    /// L's multipliers and whether rows i and i + 1 were swapped.
+    dl: Vec<f64>,
+    swapped: Vec<bool>,
+}
+
+impl ShiftedLu {
+    fn factor(diag: &[f64], off: &[f64], lambda: f64, floor: f64) -> ShiftedLu {
+        let k = diag.len();
+        let mut d: Vec<f64> = diag.iter().map(|a| a - lambda).collect();
+        let mut dl = off.to_vec();
+        let mut du = off.to_vec();
+        let mut du2 = vec![0.0; k.saturating_sub(2)];
+        let mut swapped = vec![false; k.saturating_sub(1)];
+        for i in 0..k.saturating_sub(1) {
+            if d[i].abs() >= dl[i].abs() {
+                let pivot = if d[i].abs() < floor {
+                    floor.copysign(d[i])
+                } else {
+                    d[i]
+                };
+                d[i] = pivot;
+                let fact = dl[i] / pivot;
+                dl[i] = fact;
+                d[i + 1] -= fact * du[i];
+            } else {
+                let fact = d[i] / dl[i];
+                d[i] = dl[i];
+                dl[i] = fact;
+                let upper = du[i];
+                du[i] = d[i + 1];
+                d[i + 1] = upper - fact * d[i + 1];
+                if i + 2 < k {
+                    du2[i] = du[i + 1];
+                    du[i + 1] *= -fact;
+                }
+                swapped[i] = true;
+            }
+        }
+        if d[k - 1].abs() < floor {
+            d[k - 1] = floor.copysign(d[k - 1]);
+        }
+        ShiftedLu {
+            d,
+            du,
+            du2,
+            dl,
+            swapped,
+        }
+    }
+
+    /// x <- (T - λI)⁻¹ x.
+    fn solve(&self, x: &mut [f64]) {
+        let k = self.d.len();
+        // Forward: L y = P b.
+        for i in 0..k - 1 {
+            if self.swapped[i] {
+                x.swap(i, i + 1);
+            }
+            x[i + 1] -= self.dl[i] * x[i];
+        }
+        // Backward: U x = y.
+        x[k - 1] /= self.d[k - 1];
+        if k >= 2 {
+            x[k - 2] = (x[k - 2] - self.du[k - 2] * x[k - 1]) / self.d[k - 2];
+        }
+        for i in (0..k.saturating_sub(2)).rev() {
+            x[i] = (x[i] - self.du[i] * x[i + 1] - self.du2[i] * x[i + 2]) / self.d[i];
+        }
+    }
+}
+
+/// Unit eigenvectors of the symmetric tridiagonal matrix (`diag`, `off`) for `values`, a
+/// selection of its eigenvalues in ascending order (as faer computes them, to a few `eps·||T||`),
+/// one per column: inverse iteration as LAPACK's `dstein` does it. Each vector starts from a
+/// fixed pseudo-random vector; values closer than `10·eps·|λ|` are pulled apart so their
+/// factorizations differ, and each vector is orthogonalized against the previous ones of its
+/// cluster (values within `1e-3·||T||_1` of their neighbour). It stops after two iterations past
+/// the growth that marks convergence, `||(T - λI)⁻¹ b||_∞ >= sqrt(0.1/n)` for
+/// `||b||_1 = n·||T||_1·max(eps, |u_nn|)`.
+///
+/// Returns None if a vector fails to converge in [`MAX_ITERATIONS`]; the caller then takes a
+/// full decomposition. Cost O(n) per vector and iteration, plus O(n) per earlier member of its
+/// cluster, against O(n²) per vector for divide and conquer.
+pub fn selected_eigenvectors(diag: &[f64], off: &[f64], values: &[f64]) -> Option<faer::Mat<f64>> {
+    let n = diag.len();
+    let mut z = faer::Mat::<f64>::zeros(n, values.len());
+    if n == 0 {
+        return Some(z);
+    }
+    let norm = (0..n)
+        .map(|i| {
+            diag[i].abs()
+                + if i > 0 { off[i - 1].abs() } else { 0.0 }
+                + if i + 1 < n { off[i].abs() } else { 0.0 }
+        })
+        .fold(0f64, f64::max);
+    if norm == 0.0 {
+        // The zero matrix: every vector is an eigenvector.
+        for j in 0..values.len().min(n) {
+            z[(j, j)] = 1.0;
+        }
+        return Some(z);
+    }
+    let cluster_gap = 1e-3 * norm;
+    let converged = (0.1 / n as f64).sqrt();
+    let floor = pivot_floor(diag, off).max(f64::MIN_POSITIVE) * 1e3;
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed);
+    let mut cluster_start = 0;
+    let mut previous = f64::NEG_INFINITY;
+    let mut x = vec![0f64; n];
+    for (j, &value) in values.iter().enumerate() {
+        let mut shift = value;
+        if j > 0 {
+            let separation = 10.0 * (f64::EPSILON * shift).abs();
+            if shift - previous < separation {
+                shift = previous + separation;
+            }
+            if (shift - previous).abs() > cluster_gap {
+                cluster_start = j;
+            }
+        }
+        previous = shift;
+        let lu = ShiftedLu::factor(diag, off, shift, floor);
+        let target = n as f64 * norm * f64::EPSILON.max(lu.d[n - 1].abs());
+        x.iter_mut().for_each(|v| *v = rng.random_range(-1.0..1.0));
+        let mut checks = 0;
+        let mut iterations = 0;
+        loop {
+            iterations += 1;
+            if iterations > MAX_ITERATIONS {
+                return None;
+            }
+            let l1: f64 = x.iter().map(|v| v.abs()).sum();
+            if !(l1.is_finite() && l1 > 0.0) {
+                return None;
+            }
+            let scale = target / l1;
+            x.iter_mut().for_each(|v| *v *= scale);
+            lu.solve(&mut x);
+            for i in cluster_start..j {
+                let zi = z.col(i);
+                let dot: f64 = x.iter().zip(zi.iter()).map(|(a, b)| a * b).sum();
+                x.iter_mut().zip(zi.iter()).for_each(|(a, b)| *a -= dot * b);
+            }
+            let growth = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+            if growth >= converged {
+                checks += 1;
+                if checks > EXTRA_ITERATIONS {
+                    break;
+                }
+            }
+        }
+        let norm2 = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        if !(norm2.is_finite() && norm2 > 0.0) {
+            return None;
+        }
+        // The sign LAPACK picks: the largest component positive.
+        let largest = x
+            .iter()
+            .fold(0f64, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let scale = largest.signum() / norm2;
+        for (i, v) in x.iter().enumerate() {
+            z[(i, j)] = v * scale;
+        }
+    }
+    Some(z)
+}
+
+/// Inverse iterations allowed per vector before [`selected_eigenvectors`] gives up (`dstein`'s
+/// MAXITS), and the iterations it runs past convergence (EXTRA).
+const MAX_ITERATIONS: usize = 5;
+const EXTRA_ITERATIONS: usize = 2;
 
 #[cfg(test)]
 mod tests {
@@ -216,5 +356,77 @@ mod tests {
         let (lambda, last) = top_eigenpair(&[0.0, 0.0], &[0.0]);
         assert_eq!(lambda, 0.0);
         assert!(last.is_finite());
+    }
+
+    /// Residual and orthogonality of `selected_eigenvectors` for a selection of eigenvalues
+    /// (ascending indices) against faer's dense eigendecomposition.
+    fn check_selected(diag: &[f64], off: &[f64], indices: &[usize]) {
+        let k = diag.len();
+        let t = Mat::<f64>::from_fn(k, k, |i, j| match i.abs_diff(j) {
+            0 => diag[i],
+            1 => off[i.min(j)],
+            _ => 0.0,
+        });
+        let all = t.self_adjoint_eigen(faer::Side::Lower).unwrap();
+        let values: Vec<f64> = indices.iter().map(|&i| all.S()[i]).collect();
+        let z = selected_eigenvectors(diag, off, &values)
+            .unwrap_or_else(|| panic!("k {k}: no convergence"));
+        let norm = values.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-300);
+        let scale = (0..k).map(|i| diag[i].abs()).fold(0f64, f64::max).max(norm);
+        for (j, &l) in values.iter().enumerate() {
+            let tz = &t * z.col(j);
+            let residual = (0..k)
+                .map(|i| (tz[i] - l * z[(i, j)]).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            assert!(
+                residual <= 1e-13 * scale * k as f64,
+                "k {k} value {l}: residual {residual}"
+            );
+            for i in 0..=j {
+                let dot: f64 = (0..k).map(|r| z[(r, i)] * z[(r, j)]).sum();
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((dot - want).abs() <= 1e-10, "k {k}: z{i}·z{j} = {dot}");
+            }
+        }
+    }
+
+    #[test]
+    fn selected_eigenvectors_by_inverse_iteration() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        // Random.
+        let diag: Vec<f64> = (0..150).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let off: Vec<f64> = (1..150).map(|_| rng.random_range(-1.0..1.0)).collect();
+        check_selected(&diag, &off, &[0, 1, 2, 70, 147, 148, 149]);
+        check_selected(&diag, &off, &(0..150).collect::<Vec<_>>());
+        // Wilkinson's W21+: pairs of eigenvalues agreeing to 1e-14 and more.
+        let diag: Vec<f64> = (0..21).map(|i| (10.0 - i as f64).abs()).collect();
+        check_selected(&diag, &[1.0; 20], &(0..21).collect::<Vec<_>>());
+        // A Gram-like spectrum: a few large values above a tight cluster of tiny ones, and an
+        // exact zero off-diagonal splitting the matrix.
+        let diag: Vec<f64> = (0..120)
+            .map(|i| {
+                if i < 10 {
+                    100.0 / (i + 1) as f64
+                } else {
+                    1e-12 * rng.random::<f64>()
+                }
+            })
+            .collect();
+        let mut off: Vec<f64> = (1..120)
+            .map(|i| {
+                if i < 10 {
+                    0.3
+                } else {
+                    1e-13 * rng.random::<f64>()
+                }
+            })
+            .collect();
+        off[60] = 0.0;
+        check_selected(&diag, &off, &(0..40).collect::<Vec<_>>());
+        check_selected(&diag, &off, &(105..120).collect::<Vec<_>>());
+        // One by one.
+        check_selected(&[3.0], &[], &[0]);
+        check_selected(&[0.0, 0.0], &[0.0], &[0, 1]);
     }
 }
