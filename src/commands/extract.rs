@@ -28,7 +28,7 @@ and renamed into place only once complete and verified.",
     after_long_help = families_help()
 )]
 pub struct Args {
-    /// The VLM: a directory, a Hugging Face repo id in the local cache (ORG/NAME[@rev]) or a paper alias (`sinkmerge aliases`)
+    /// The VLM: a directory, a Hugging Face repo id in the local cache (`ORG/NAME[@rev]`) or a paper alias (`sinkmerge aliases`)
     pub source: String,
 
     #[command(flatten)]

@@ -14,7 +14,7 @@ use crate::report::{human_bytes, human_count, Table};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model directory, HF repo id (ORG/NAME[@rev]) or alias
+    /// Model directory, HF repo id (`ORG/NAME[@rev]`) or alias
     pub model: String,
     /// Print one JSON object instead of text
     #[arg(long)]

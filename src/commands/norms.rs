@@ -37,7 +37,7 @@ row buffers.",
 sinkmerge norms BASE VLM_LM --vs BASE TEXT_FT --plot drift.svg --json > drift.json"
 )]
 pub struct Args {
-    /// Reference model: directory, HF repo id (ORG/NAME[@rev]) or alias
+    /// Reference model: directory, HF repo id (`ORG/NAME[@rev]`) or alias
     pub reference: String,
     /// Target model of the same architecture (a VLM is compared through its language model)
     pub target: String,

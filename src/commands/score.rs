@@ -54,7 +54,7 @@ sinkmerge score --ref REF VLM_LM MERGED --plot layers.svg --heatmap heads.svg";
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Models to score: directories, HF repo ids (ORG/NAME[@rev]) or aliases
+    /// Models to score: directories, HF repo ids (`ORG/NAME[@rev]`) or aliases
     #[arg(required = true, value_name = "MODEL")]
     pub models: Vec<String>,
 
