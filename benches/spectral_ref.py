@@ -4,13 +4,16 @@ official code) on a model set, streaming one tensor at a time, and save its outp
 two merged models. Used by benches/merge_vs_mergekit.sh.
 
     python benches/spectral_ref.py merge tsv|star BASE OUT MODEL... [--eta 40] [--alpha 1]
-                                   [--only NAME,NAME...]
+                                   [--only NAME,NAME...] [--float64]
     python benches/spectral_ref.py compare BASE OURS REFERENCE
 
 `merge` prints the wall seconds, and each tensor's seconds on stderr. With `--only`, the
 decomposed (2-D) tensors outside the list are skipped (the cheap averaged ones always run) and
 each skipped tensor is charged the measured time of a computed one of the same or transposed
 shape: the printed total is then an extrapolation, flagged "(extrapolated from N of M tensors)".
+With `--float64` the same code runs in float64 (inputs upcast, output cast back to the base's
+dtype): on these inputs the float32 reference is itself 4e-4 to 1.6e-3 off for TSV, so this is the
+run to measure sinkmerge's accuracy against; its time is not a reference time.
 `compare` prints the largest relative error over the reference's tensors of the merged task
 vector, ||ours - ref|| / ||ref - base||, and where it is.
 """
@@ -31,13 +34,13 @@ from tsv_star_ref import running_mean, star_matrix, tsv_matrix, weighted_merge  
 torch.set_num_threads(os.cpu_count())
 
 
-def tensor(handle, name, rows):
+def tensor(handle, name, rows, dtype):
     if name not in handle.keys():
         name = "model.embed_tokens.weight"  # tied
-    return handle.get_tensor(name).float()[:rows]
+    return handle.get_tensor(name).to(dtype)[:rows]
 
 
-def merge(method, base_dir, out_dir, models, eta, alpha, only):
+def merge(method, base_dir, out_dir, models, eta, alpha, only, dtype):
     t0 = time.time()
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
     handles = [safe_open(str(Path(m) / "model.safetensors"), framework="pt") for m in models]
@@ -52,13 +55,13 @@ def merge(method, base_dir, out_dir, models, eta, alpha, only):
             skipped.append((name, shape))
             continue
         b = base.get_tensor(name)
-        deltas = [tensor(h, name, b.shape[0]) - b.float() for h in handles]
+        deltas = [tensor(h, name, b.shape[0], dtype) - b.to(dtype) for h in handles]
         if method == "tsv":
             merged = alpha * (tsv_matrix(deltas) if spectral else running_mean(deltas))
         else:
             parts = [star_matrix(d, eta) if spectral else d for d in deltas]
             merged = weighted_merge(parts, [1 / len(parts)] * len(parts))
-        out[name] = (b.float() + merged).to(b.dtype).contiguous()
+        out[name] = (b.to(dtype) + merged).to(b.dtype).contiguous()
         if spectral:
             seconds[shape] = time.time() - t1
         print(f"{name} {list(shape)} {time.time() - t1:.1f}s", file=sys.stderr, flush=True)
@@ -93,6 +96,10 @@ if __name__ == "__main__":
         compare(*sys.argv[2:5])
     else:
         rest = sys.argv[2:]
+        dtype = torch.float32
+        if "--float64" in rest:
+            rest.remove("--float64")
+            dtype = torch.float64
         opts = {"--eta": 40.0, "--alpha": 1.0, "--only": None}
         for k in list(opts):
             if k in rest:
@@ -100,4 +107,4 @@ if __name__ == "__main__":
                 opts[k] = rest[i + 1].split(",") if k == "--only" else float(rest[i + 1])
                 del rest[i:i + 2]
         method, base_dir, out_dir, *models = rest
-        merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"], opts["--only"])
+        merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"], opts["--only"], dtype)

@@ -130,7 +130,7 @@ def star_matrix(matrix, eta):
     rank_remain = torch.searchsorted(cumulative, sum_tot_s * (eta / 100)).item() + 1  # L30
     rank_remain = min(rank_remain, s.shape[0])  # sinkmerge guard for eta = 100
     remain_s = s[:rank_remain]
-    scale = (sum_tot_s / remain_s.double().sum()).float()  # L43-45
+    scale = (sum_tot_s / remain_s.double().sum()).to(s.dtype)  # L43-45 (float32 there)
     scaled_remain_s = scale * remain_s
     return u[:, :rank_remain] @ torch.diag_embed(scaled_remain_s) @ vt[:rank_remain, :]  # L51
 
