@@ -3,11 +3,12 @@
 //!   `language_model.lm_head`), InternViT under `vision_model.`, the projector `mlp1.*`; the full
 //!   `llm_config` names the class (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,
 //!   `LlamaForCausalLM`), which becomes the target. InternLM2-style language models (`wqkv`, UNVERIFIED
-//!   for InternVL3-9B) are refused.
+//!   for InternVL3-9B) are refused. InternVL3's Qwen2 models get `eos_token_id` 151645 as transformers'
+//!   converter gives them ([`force_internvl3_eos`]).
 //! * transformers `-hf` conversions (`internvl`): the llava-hf layout with a `text_config`. Their 5.x
 //!   config class defaults `tie_word_embeddings` to true, so 5.x saves may hold no head (tie rule).
 
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
 use super::llava_onevision::plan_llava_hf;
 use super::plan::{DropKind, Plan};
@@ -55,7 +56,7 @@ impl Family for InternVl {
     }
 
     fn help(&self) -> &'static str {
-        "InternVL3/3.5 -> llm_config's class (Qwen2/Qwen3/Qwen3Moe/Llama); remote `language_model.*` + `llm_config`, or -hf `text_config`; InternLM2 refused"
+        "InternVL3/3.5 -> llm_config's class (Qwen2/Qwen3/Qwen3Moe/Llama); remote `language_model.*` + `llm_config`, or -hf `text_config`; InternVL3's Qwen2 eos forced to <|im_end|> as transformers does; InternLM2 refused"
     }
 
     fn detect(&self, config: &Value, _: &[String]) -> bool {
@@ -93,8 +94,95 @@ impl Family for InternVl {
                     TARGETS.map(|t| t.architecture()).join(", ")
                 )
             })?;
-        let (fields, key) = prefix::text_fields(&ckpt.config, None);
+        let (mut fields, key) = prefix::text_fields(&ckpt.config, None);
+        let dir = ckpt.dir.to_string_lossy();
+        let eos_note = force_internvl3_eos(&mut fields, &[&ckpt.label, &dir], target);
         let tie = prefix::tie_flag(&ckpt.config, key);
-        prefix::plan(ckpt, self.name(), &REMOTE, target, &fields, tie)
+        let mut plan = prefix::plan(ckpt, self.name(), &REMOTE, target, &fields, tie)?;
+        plan.notes.extend(eos_note);
+        Ok(plan)
+    }
+}
+
+/// `<|im_end|>` in the Qwen2 tokenizer.
+const INTERNVL3_EOS: u64 = 151645;
+
+/// transformers' InternVL converter (`convert_internvl_weights_to_hf.py`, "Force correct eos_token_id
+/// for InternVL3") replaces the `eos_token_id` of InternVL3's Qwen2 language models: their
+/// `llm_config` names 151643 (`<|endoftext|>`), which ends no chat turn, so generation would run past
+/// the answer. The converter decides by the repo name, and so does this, from how the model was
+/// named or the directory it lies in (`names`); InternVL3.5 is never Qwen2. Returns the note to tell
+/// the user, if it changed anything.
+fn force_internvl3_eos(
+    fields: &mut Map<String, Value>,
+    names: &[&str],
+    target: Target,
+) -> Option<String> {
+    let internvl3 = names
+        .iter()
+        .any(|n| n.to_ascii_lowercase().contains("internvl3"));
+    let vocab = fields
+        .get("vocab_size")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if target != Target::Qwen2 || !internvl3 || vocab <= INTERNVL3_EOS {
+        return None;
+    }
+    let old = fields.get("eos_token_id").cloned().unwrap_or(Value::Null);
+    if old == json!(INTERNVL3_EOS) {
+        return None;
+    }
+    fields.insert("eos_token_id".into(), json!(INTERNVL3_EOS));
+    Some(format!(
+        "eos_token_id {old} -> {INTERNVL3_EOS} (<|im_end|>), as transformers' InternVL converter sets it for InternVL3's Qwen2 models"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(eos: u64, vocab: u64) -> Map<String, Value> {
+        let Value::Object(m) = json!({ "eos_token_id": eos, "vocab_size": vocab }) else {
+            unreachable!()
+        };
+        m
+    }
+
+    #[test]
+    fn internvl3_qwen2_models_get_the_chat_eos() {
+        let mut f = fields(151643, 151674);
+        let note = force_internvl3_eos(
+            &mut f,
+            &["internvl3 (OpenGVLab/InternVL3-8B)"],
+            Target::Qwen2,
+        );
+        assert!(note.unwrap().contains("151643 -> 151645"));
+        assert_eq!(f["eos_token_id"], json!(151645));
+        // Already right, or found by the directory: nothing to say, or the same change.
+        assert_eq!(
+            force_internvl3_eos(&mut f, &["x", "/m/InternVL3-2B"], Target::Qwen2),
+            None
+        );
+        let mut f = fields(151643, 151674);
+        assert!(force_internvl3_eos(&mut f, &["x", "/m/InternVL3-2B"], Target::Qwen2).is_some());
+        // Not InternVL3, not Qwen2 (InternVL3.5 is Qwen3), or a vocabulary without the token.
+        for (names, target, vocab) in [
+            (
+                ["OpenGVLab/InternVL2_5-4B-MPO", "/m/a"],
+                Target::Qwen2,
+                151674,
+            ),
+            (["OpenGVLab/InternVL3_5-8B", "/m/b"], Target::Qwen3, 151936),
+            (["tiny-internvl3", "/m/c"], Target::Qwen2, 512),
+        ] {
+            let mut f = fields(151643, vocab);
+            assert_eq!(
+                force_internvl3_eos(&mut f, &names, target),
+                None,
+                "{names:?}"
+            );
+            assert_eq!(f["eos_token_id"], json!(151643));
+        }
     }
 }
