@@ -203,30 +203,13 @@ fn reduce_to_band(a: &mut Mat<f64>, b: usize) -> Vec<Panel> {
     while j + b + 1 < n {
         let offset = j + b;
         let m = n - offset;
-        let w = m.min(b);
         let (v, s) = {
             let mut panel = a.as_mut().submatrix_mut(offset, j, m, b);
-            let mut t = Mat::<f64>::zeros(w, w);
-            let scratch = qr_in_place_scratch::<f64>(m, b, w, Par::Seq, Default::default());
-            qr_in_place(
-                panel.as_mut(),
-                t.as_mut(),
-                Par::Seq,
-                MemStack::new(&mut MemBuffer::new(scratch)),
-                Default::default(),
-            );
-            let v = Mat::<f64>::from_fn(m, w, |r, c| match r.cmp(&c) {
-                std::cmp::Ordering::Less => 0.0,
-                std::cmp::Ordering::Equal => 1.0,
-                std::cmp::Ordering::Greater => panel[(r, c)],
-            });
-            // The panel becomes R.
-            for c in 0..b {
-                for r in (c + 1)..m {
-                    panel[(r, c)] = 0.0;
-                }
-            }
-            (v, upper_triangular_inverse(t.as_ref()))
+            let original = panel.to_owned();
+            faer_panel_qr(panel.as_mut()).unwrap_or_else(|| {
+                panel.copy_from(original.as_ref());
+                panel_qr(panel)
+            })
         };
         symmetric_update(a.as_mut().submatrix_mut(offset, offset, m, m), &v, &s);
         panels.push(Panel { offset, v, s });
@@ -323,24 +306,105 @@ fn symmetric_update(mut a: MatMut<'_, f64>, v: &Mat<f64>, s: &Mat<f64>) {
     );
 }
 
-/// The inverse of faer's upper triangular Householder factor `T` (`H_0 ... H_{w-1} =
-/// I - V T⁻¹ Vᵀ`). A reflector faer found unnecessary (a zero column) has an infinite `tau` on
-/// the diagonal, whose inverse, zero, is exactly the identity it stands for; back substitution
-/// keeps it so.
+/// [`panel_qr`] by faer's blocked QR, several times faster; None (the panel partly overwritten)
+/// when faer found the panel rank-deficient, having then skipped columns (see [`panel_qr`]).
+fn faer_panel_qr(mut panel: MatMut<'_, f64>) -> Option<(Mat<f64>, Mat<f64>)> {
+    let (m, b) = panel.shape();
+    let w = m.min(b);
+    let mut factor = Mat::<f64>::zeros(w, w);
+    let scratch = qr_in_place_scratch::<f64>(m, b, w, Par::Seq, Default::default());
+    let info = qr_in_place(
+        panel.as_mut(),
+        factor.as_mut(),
+        Par::Seq,
+        MemStack::new(&mut MemBuffer::new(scratch)),
+        Default::default(),
+    );
+    if info.rank < w {
+        return None;
+    }
+    let v = Mat::<f64>::from_fn(m, w, |r, c| match r.cmp(&c) {
+        std::cmp::Ordering::Less => 0.0,
+        std::cmp::Ordering::Equal => 1.0,
+        std::cmp::Ordering::Greater => panel[(r, c)],
+    });
+    for c in 0..b {
+        for r in (c + 1)..m {
+            panel[(r, c)] = 0.0;
+        }
+    }
+    // faer's factor F gives H_0 ... H_{w-1} = I - V F⁻¹ Vᵀ.
+    Some((v, upper_triangular_inverse(factor.as_ref())))
+}
+
+/// The inverse of an upper triangular matrix with a nonzero diagonal, by back substitution.
 fn upper_triangular_inverse(t: MatRef<'_, f64>) -> Mat<f64> {
     let w = t.nrows();
     let mut s = Mat::<f64>::zeros(w, w);
     for j in 0..w {
         s[(j, j)] = 1.0 / t[(j, j)];
         for i in (0..j).rev() {
-            let mut sum = 0.0;
-            for k in (i + 1)..=j {
-                sum += t[(i, k)] * s[(k, j)];
-            }
+            let sum: f64 = ((i + 1)..=j).map(|k| t[(i, k)] * s[(k, j)]).sum();
             s[(i, j)] = -sum / t[(i, i)];
         }
     }
     s
+}
+
+/// The Householder QR factorization of a panel (LAPACK's `dgeqr2` + `dlarft`, forward and
+/// columnwise), in place: the panel becomes R (zeros below its diagonal), and the returned `V`
+/// (unit lower trapezoidal) and `T` (upper triangular) give `H_0 ... H_{w-1} = I - V T Vᵀ`.
+/// For the panels faer's QR finds rank-deficient ([`faer_panel_qr`]): it skips a column whose
+/// remaining norm is below a rank threshold and leaves that remainder in R, a backward error of up
+/// to about `16·m·eps·||column||` per skipped column, outside what `GramEvd` budgets for the
+/// reduction.
+fn panel_qr(mut panel: MatMut<'_, f64>) -> (Mat<f64>, Mat<f64>) {
+    let (m, b) = panel.shape();
+    let w = m.min(b);
+    let mut v = Mat::<f64>::zeros(m, w);
+    let mut taus = vec![0.0; w];
+    let mut reflector = vec![0.0; m];
+    for c in 0..w {
+        let len = m - c;
+        let tau = householder(column(panel.as_mut(), c, c), &mut reflector);
+        let h = &reflector[..len];
+        for (r, &x) in h.iter().enumerate() {
+            v[(c + r, c)] = x;
+        }
+        if tau != 0.0 {
+            for k in (c + 1)..b {
+                let col = column(panel.as_mut(), k, c);
+                let d = tau * dot::<false>(h, col);
+                axpy::<false>(-d, h, col);
+            }
+        }
+        taus[c] = tau;
+    }
+    // dlarft: T[i, i] = tau_i, T[..i, i] = -tau_i T[..i, ..i] V[:, ..i]ᵀ v_i.
+    let mut t = Mat::<f64>::zeros(w, w);
+    for i in 0..w {
+        t[(i, i)] = taus[i];
+        if i == 0 || taus[i] == 0.0 {
+            continue;
+        }
+        let z: Vec<f64> = (0..i)
+            .map(|k| -taus[i] * (i..m).map(|r| v[(r, k)] * v[(r, i)]).sum::<f64>())
+            .collect();
+        for r in 0..i {
+            t[(r, i)] = (r..i).map(|k| t[(r, k)] * z[k]).sum();
+        }
+    }
+    (v, t)
+}
+
+/// Rows `first..` of column `c` of `a`, as a slice (faer matrices are column-major).
+fn column(a: MatMut<'_, f64>, c: usize, first: usize) -> &mut [f64] {
+    let rows = a.nrows() - first;
+    a.col_mut(c)
+        .subrows_mut(first, rows)
+        .try_as_col_major_mut()
+        .expect("faer columns are contiguous")
+        .as_slice_mut()
 }
 
 /// The lower triangle of a symmetric band matrix with room for the bulge: entry `(i, j)`,
@@ -536,6 +600,7 @@ fn madd<const FMA: bool>(a: f64, b: f64, c: f64) -> f64 {
 /// x·y in [`DOT_LANES`] independent sums, so the loop vectorizes.
 #[inline(always)]
 fn dot<const FMA: bool>(x: &[f64], y: &[f64]) -> f64 {
+    debug_assert_eq!(x.len(), y.len());
     let mut acc = [0.0; DOT_LANES];
     let (xc, yc) = (x.chunks_exact(DOT_LANES), y.chunks_exact(DOT_LANES));
     let mut rest = 0.0;
@@ -564,6 +629,7 @@ fn axpy<const FMA: bool>(alpha: f64, x: &[f64], y: &mut [f64]) {
 mod tests {
     use super::*;
     use faer::diag::Diag;
+    use faer::dyn_stack::{MemBuffer, MemStack};
     use faer::linalg::evd::{
         self_adjoint_evd_scratch, tridiagonal_self_adjoint_evd, ComputeEigenvectors,
     };
@@ -638,9 +704,9 @@ mod tests {
             let top = expected[n - 1];
             for (a, b) in values.iter().zip(&expected) {
                 // GramEvd budgets 8·n·eps·top for the reduction's error; the two routes agree
-                // to within an eighth of that (0.6 at most here).
+                // to 0.6 of n·eps·top here with FMA, and a review measured up to 2.4 without.
                 let ratio = (a - b).abs() / (f64::EPSILON * top * n as f64);
-                assert!(ratio <= 1.0, "n {n} band {band}: {a} vs {b}");
+                assert!(ratio <= 4.0, "n {n} band {band}: {a} vs {b}");
             }
             let q = reduced.back_transform(z);
             // G Q = Q Λ and QᵀQ = I.
@@ -706,5 +772,70 @@ mod tests {
                 assert!((p - q).abs() <= 1e-12 * scale, "{p} vs {q}");
             }
         }
+    }
+
+    #[test]
+    fn a_rank_deficient_panel_keeps_the_backward_error_small() {
+        // Rank one plus 1e-13 noise: faer's QR would skip the panel's columns past the first as
+        // rank-deficient and leave their remainders in R ([`panel_qr`]). Here the residual is
+        // about 6e-16 of ||G||.
+        let n = 100;
+        let mut rng = ChaCha8Rng::seed_from_u64(13);
+        let x: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let noise = symmetric(n, 14);
+        let g = Mat::<f64>::from_fn(n, n, |i, j| x[i] * x[j] + 1e-13 * noise[(i, j)]);
+        let reduced = TwoStage::reduce(g.clone(), 8);
+        let (values, z) = tridiagonal_evd(&reduced.diag, &reduced.subdiag, true);
+        let q = reduced.back_transform(z);
+        let mut gq = Mat::<f64>::zeros(n, n);
+        matmul(
+            gq.as_mut(),
+            Accum::Replace,
+            g.as_ref(),
+            q.as_ref(),
+            1.0,
+            Par::Seq,
+        );
+        let top = values[n - 1];
+        let worst = (0..n)
+            .map(|j| {
+                (0..n)
+                    .map(|i| (gq[(i, j)] - q[(i, j)] * values[j]).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
+            .fold(0f64, f64::max);
+        assert!(worst <= 1e-14 * top, "residual {}", worst / top);
+    }
+
+    #[test]
+    fn both_panel_factorizations_reproduce_the_panel() {
+        let (m, b) = (40, 8);
+        let mut rng = ChaCha8Rng::seed_from_u64(15);
+        let original = Mat::<f64>::from_fn(m, b, |_, _| rng.random_range(-1.0..1.0));
+        let (mut ours, mut faers) = (original.clone(), original.clone());
+        let factored = [
+            panel_qr(ours.as_mut()),
+            faer_panel_qr(faers.as_mut()).unwrap(),
+        ];
+        for ((v, t), r) in factored.iter().zip([&ours, &faers]) {
+            // (I - V T Vᵀ) R = panel, R upper triangular.
+            let vt = v * t;
+            let qr = r - &vt * (v.transpose() * r);
+            for j in 0..b {
+                for i in 0..m {
+                    assert!((qr[(i, j)] - original[(i, j)]).abs() <= 1e-13);
+                    if i > j {
+                        assert_eq!(r[(i, j)], 0.0);
+                    }
+                }
+            }
+        }
+        // Rank one plus 1e-13 noise: faer's QR calls it rank-deficient, so it is not used.
+        let x: Vec<f64> = (0..m).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut low = Mat::<f64>::from_fn(m, b, |i, j| {
+            x[i] * (j + 1) as f64 + 1e-13 * original[(i, j)]
+        });
+        assert!(faer_panel_qr(low.as_mut()).is_none());
     }
 }
