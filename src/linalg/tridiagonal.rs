@@ -137,8 +137,14 @@ impl ShiftedLu {
                 dl[i] = fact;
                 d[i + 1] -= fact * du[i];
             } else {
-                let fact = d[i] / dl[i];
-                d[i] = dl[i];
+                // |dl[i]| > |d[i]|, but both may be below the floor.
+                let pivot = if dl[i].abs() < floor {
+                    floor.copysign(dl[i])
+                } else {
+                    dl[i]
+                };
+                let fact = d[i] / pivot;
+                d[i] = pivot;
                 dl[i] = fact;
                 let upper = du[i];
                 du[i] = d[i + 1];
