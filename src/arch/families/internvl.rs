@@ -3,8 +3,8 @@
 //!   `language_model.lm_head`), InternViT under `vision_model.`, the projector `mlp1.*`; the full
 //!   `llm_config` names the class (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,
 //!   `LlamaForCausalLM`), which becomes the target. InternLM2-style language models (`wqkv`, UNVERIFIED
-//!   for InternVL3-9B) are refused. InternVL3's Qwen2 models get `eos_token_id` 151645 as transformers'
-//!   converter gives them ([`force_internvl3_eos`]).
+//!   for InternVL3-9B) are refused. InternVL3 and InternVL3.5 Qwen models get `eos_token_id` 151645
+//!   as transformers' converter gives them ([`force_internvl3_eos`]).
 //! * transformers `-hf` conversions (`internvl`): the llava-hf layout with a `text_config`. Their 5.x
 //!   config class defaults `tie_word_embeddings` to true, so 5.x saves may hold no head (tie rule).
 
@@ -56,7 +56,7 @@ impl Family for InternVl {
     }
 
     fn help(&self) -> &'static str {
-        "InternVL3/3.5 -> llm_config's class (Qwen2/Qwen3/Qwen3Moe/Llama); remote `language_model.*` + `llm_config`, or -hf `text_config`; InternVL3's Qwen2 eos forced to <|im_end|> as transformers does; InternLM2 refused"
+        "InternVL3/3.5 -> llm_config's class (Qwen2/Qwen3/Qwen3Moe/Llama); remote `language_model.*` + `llm_config`, or -hf `text_config`; InternVL3/3.5 Qwen eos forced to <|im_end|> as transformers does; InternLM2 refused"
     }
 
     fn detect(&self, config: &Value, _: &[String]) -> bool {
@@ -95,8 +95,17 @@ impl Family for InternVl {
                 )
             })?;
         let (mut fields, key) = prefix::text_fields(&ckpt.config, None);
-        let dir = ckpt.dir.to_string_lossy();
-        let eos_note = force_internvl3_eos(&mut fields, &[&ckpt.label, &dir], target);
+        let mut names = vec![ckpt.label.clone()];
+        // The directory's own name and, in the HF cache, the repo's (`models--ORG--NAME`), not
+        // every folder above it.
+        for (i, part) in ckpt.dir.components().rev().take(3).enumerate() {
+            let part = part.as_os_str().to_string_lossy();
+            if i == 0 || part.starts_with("models--") {
+                names.push(part.into_owned());
+            }
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let eos_note = force_internvl3_eos(&mut fields, &names, target);
         let tie = prefix::tie_flag(&ckpt.config, key);
         let mut plan = prefix::plan(ckpt, self.name(), &REMOTE, target, &fields, tie)?;
         plan.notes.extend(eos_note);
@@ -108,11 +117,12 @@ impl Family for InternVl {
 const INTERNVL3_EOS: u64 = 151645;
 
 /// transformers' InternVL converter (`convert_internvl_weights_to_hf.py`, "Force correct eos_token_id
-/// for InternVL3") replaces the `eos_token_id` of InternVL3's Qwen2 language models: their
-/// `llm_config` names 151643 (`<|endoftext|>`), which ends no chat turn, so generation would run past
-/// the answer. The converter decides by the repo name, and so does this, from how the model was
-/// named or the directory it lies in (`names`); InternVL3.5 is never Qwen2. Returns the note to tell
-/// the user, if it changed anything.
+/// for InternVL3 and InternVL3.5") sets `eos_token_id` 151645 on the Qwen2, Qwen3 and Qwen3-MoE
+/// language models of InternVL3 and InternVL3.5: InternVL3's `llm_config` names 151643
+/// (`<|endoftext|>`), which ends no chat turn, so generation would run past the answer. The
+/// converter decides by the repo name, and so does this, from how the model was named and the
+/// directory's (and HF cache repo's) name (`names`). Returns the note to tell the user, if it
+/// changed anything.
 fn force_internvl3_eos(
     fields: &mut Map<String, Value>,
     names: &[&str],
@@ -125,7 +135,8 @@ fn force_internvl3_eos(
         .get("vocab_size")
         .and_then(Value::as_u64)
         .unwrap_or(0);
-    if target != Target::Qwen2 || !internvl3 || vocab <= INTERNVL3_EOS {
+    let qwen = matches!(target, Target::Qwen2 | Target::Qwen3 | Target::Qwen3Moe);
+    if !qwen || !internvl3 || vocab <= INTERNVL3_EOS {
         return None;
     }
     let old = fields.get("eos_token_id").cloned().unwrap_or(Value::Null);
@@ -134,7 +145,7 @@ fn force_internvl3_eos(
     }
     fields.insert("eos_token_id".into(), json!(INTERNVL3_EOS));
     Some(format!(
-        "eos_token_id {old} -> {INTERNVL3_EOS} (<|im_end|>), as transformers' InternVL converter sets it for InternVL3's Qwen2 models"
+        "eos_token_id {old} -> {INTERNVL3_EOS} (<|im_end|>), as transformers' InternVL converter sets it for InternVL3 and InternVL3.5"
     ))
 }
 
@@ -150,7 +161,7 @@ mod tests {
     }
 
     #[test]
-    fn internvl3_qwen2_models_get_the_chat_eos() {
+    fn internvl3_qwen_models_get_the_chat_eos() {
         let mut f = fields(151643, 151674);
         let note = force_internvl3_eos(
             &mut f,
@@ -166,14 +177,18 @@ mod tests {
         );
         let mut f = fields(151643, 151674);
         assert!(force_internvl3_eos(&mut f, &["x", "/m/InternVL3-2B"], Target::Qwen2).is_some());
-        // Not InternVL3, not Qwen2 (InternVL3.5 is Qwen3), or a vocabulary without the token.
+        // InternVL3.5 (Qwen3) too.
+        let mut f = fields(151643, 151936);
+        let names = ["OpenGVLab/InternVL3_5-8B"];
+        assert!(force_internvl3_eos(&mut f, &names, Target::Qwen3).is_some());
+        // Not InternVL3, not a Qwen (InternVL3-9B is Llama-like), or a vocabulary without it.
         for (names, target, vocab) in [
             (
                 ["OpenGVLab/InternVL2_5-4B-MPO", "/m/a"],
                 Target::Qwen2,
                 151674,
             ),
-            (["OpenGVLab/InternVL3_5-8B", "/m/b"], Target::Qwen3, 151936),
+            (["OpenGVLab/InternVL3-9B", "/m/b"], Target::Llama, 151936),
             (["tiny-internvl3", "/m/c"], Target::Qwen2, 512),
         ] {
             let mut f = fields(151643, vocab);
