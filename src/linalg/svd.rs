@@ -25,9 +25,7 @@ use faer::diag::Diag;
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
 use faer::linalg::evd::tridiag::{tridiag_in_place, tridiag_in_place_scratch};
-use faer::linalg::evd::{
-    self_adjoint_evd_scratch, tridiagonal_self_adjoint_evd, ComputeEigenvectors,
-};
+use faer::linalg::evd::ComputeEigenvectors;
 use faer::linalg::householder::{
     apply_block_householder_sequence_on_the_left_in_place_scratch,
     apply_block_householder_sequence_on_the_left_in_place_with_conj,
@@ -38,7 +36,7 @@ use faer::linalg::qr::no_pivoting::factor::recommended_block_size;
 use faer::linalg::svd::{svd, svd_scratch, ComputeSvdVectors};
 use faer::{Accum, Conj, Mat, MatRef, Par};
 
-use super::tridiagonal::selected_eigenvectors;
+use super::tridiagonal::{self, selected_eigenvectors};
 use super::two_stage::{self, TwoStage};
 use rayon::prelude::*;
 use std::mem::take;
@@ -305,7 +303,7 @@ impl GramEvd {
             return Some(select(all));
         }
         let all = || {
-            let (_, all) = tridiagonal_evd(&self.diag, &self.subdiag, ComputeEigenvectors::Yes)?;
+            let (_, all) = tridiagonal::evd(&self.diag, &self.subdiag, ComputeEigenvectors::Yes)?;
             all.as_ref().map(select)
         };
         // Inverse iteration orthogonalizes each vector against the rest of its cluster, and most
@@ -585,11 +583,13 @@ impl Gram {
     fn evd(self, wanted: Wanted) -> Option<GramEvd> {
         let k = self.lower.nrows();
         let product_error = self.product_error();
-        let (diag, subdiag, reduction) = match wanted {
+        // Few: two stages and eigenvalues alone; Most: faer's reduction and every vector.
+        let (diag, subdiag, reduction, compute) = match wanted {
             Wanted::Few => {
                 let mut reduced = TwoStage::reduce(self.lower, two_stage::BAND);
                 let (diag, subdiag) = (take(&mut reduced.diag), take(&mut reduced.subdiag));
-                (diag, subdiag, Reduction::TwoStage(reduced))
+                let reduction = Reduction::TwoStage(reduced);
+                (diag, subdiag, reduction, ComputeEigenvectors::No)
             }
             Wanted::Most => {
                 let mut reflectors = self.lower;
@@ -609,14 +609,10 @@ impl Gram {
                     reflectors,
                     block_factors,
                 };
-                (diag, subdiag, reduction)
+                (diag, subdiag, reduction, ComputeEigenvectors::Yes)
             }
         };
-        let compute = match wanted {
-            Wanted::Few => ComputeEigenvectors::No,
-            Wanted::Most => ComputeEigenvectors::Yes,
-        };
-        let (eigenvalues, all_tridiagonal_vectors) = tridiagonal_evd(&diag, &subdiag, compute)?;
+        let (eigenvalues, all_tridiagonal_vectors) = tridiagonal::evd(&diag, &subdiag, compute)?;
         // Ascending from faer; singular values go the other way.
         let lambda: Vec<f64> = eigenvalues.iter().rev().copied().collect();
         let top = lambda[0].max(0.0);
@@ -630,43 +626,6 @@ impl Gram {
             tail_upper: Vec::new(),
         })
     }
-}
-
-/// The eigenvalues (ascending) of the symmetric tridiagonal matrix (`diag`, `subdiag`) and, if
-/// asked, all its eigenvectors, by faer's divide and conquer; None if it fails or gives a
-/// non-finite value.
-fn tridiagonal_evd(
-    diag: &[f64],
-    subdiag: &[f64],
-    compute: ComputeEigenvectors,
-) -> Option<(Vec<f64>, Option<Mat<f64>>)> {
-    let k = diag.len();
-    let mut d = Diag::<f64>::zeros(k);
-    let mut s = Diag::<f64>::zeros(k);
-    for i in 0..k {
-        d[i] = diag[i];
-        if i + 1 < k {
-            s[i] = subdiag[i];
-        }
-    }
-    let mut eigenvalues = Diag::<f64>::zeros(k);
-    let mut vectors = matches!(compute, ComputeEigenvectors::Yes).then(|| Mat::<f64>::zeros(k, k));
-    let scratch = self_adjoint_evd_scratch::<f64>(k, compute, Par::Seq, Default::default());
-    tridiagonal_self_adjoint_evd(
-        d.as_ref(),
-        s.as_ref(),
-        eigenvalues.as_mut(),
-        vectors.as_mut().map(|v| v.as_mut()),
-        Par::Seq,
-        MemStack::new(&mut MemBuffer::new(scratch)),
-        Default::default(),
-    )
-    .ok()?;
-    let values: Vec<f64> = eigenvalues.column_vector().iter().copied().collect();
-    values
-        .iter()
-        .all(|l| l.is_finite())
-        .then_some((values, vectors))
 }
 
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal

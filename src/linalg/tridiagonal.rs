@@ -5,8 +5,15 @@
 //! Lanczos residual bound needs. Both are O(k), so the bound can be checked after every step.
 //!
 //! [`selected_eigenvectors`] gives the eigenvectors of chosen eigenvalues of a large tridiagonal
-//! matrix the same way, for STAR's Gram matrices.
+//! matrix the same way, for STAR's Gram matrices; [`evd`] is faer's divide and conquer on a
+//! whole one.
 
+use faer::diag::Diag;
+use faer::dyn_stack::{MemBuffer, MemStack};
+use faer::linalg::evd::{
+    self_adjoint_evd_scratch, tridiagonal_self_adjoint_evd, ComputeEigenvectors,
+};
+use faer::{Mat, Par};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -189,6 +196,43 @@ impl ShiftedLu {
     }
 }
 
+/// The eigenvalues (ascending) of the symmetric tridiagonal matrix (`diag`, `subdiag`) and, if
+/// asked, all its eigenvectors, by faer's divide and conquer; None if it fails or gives a
+/// non-finite value. GramEvd's eigenvalues, and its fallback for eigenvectors.
+pub fn evd(
+    diag: &[f64],
+    subdiag: &[f64],
+    compute: ComputeEigenvectors,
+) -> Option<(Vec<f64>, Option<Mat<f64>>)> {
+    let k = diag.len();
+    let mut d = Diag::<f64>::zeros(k);
+    let mut s = Diag::<f64>::zeros(k);
+    for i in 0..k {
+        d[i] = diag[i];
+        if i + 1 < k {
+            s[i] = subdiag[i];
+        }
+    }
+    let mut eigenvalues = Diag::<f64>::zeros(k);
+    let mut vectors = matches!(compute, ComputeEigenvectors::Yes).then(|| Mat::<f64>::zeros(k, k));
+    let scratch = self_adjoint_evd_scratch::<f64>(k, compute, Par::Seq, Default::default());
+    tridiagonal_self_adjoint_evd(
+        d.as_ref(),
+        s.as_ref(),
+        eigenvalues.as_mut(),
+        vectors.as_mut().map(|v| v.as_mut()),
+        Par::Seq,
+        MemStack::new(&mut MemBuffer::new(scratch)),
+        Default::default(),
+    )
+    .ok()?;
+    let values: Vec<f64> = eigenvalues.column_vector().iter().copied().collect();
+    values
+        .iter()
+        .all(|l| l.is_finite())
+        .then_some((values, vectors))
+}
+
 /// Unit eigenvectors of the symmetric tridiagonal matrix (`diag`, `off`) for `values`, a
 /// selection of its eigenvalues in ascending order (as faer computes them, to a few `eps·||T||`),
 /// one per column: inverse iteration as LAPACK's `dstein` does it. Each vector starts from a
@@ -201,9 +245,9 @@ impl ShiftedLu {
 /// Returns None if a vector fails to converge in [`MAX_ITERATIONS`]; the caller then takes a
 /// full decomposition. Cost O(n) per vector and iteration, plus O(n) per earlier member of its
 /// cluster, against O(n²) per vector for divide and conquer.
-pub fn selected_eigenvectors(diag: &[f64], off: &[f64], values: &[f64]) -> Option<faer::Mat<f64>> {
+pub fn selected_eigenvectors(diag: &[f64], off: &[f64], values: &[f64]) -> Option<Mat<f64>> {
     let n = diag.len();
-    let mut z = faer::Mat::<f64>::zeros(n, values.len());
+    let mut z = Mat::<f64>::zeros(n, values.len());
     if n == 0 {
         return Some(z);
     }
@@ -294,7 +338,7 @@ const EXTRA_ITERATIONS: usize = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use faer::Mat;
+
     use rand::{Rng, SeedableRng};
 
     fn dense_top(diag: &[f64], off: &[f64]) -> (f64, f64) {
