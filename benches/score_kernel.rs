@@ -7,7 +7,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use faer::MatRef;
-use sinkmerge::sink::forward::{attend_head, HeadView};
+use sinkmerge::sink::backend::cpu::attend_head;
+use sinkmerge::sink::forward::HeadView;
 use sinkmerge::sink::metrics::{observe, ReferenceHead, SinkPosition};
 
 const HEAD_DIM: usize = 128;

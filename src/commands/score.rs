@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::report::heatmap::{Heatmap, Panel};
 use crate::report::plot::{stacked_svg, LineChart, Series};
 use crate::report::{fmt_num, Table};
+use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::metrics::{SinkPosition, Stat};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::{self, PromptSource};
@@ -235,7 +236,7 @@ fn score_with_progress(
         })
         .sum();
     let bar = crate::progress::items(layers, "layers", show);
-    let scores = score(inputs, reference, settings, &|| bar.inc(1))?;
+    let scores = score(&CpuBackend, inputs, reference, settings, &|| bar.inc(1))?;
     bar.finish_and_clear();
     Ok(scores)
 }

@@ -1,9 +1,10 @@
-//! The layer-streaming decoder forward pass (f32, eager attention, no cache, batch of one per
-//! prompt), following transformers' eager path step by step (forward.md §5).
+//! The decoder recipe: the layer-streaming forward pass (f32, eager attention, no cache, batch of
+//! one per prompt), following transformers' eager path step by step
+//! (`docs/reference/forward.md` §5), written once over the [`Backend`] seam.
 //!
 //! A [`Model`] is an opened checkpoint with its resolved [`DecoderSpec`]. A [`State`] holds the
 //! hidden states of every prompt, packed as one `[tokens, hidden]` matrix so the projections run
-//! as one large GEMM. Layers are streamed: [`State::attention`] decodes the layer's attention
+//! as one large GEMM. Layers are streamed: [`State::attention`] loads the layer's attention
 //! weights, computes every prompt's and head's scores and probabilities, hands each head to a
 //! visitor (the metric accumulators, or a probability dump for tests) and drops the weights;
 //! [`State::mlp`] does the same for the feed-forward block. Only the current layer's weights are
@@ -12,12 +13,11 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use faer::linalg::matmul::matmul;
-use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-use super::kernels::{add_assign, rms_norm, rms_norm_rows, silu_mul, Linear};
-use super::model::{DecoderSpec, LayerSpec, NormPlacement};
+use super::backend::cpu::CpuBackend;
+use super::backend::{AttentionShape, Backend, Visitor};
+use super::model::{DecoderSpec, LayerSpec, MoeSpec, NormPlacement};
 use super::rope::{frequencies, RopeTable};
 use crate::arch::config::RopeScaling;
 use crate::arch::names::standard_name;
@@ -98,20 +98,6 @@ impl<'a> Model<'a> {
         Ok(values)
     }
 
-    /// A linear layer `{prefix}.weight` `[out, in]` with `{prefix}.bias` `[out]` if `bias`.
-    pub fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        Ok(Linear {
-            weight: self.tensor(&format!("{prefix}.weight"), &[out, inp])?,
-            out_features: out,
-            in_features: inp,
-            bias: if bias {
-                Some(self.tensor(&format!("{prefix}.bias"), &[out])?)
-            } else {
-                None
-            },
-        })
-    }
-
     fn layer_prefix(layer: usize) -> String {
         format!("model.layers.{layer}")
     }
@@ -164,7 +150,7 @@ impl HeadView<'_> {
 }
 
 #[inline]
-fn first_key(q: usize, window: Option<usize>) -> usize {
+pub(crate) fn first_key(q: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (q + 1).saturating_sub(w))
 }
 
@@ -192,12 +178,15 @@ pub struct AttentionOutput<R> {
 }
 
 /// Every prompt's hidden states for one model, between layers.
-pub struct State<'m, 'a> {
+pub struct State<'m, 'a, B: Backend> {
     model: &'m Model<'a>,
+    backend: &'m B,
     /// Row range of each prompt in `x`.
     prompts: Vec<Range<usize>>,
     /// `[tokens, hidden]`.
-    x: Vec<f32>,
+    x: B::Tensor,
+    /// Rows of `x`.
+    rows: usize,
     /// RoPE tables built so far, keyed by (rope, the sequence length that matters for it).
     ropes: Vec<(LayerRopeKey, RopeTable)>,
 }
@@ -209,9 +198,14 @@ struct LayerRopeKey {
     seq_len: usize,
 }
 
-impl<'m, 'a> State<'m, 'a> {
-    /// Embed `prompts` (token ids). Every id must index the embedding matrix.
-    pub fn new(model: &'m Model<'a>, prompts: &[Vec<u32>]) -> Result<State<'m, 'a>> {
+impl<'m, 'a, B: Backend> State<'m, 'a, B> {
+    /// Embed `prompts` (token ids). Every id must index the embedding matrix. The rows are
+    /// gathered on the host, so only the prompts' rows of the embedding ever reach the backend.
+    pub fn new(
+        model: &'m Model<'a>,
+        backend: &'m B,
+        prompts: &[Vec<u32>],
+    ) -> Result<State<'m, 'a, B>> {
         let hidden = model.spec.hidden_size;
         let name = "model.embed_tokens.weight";
         let stored = model.stored_name(name)?;
@@ -250,10 +244,45 @@ impl<'m, 'a> State<'m, 'a> {
         model.ckpt.release(stored);
         Ok(State {
             model,
+            backend,
             prompts: ranges,
-            x,
+            x: backend.upload(x)?,
+            rows: total,
             ropes: Vec::new(),
         })
+    }
+
+    fn weight(&self, name: &str, shape: &[usize]) -> Result<B::Tensor> {
+        self.backend.load(self.model, name, shape)
+    }
+
+    /// `input Wᵀ` for the `[out, in]` weight `{prefix}.weight`; `input` has every token's row.
+    fn project(
+        &self,
+        input: &B::Tensor,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<B::Tensor> {
+        let w = self.weight(&format!("{prefix}.weight"), &[out, inp])?;
+        self.backend.linear(input, self.rows, &w, out, inp)
+    }
+
+    /// `input Wᵀ + b` (the bias only if `bias`).
+    fn project_bias(
+        &self,
+        input: &B::Tensor,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<B::Tensor> {
+        let mut y = self.project(input, prefix, out, inp)?;
+        if bias {
+            let b = self.weight(&format!("{prefix}.bias"), &[out])?;
+            self.backend.add_bias(&mut y, &b, out)?;
+        }
+        Ok(y)
     }
 
     fn rope_index(&mut self, layer: &LayerSpec, len: usize) -> Result<usize> {
@@ -281,17 +310,18 @@ impl<'m, 'a> State<'m, 'a> {
     }
 
     /// Run layer `layer`'s attention block: every prompt's and head's scores and probabilities go
-    /// to `visit` (in parallel; results come back in prompt-major order), then, if
-    /// `update_residual`, the values, output projection and residual update (the last layer of a
-    /// scoring pass skips them: nothing downstream reads them). The layer's attention weights
-    /// are dropped on return.
+    /// to `visit` (results come back in prompt-major order), then, if `update_residual`, the
+    /// values, output projection and residual update (the last layer of a scoring pass skips
+    /// them: nothing downstream reads them). The layer's attention weights are dropped on
+    /// return.
     pub fn attention<R: Send>(
         &mut self,
         layer: usize,
-        visit: &(dyn Fn(&HeadView) -> R + Sync),
+        visit: &Visitor<R>,
         update_residual: bool,
     ) -> Result<AttentionOutput<R>> {
         let model = self.model;
+        let be = self.backend;
         let spec = &model.spec;
         let lspec = &spec.layers[layer];
         let (hidden, nh, nkv, hd) = (
@@ -301,37 +331,26 @@ impl<'m, 'a> State<'m, 'a> {
             spec.head_dim,
         );
         let (qd, kd) = (nh * hd, nkv * hd);
-        let n = self.x.len() / hidden;
         let eps = spec.rms_norm_eps;
         let p = Model::layer_prefix(layer);
 
         // Attention input: the normalized residual (pre-norm) or the residual itself (OLMo-2/3).
-        let normed;
-        let input: &[f32] = match spec.norm_placement {
+        let normed = match spec.norm_placement {
             NormPlacement::PreNorm => {
-                let w = model.tensor(&format!("{p}.input_layernorm.weight"), &[hidden])?;
-                normed = rms_norm(&self.x, hidden, &w, eps);
-                &normed
+                let w = self.weight(&format!("{p}.input_layernorm.weight"), &[hidden])?;
+                Some(be.rms_norm(&self.x, hidden, &w, eps)?)
             }
-            NormPlacement::PostNorm => &self.x,
+            NormPlacement::PostNorm => None,
         };
+        let input = normed.as_ref().unwrap_or(&self.x);
 
-        let mut q_proj =
-            model.linear(&format!("{p}.self_attn.q_proj"), qd, hidden, spec.qkv_bias)?;
-        let mut q = q_proj.forward_no_bias(input, n);
-        let q_bias = q_proj.bias.take();
-        drop(q_proj);
-        let mut k_proj =
-            model.linear(&format!("{p}.self_attn.k_proj"), kd, hidden, spec.qkv_bias)?;
-        let mut k = k_proj.forward_no_bias(input, n);
-        let k_bias = k_proj.bias.take();
-        drop(k_proj);
+        let mut q = self.project(input, &format!("{p}.self_attn.q_proj"), qd, hidden)?;
+        let mut k = self.project(input, &format!("{p}.self_attn.k_proj"), kd, hidden)?;
         let mut v = if update_residual {
-            let v_proj =
-                model.linear(&format!("{p}.self_attn.v_proj"), kd, hidden, spec.qkv_bias)?;
-            v_proj.forward(input, n)
+            let prefix = format!("{p}.self_attn.v_proj");
+            Some(self.project_bias(input, &prefix, kd, hidden, spec.qkv_bias)?)
         } else {
-            Vec::new()
+            None
         };
 
         let (q_norm_len, k_norm_len) = match spec.qk_norm {
@@ -341,28 +360,35 @@ impl<'m, 'a> State<'m, 'a> {
         };
         // The Theorem-1 ratios use the projections before their bias is added.
         let qk_stats = if spec.qk_norm != QkNorm::None {
-            let input_norms: Vec<f64> = input
+            let input_norms: Vec<f64> = be
+                .to_host(input)?
                 .par_chunks(hidden)
                 .map(|r| r.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt())
                 .collect();
             Some((
-                min_rms_ratio(&q, qd, q_norm_len, &input_norms),
-                min_rms_ratio(&k, kd, k_norm_len, &input_norms),
+                min_rms_ratio(&be.to_host(&q)?, qd, q_norm_len, &input_norms),
+                min_rms_ratio(&be.to_host(&k)?, kd, k_norm_len, &input_norms),
             ))
         } else {
             None
         };
-        add_bias_opt(&mut q, &q_bias);
-        add_bias_opt(&mut k, &k_bias);
+        drop(normed);
+        if spec.qkv_bias {
+            let bq = self.weight(&format!("{p}.self_attn.q_proj.bias"), &[qd])?;
+            be.add_bias(&mut q, &bq, qd)?;
+            let bk = self.weight(&format!("{p}.self_attn.k_proj.bias"), &[kd])?;
+            be.add_bias(&mut k, &bk, kd)?;
+        }
         let qk_stats = match qk_stats {
             Some((m_q, m_k)) => {
-                let wq = model.tensor(&format!("{p}.self_attn.q_norm.weight"), &[q_norm_len])?;
-                let wk = model.tensor(&format!("{p}.self_attn.k_norm.weight"), &[k_norm_len])?;
-                rms_norm_rows(&mut q, q_norm_len, &wq, eps);
-                rms_norm_rows(&mut k, k_norm_len, &wk, eps);
+                let wq = self.weight(&format!("{p}.self_attn.q_norm.weight"), &[q_norm_len])?;
+                let wk = self.weight(&format!("{p}.self_attn.k_norm.weight"), &[k_norm_len])?;
+                be.rms_norm_rows(&mut q, q_norm_len, &wq, eps)?;
+                be.rms_norm_rows(&mut k, k_norm_len, &wk, eps)?;
+                let inf_norm = |w: &[f32]| w.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
                 Some(QkNormStats {
-                    gamma_q_inf: wq.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)),
-                    gamma_k_inf: wk.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)),
+                    gamma_q_inf: inf_norm(&be.to_host(&wq)?),
+                    gamma_k_inf: inf_norm(&be.to_host(&wk)?),
                     m_q,
                     m_k,
                 })
@@ -370,184 +396,200 @@ impl<'m, 'a> State<'m, 'a> {
             None => None,
         };
         if let Some(c) = spec.clip_qkv {
-            for buf in [&mut q, &mut k, &mut v] {
-                buf.par_iter_mut().for_each(|x| *x = x.clamp(-c, c));
+            be.clamp(&mut q, c)?;
+            be.clamp(&mut k, c)?;
+            if let Some(v) = &mut v {
+                be.clamp(v, c)?;
             }
         }
 
         // RoPE, per prompt (dynamic scaling depends on the prompt's length).
-        for pi in 0..self.prompts.len() {
-            let range = self.prompts[pi].clone();
-            let table = self.rope_index(lspec, range.len())?;
-            let table = &self.ropes[table].1;
-            let rows = range.start..range.end;
-            q[rows.start * qd..rows.end * qd]
-                .par_chunks_mut(qd)
-                .enumerate()
-                .for_each(|(t, row)| row.chunks_mut(hd).for_each(|h| table.apply(h, t)));
-            k[rows.start * kd..rows.end * kd]
-                .par_chunks_mut(kd)
-                .enumerate()
-                .for_each(|(t, row)| row.chunks_mut(hd).for_each(|h| table.apply(h, t)));
-        }
+        let tables: Vec<usize> = (0..self.prompts.len())
+            .map(|pi| self.rope_index(lspec, self.prompts[pi].len()))
+            .collect::<Result<_>>()?;
+        let segments: Vec<(Range<usize>, &RopeTable)> = self
+            .prompts
+            .iter()
+            .zip(&tables)
+            .map(|(r, &t)| (r.clone(), &self.ropes[t].1))
+            .collect();
+        be.rope(&mut q, qd, hd, &segments)?;
+        be.rope(&mut k, kd, hd, &segments)?;
 
-        if !(q.par_iter().all(|x| x.is_finite()) && k.par_iter().all(|x| x.is_finite())) {
+        if !(be.all_finite(&q)? && be.all_finite(&k)?) {
             return Err(self.non_finite_error(layer, "query/key projections"));
         }
-        let scale = (hd as f32).powf(-0.5);
-        let group = spec.group();
-        let window = lspec.window;
-        let tasks: Vec<(usize, usize)> = (0..self.prompts.len())
-            .flat_map(|pi| (0..nh).map(move |h| (pi, h)))
-            .collect();
-        let prompts = &self.prompts;
-        let results: Vec<(R, Vec<f32>)> = tasks
-            .par_iter()
-            .map(|&(pi, h)| {
-                let range = &prompts[pi];
-                let (off, len) = (range.start, range.len());
-                let g = h / group;
-                let view = |buf, width, head| head_view(buf, off, len, width, head * hd, hd);
-                attend_head(
-                    view(&q, qd, h),
-                    view(&k, kd, g),
-                    update_residual.then(|| view(&v, kd, g)),
-                    scale,
-                    window,
-                    (pi, h),
-                    visit,
-                )
-            })
-            .collect();
+        let shape = AttentionShape {
+            prompts: &self.prompts,
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: hd,
+            window: lspec.window,
+            scale: (hd as f32).powf(-0.5),
+        };
+        let attended = be.attention(&q, &k, v.as_ref(), &shape, visit)?;
         drop((q, k, v));
-        if !update_residual {
+        let Some(ctx) = attended.context else {
             return Ok(AttentionOutput {
-                heads: results.into_iter().map(|(out, _)| out).collect(),
+                heads: attended.heads,
                 qk_norm: qk_stats,
             });
-        }
-
-        let mut ctx = vec![0f32; n * qd];
-        let mut heads = Vec::with_capacity(results.len());
-        for (&(pi, h), (out, block)) in tasks.iter().zip(results) {
-            let off = self.prompts[pi].start;
-            for (t, row) in block.chunks_exact(hd).enumerate() {
-                let dst = (off + t) * qd + h * hd;
-                ctx[dst..dst + hd].copy_from_slice(row);
-            }
-            heads.push(out);
-        }
-        let o_proj = model.linear(&format!("{p}.self_attn.o_proj"), hidden, qd, spec.o_bias)?;
-        let mut o = o_proj.forward(&ctx, n);
-        drop((o_proj, ctx));
+        };
+        let prefix = format!("{p}.self_attn.o_proj");
+        let mut o = self.project_bias(&ctx, &prefix, hidden, qd, spec.o_bias)?;
+        drop(ctx);
         if spec.norm_placement == NormPlacement::PostNorm {
-            let w = model.tensor(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
-            rms_norm_rows(&mut o, hidden, &w, eps);
+            let w = self.weight(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
+            be.rms_norm_rows(&mut o, hidden, &w, eps)?;
         }
-        add_assign(&mut self.x, &o);
+        be.add_assign(&mut self.x, &o)?;
         self.check_finite(layer, "attention")?;
         Ok(AttentionOutput {
-            heads,
+            heads: attended.heads,
             qk_norm: qk_stats,
         })
     }
 
     /// Run layer `layer`'s feed-forward block (dense MLP or MoE) and its residual update.
     pub fn mlp(&mut self, layer: usize) -> Result<()> {
-        let model = self.model;
-        let spec = &model.spec;
+        let be = self.backend;
+        let spec = &self.model.spec;
         let hidden = spec.hidden_size;
-        let n = self.x.len() / hidden;
         let eps = spec.rms_norm_eps;
         let p = Model::layer_prefix(layer);
         let mut y = match spec.norm_placement {
             NormPlacement::PreNorm => {
-                let w = model.tensor(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
-                let h = rms_norm(&self.x, hidden, &w, eps);
-                self.feed_forward(layer, &h, n)?
+                let w = self.weight(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
+                let h = be.rms_norm(&self.x, hidden, &w, eps)?;
+                self.feed_forward(layer, &h)?
             }
-            NormPlacement::PostNorm => self.feed_forward(layer, &self.x, n)?,
+            NormPlacement::PostNorm => self.feed_forward(layer, &self.x)?,
         };
         if spec.norm_placement == NormPlacement::PostNorm {
-            let w = model.tensor(&format!("{p}.post_feedforward_layernorm.weight"), &[hidden])?;
-            rms_norm_rows(&mut y, hidden, &w, eps);
+            let w = self.weight(&format!("{p}.post_feedforward_layernorm.weight"), &[hidden])?;
+            be.rms_norm_rows(&mut y, hidden, &w, eps)?;
         }
-        add_assign(&mut self.x, &y);
+        be.add_assign(&mut self.x, &y)?;
         self.check_finite(layer, "MLP")
     }
 
-    fn feed_forward(&self, layer: usize, h: &[f32], n: usize) -> Result<Vec<f32>> {
+    fn feed_forward(&self, layer: usize, h: &B::Tensor) -> Result<B::Tensor> {
         let spec = &self.model.spec;
         let p = Model::layer_prefix(layer);
         match &spec.moe {
-            Some(moe) if spec.layers[layer].moe => self.moe(&p, moe, h, n),
-            _ => dense_mlp(
-                self.model,
+            Some(moe) if spec.layers[layer].moe => self.moe(&p, moe, h),
+            _ => self.dense_mlp(
                 &format!("{p}.mlp"),
-                spec.hidden_size,
                 spec.intermediate_size,
                 spec.mlp_bias,
                 h,
-                n,
+                self.rows,
             ),
         }
     }
 
-    /// Top-k routed experts (forward.md §1.10): f32 softmax over router logits, top k,
-    /// optional renormalization, experts visited in ascending index and summed per token.
-    fn moe(&self, p: &str, moe: &super::model::MoeSpec, h: &[f32], n: usize) -> Result<Vec<f32>> {
-        let model = self.model;
-        let hidden = model.spec.hidden_size;
+    /// `down(silu(gate(h)) * up(h))` of `rows` tokens, over chunks of [`MLP_ROWS`] tokens.
+    fn dense_mlp(
+        &self,
+        prefix: &str,
+        inter: usize,
+        bias: bool,
+        h: &B::Tensor,
+        rows: usize,
+    ) -> Result<B::Tensor> {
+        let be = self.backend;
+        let hidden = self.model.spec.hidden_size;
+        let load = |name: &str, out: usize, inp: usize| -> Result<_> {
+            let w = self.weight(&format!("{prefix}.{name}.weight"), &[out, inp])?;
+            let b = if bias {
+                Some(self.weight(&format!("{prefix}.{name}.bias"), &[out])?)
+            } else {
+                None
+            };
+            Ok((w, b, out, inp))
+        };
+        let gate = load("gate_proj", inter, hidden)?;
+        let up = load("up_proj", inter, hidden)?;
+        let down = load("down_proj", hidden, inter)?;
+        let apply =
+            |x: &B::Tensor,
+             n: usize,
+             (w, b, out, inp): &(B::Tensor, Option<B::Tensor>, usize, usize)| {
+                let mut y = be.linear(x, n, w, *out, *inp)?;
+                if let Some(b) = b {
+                    be.add_bias(&mut y, b, *out)?;
+                }
+                Ok::<_, crate::error::Error>(y)
+            };
+        let chunk = |x: &B::Tensor, n: usize| -> Result<B::Tensor> {
+            let mut a = apply(x, n, &gate)?;
+            be.silu_mul(&mut a, &apply(x, n, &up)?)?;
+            apply(&a, n, &down)
+        };
+        if rows <= MLP_ROWS {
+            return chunk(h, rows);
+        }
+        let parts = (0..rows)
+            .step_by(MLP_ROWS)
+            .map(|start| {
+                let end = (start + MLP_ROWS).min(rows);
+                chunk(&be.slice_rows(h, hidden, start..end)?, end - start)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        be.concat_rows(parts)
+    }
+
+    /// Top-k routed experts (`docs/reference/forward.md` §1.10): f32 softmax over router logits,
+    /// top k, optional renormalization, experts visited in ascending index and summed per token.
+    /// Routing runs on the host, so every backend makes the same choices (ties included).
+    fn moe(&self, p: &str, moe: &MoeSpec, h: &B::Tensor) -> Result<B::Tensor> {
+        let be = self.backend;
+        let hidden = self.model.spec.hidden_size;
         let e = moe.num_experts;
-        let router = model.linear(&format!("{p}.mlp.gate"), e, hidden, false)?;
-        let logits = router.forward(h, n);
-        drop(router);
+        let logits = self.project(h, &format!("{p}.mlp.gate"), e, hidden)?;
         // Per token: the chosen experts and their weights.
-        let routes: Vec<Vec<(usize, f32)>> = logits
+        let routes: Vec<Vec<(usize, f32)>> = be
+            .to_host(&logits)?
             .par_chunks(e)
             .map(|row| route(row, moe.top_k, moe.norm_topk_prob))
             .collect();
-        let mut out = vec![0f32; n * hidden];
+        drop(logits);
+        let mut out = be.zeros(self.rows, hidden)?;
         for expert in 0..e {
-            let tokens: Vec<(usize, f32)> = routes
+            let (tokens, weights): (Vec<u32>, Vec<f32>) = routes
                 .iter()
                 .enumerate()
-                .filter_map(|(t, r)| r.iter().find(|(x, _)| *x == expert).map(|&(_, w)| (t, w)))
-                .collect();
+                .filter_map(|(t, r)| {
+                    r.iter()
+                        .find(|(x, _)| *x == expert)
+                        .map(|&(_, w)| (t as u32, w))
+                })
+                .unzip();
             if tokens.is_empty() {
                 continue;
             }
-            let mut gathered = Vec::with_capacity(tokens.len() * hidden);
-            for &(t, _) in &tokens {
-                gathered.extend_from_slice(&h[t * hidden..(t + 1) * hidden]);
-            }
-            let y = dense_mlp(
-                model,
+            let gathered = be.gather_rows(h, hidden, &tokens)?;
+            let y = self.dense_mlp(
                 &format!("{p}.mlp.experts.{expert}"),
-                hidden,
                 moe.expert_intermediate_size,
                 false,
                 &gathered,
                 tokens.len(),
             )?;
-            for (&(t, w), row) in tokens.iter().zip(y.chunks_exact(hidden)) {
-                for (o, &v) in out[t * hidden..(t + 1) * hidden].iter_mut().zip(row) {
-                    *o += v * w;
-                }
-            }
+            be.scatter_add_rows(&mut out, &y, hidden, &tokens, &weights)?;
         }
         Ok(out)
     }
 
-    /// Final norm and LM head: logits `[tokens, vocab]` (for parity checks; the scorer never
-    /// needs them).
+    /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks; the
+    /// scorer never needs them).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let model = self.model;
+        let be = self.backend;
         let spec = &model.spec;
         let hidden = spec.hidden_size;
-        let n = self.x.len() / hidden;
-        let w = model.tensor("model.norm.weight", &[hidden])?;
-        let h = rms_norm(&self.x, hidden, &w, spec.rms_norm_eps);
+        let w = self.weight("model.norm.weight", &[hidden])?;
+        let h = be.rms_norm(&self.x, hidden, &w, spec.rms_norm_eps)?;
         let head = if !spec.tie_word_embeddings && model.has("lm_head.weight") {
             "lm_head.weight"
         } else if spec.tie_word_embeddings {
@@ -559,17 +601,13 @@ impl<'m, 'a> State<'m, 'a> {
             );
         };
         let rows = model.info(head)?.shape[0];
-        let lm = Linear {
-            weight: model.tensor(head, &[rows, hidden])?,
-            out_features: rows,
-            in_features: hidden,
-            bias: None,
-        };
-        Ok(lm.forward(&h, n))
+        let lm = self.weight(head, &[rows, hidden])?;
+        let logits = be.linear(&h, self.rows, &lm, rows, hidden)?;
+        Ok(be.to_host(&logits)?.into_owned())
     }
 
     fn check_finite(&self, layer: usize, block: &str) -> Result<()> {
-        if self.x.par_iter().all(|v| v.is_finite()) {
+        if self.backend.all_finite(&self.x)? {
             return Ok(());
         }
         Err(self.non_finite_error(layer, &format!("{block} block")))
@@ -587,24 +625,6 @@ impl<'m, 'a> State<'m, 'a> {
             "{}: values became NaN/Inf in layer {layer}'s {what}: {culprit}",
             self.model.ckpt.dir.display()
         )
-    }
-}
-
-/// Rows `off..off+len`, columns `col..col+hd` of a row-major matrix of `width` columns.
-fn head_view(
-    buf: &[f32],
-    off: usize,
-    len: usize,
-    width: usize,
-    col: usize,
-    hd: usize,
-) -> MatRef<'_, f32> {
-    MatRef::from_row_major_slice_with_stride(&buf[off * width + col..], len, hd, width)
-}
-
-fn add_bias_opt(y: &mut [f32], bias: &Option<Vec<f32>>) {
-    if let Some(b) = bias {
-        super::kernels::add_bias(y, b);
     }
 }
 
@@ -632,29 +652,6 @@ fn min_rms_ratio(proj: &[f32], width: usize, group_len: usize, input_norms: &[f6
 /// 7B's width) however many prompt tokens there are. Fixed, so results do not depend on threads.
 const MLP_ROWS: usize = 1024;
 
-/// `down(silu(gate(h)) * up(h))`, over chunks of [`MLP_ROWS`] tokens.
-fn dense_mlp(
-    model: &Model,
-    prefix: &str,
-    hidden: usize,
-    inter: usize,
-    bias: bool,
-    h: &[f32],
-    n: usize,
-) -> Result<Vec<f32>> {
-    let gate = model.linear(&format!("{prefix}.gate_proj"), inter, hidden, bias)?;
-    let up = model.linear(&format!("{prefix}.up_proj"), inter, hidden, bias)?;
-    let down = model.linear(&format!("{prefix}.down_proj"), hidden, inter, bias)?;
-    let mut out = Vec::with_capacity(n * hidden);
-    for chunk in h.chunks(MLP_ROWS * hidden) {
-        let rows = chunk.len() / hidden;
-        let mut a = gate.forward(chunk, rows);
-        silu_mul(&mut a, &up.forward(chunk, rows));
-        out.extend(down.forward(&a, rows));
-    }
-    Ok(out)
-}
-
 /// Router decision for one token: softmax in f32, top `k` (ties to the lower expert index),
 /// renormalized if asked.
 fn route(logits: &[f32], k: usize, renormalize: bool) -> Vec<(usize, f32)> {
@@ -673,73 +670,6 @@ fn route(logits: &[f32], k: usize, renormalize: bool) -> Vec<(usize, f32)> {
     probs
 }
 
-/// Row-wise softmax over the keys each query sees (causal, and the sliding window if any);
-/// masked entries are exactly 0, as `exp(finfo.min - max)` underflows to in transformers.
-fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32> {
-    let mut probs = vec![0f32; len * len];
-    for q in 0..len {
-        let lo = first_key(q, window);
-        let row = &scores[q * len + lo..q * len + q + 1];
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let out = &mut probs[q * len + lo..q * len + q + 1];
-        let mut sum = 0f32;
-        for (o, &s) in out.iter_mut().zip(row) {
-            *o = (s - max).exp();
-            sum += *o;
-        }
-        for o in out.iter_mut() {
-            *o /= sum;
-        }
-    }
-    probs
-}
-
-/// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
-/// the masked softmax, the visitor, and the head's context `P v` (`[len, head_dim]`, row-major;
-/// empty without `v`). `at` is (prompt, head) for the visitor.
-pub fn attend_head<R>(
-    q: MatRef<'_, f32>,
-    k: MatRef<'_, f32>,
-    v: Option<MatRef<'_, f32>>,
-    scale: f32,
-    window: Option<usize>,
-    at: (usize, usize),
-    visit: &(dyn Fn(&HeadView) -> R + Sync),
-) -> (R, Vec<f32>) {
-    let (len, hd) = (q.nrows(), q.ncols());
-    let mut scores = vec![0f32; len * len];
-    matmul(
-        MatMut::from_row_major_slice_mut(&mut scores, len, len),
-        Accum::Replace,
-        q,
-        k.transpose(),
-        scale,
-        Par::Seq,
-    );
-    let probs = softmax_causal(&scores, len, window);
-    let out = visit(&HeadView {
-        prompt: at.0,
-        head: at.1,
-        len,
-        scores: &scores,
-        probs: &probs,
-        window,
-    });
-    let Some(v) = v else {
-        return (out, Vec::new());
-    };
-    let mut ctx = vec![0f32; len * hd];
-    matmul(
-        MatMut::from_row_major_slice_mut(&mut ctx, len, hd),
-        Accum::Replace,
-        MatRef::from_row_major_slice(&probs, len, len),
-        v,
-        1.0f32,
-        Par::Seq,
-    );
-    (out, ctx)
-}
-
 /// Per-layer attention probabilities and final logits of a full forward pass: the library entry
 /// point the parity tests compare against transformers.
 pub struct Trace {
@@ -749,11 +679,16 @@ pub struct Trace {
     pub logits: Vec<Vec<f32>>,
 }
 
-/// Run every layer (including the last MLP, final norm and LM head) and keep every attention
-/// probability. Memory grows with layers x heads x len²: for tests and small inputs.
+/// [`trace_on`] the CPU.
 pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
+    trace_on(&CpuBackend, ckpt, prompts)
+}
+
+/// Run every layer (including the last MLP, final norm and LM head) on `backend` and keep every
+/// attention probability. Memory grows with layers x heads x len²: for tests and small inputs.
+pub fn trace_on<B: Backend>(backend: &B, ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
     let model = Model::new(ckpt)?;
-    let mut state = State::new(&model, prompts)?;
+    let mut state = State::new(&model, backend, prompts)?;
     let nh = model.spec.num_heads;
     let mut attentions = Vec::with_capacity(model.spec.num_layers());
     for layer in 0..model.spec.num_layers() {
@@ -766,7 +701,7 @@ pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
         state.mlp(layer)?;
     }
     let all = state.logits()?;
-    let vocab = all.len() / (state.x.len() / model.spec.hidden_size);
+    let vocab = all.len() / state.rows;
     let mut logits = Vec::with_capacity(prompts.len());
     for range in &state.prompts {
         logits.push(all[range.start * vocab..range.end * vocab].to_vec());
@@ -777,19 +712,6 @@ pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn softmax_respects_causality_and_window() {
-        let scores: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
-        let p = softmax_causal(&scores, 4, Some(2));
-        for q in 0..4 {
-            let row = &p[q * 4..q * 4 + 4];
-            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-            for (k, &v) in row.iter().enumerate() {
-                assert_eq!(v == 0.0, k > q || k + 2 <= q, "q {q} k {k}");
-            }
-        }
-    }
 
     #[test]
     fn router_takes_top_k_and_renormalizes() {

@@ -4,16 +4,16 @@
 //!
 //! - [`model`]: the supported architectures, one file each, as switches over one skeleton.
 //! - [`rope`]: rotary embeddings (default, linear, dynamic, llama3, yarn) as transformers computes them.
-//! - [`kernels`]: GEMM-backed linear layers, RMSNorm, SiLU.
-//! - [`forward`]: the streaming forward pass; per-head scores go to visitors, never stored for
+//! - [`backend`]: where the recipe's tensor operations run: [`backend::cpu`] and [`backend::cuda`].
+//! - [`forward`]: the decoder recipe, written once over the backend; per-head scores go to visitors, never stored for
 //!   all layers; [`forward::trace`] keeps everything for parity tests.
 //! - [`metrics`]: G, B, sink positions, pos0 and exact medians (sink-metrics.md).
 //! - [`score`]: several models in lockstep, the reference first, into one report.
 //! - [`prompts`] and [`tokenize`]: the shipped calibration prompts, tokenizer.json encoding and
 //!   chat templates.
 
+pub mod backend;
 pub mod forward;
-pub mod kernels;
 pub mod metrics;
 pub mod model;
 pub mod prompts;

@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+use super::backend::Backend;
 use super::forward::{HeadView, Model, QkNormStats, State};
 use super::metrics::{
     mean, median, mode, observe, HeadObservations, ReferenceHead, SinkPosition, Stat, STRONG_SINK_G,
@@ -239,10 +240,11 @@ struct HeadResult {
     b: Option<Vec<f64>>,
 }
 
-/// Score `inputs`; with `reference = Some(i)`, `inputs[i]` is the reference and every other model
-/// is paired with it (they must share its token ids). `on_layer` is called after each model
-/// finishes each layer (for progress).
-pub fn score(
+/// Score `inputs` on `backend`; with `reference = Some(i)`, `inputs[i]` is the reference and every
+/// other model is paired with it (they must share its token ids). `on_layer` is called after each
+/// model finishes each layer (for progress).
+pub fn score<B: Backend>(
+    backend: &B,
     inputs: &[Input],
     reference: Option<usize>,
     settings: Settings,
@@ -255,10 +257,10 @@ pub fn score(
     if let Some(r) = reference {
         check_pairable(inputs, &models, r)?;
     }
-    let mut states: Vec<State> = models
+    let mut states: Vec<State<B>> = models
         .iter()
         .zip(inputs)
-        .map(|(m, i)| State::new(m, &i.tokens))
+        .map(|(m, i)| State::new(m, backend, &i.tokens))
         .collect::<Result<_>>()?;
     let mut accs: Vec<Accumulator> = models
         .iter()

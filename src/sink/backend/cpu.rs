@@ -1,0 +1,425 @@
+//! The CPU backend: f32 on the host. Linear layers on faer's GEMM, RMSNorm, the SiLU gate, and
+//! exact eager attention one (prompt, head) at a time, in parallel. Matrices are row-major
+//! `[rows, cols]` slices (one row per token).
+//!
+//! Determinism: a linear layer is split into fixed blocks of output features, and each block is
+//! one sequential GEMM call. Every output element is therefore computed by the same kernel call
+//! with the same shapes at any thread count, so results are bitwise identical with 1 or 64
+//! threads.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use rayon::prelude::*;
+
+use super::{Attended, AttentionShape, Backend, Visitor};
+use crate::error::Result;
+use crate::sink::forward::{first_key, HeadView, Model};
+use crate::sink::rope::RopeTable;
+
+/// Output features per parallel GEMM block. Fixed (see the module docs); 128 keeps a block's
+/// weights (128 x 4096 f32 = 2 MiB) near the cache while giving 2-cores-to-many enough blocks.
+const OUT_BLOCK: usize = 128;
+
+/// `x Wᵀ`: `x` is `[rows, n_in]`, `w` is `[n_out, n_in]` as stored in safetensors; returns
+/// `[rows, n_out]`. Biases are added after the GEMM, in f32, as torch's addmm does.
+pub fn linear(x: &[f32], rows: usize, w: &[f32], n_out: usize, n_in: usize) -> Vec<f32> {
+    assert_eq!(x.len(), rows * n_in, "linear input shape");
+    assert_eq!(w.len(), n_out * n_in, "linear weight shape");
+    let mut y = vec![0f32; rows * n_out];
+    if rows == 0 || n_out == 0 {
+        return y;
+    }
+    let lhs = MatRef::from_row_major_slice(x, rows, n_in);
+    // Wᵀ as an [in, out] view of the row-major [out, in] weight.
+    let rhs = MatRef::from_row_major_slice(w, n_out, n_in).transpose();
+    let dst = MatMut::from_row_major_slice_mut(&mut y, rows, n_out);
+    dst.par_col_chunks_mut(OUT_BLOCK)
+        .enumerate()
+        .for_each(|(block, dst)| {
+            let start = block * OUT_BLOCK;
+            let cols = dst.ncols();
+            matmul(
+                dst,
+                Accum::Replace,
+                lhs,
+                rhs.subcols(start, cols),
+                1.0f32,
+                Par::Seq,
+            );
+        });
+    y
+}
+
+/// `y[r, :] += b` for every row.
+pub fn add_bias(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_exact_mut(b.len()) {
+        for (v, &bi) in row.iter_mut().zip(b) {
+            *v += bi;
+        }
+    }
+}
+
+/// `a += b`, elementwise.
+pub fn add_assign(a: &mut [f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    a.par_chunks_mut(1 << 14)
+        .zip(b.par_chunks(1 << 14))
+        .for_each(|(a, b)| {
+            for (x, &y) in a.iter_mut().zip(b) {
+                *x += y;
+            }
+        });
+}
+
+/// RMSNorm of one vector in place: `x * rsqrt(mean(x²) + eps) * w` (transformers' f32 path;
+/// the mean is accumulated in f64 and rounded once).
+#[inline]
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let mean = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0f32 / ((mean as f32) + eps).sqrt();
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = w * (*v * inv);
+    }
+}
+
+/// RMSNorm over every `width`-sized row of `x`, in parallel over rows.
+pub fn rms_norm_rows(x: &mut [f32], width: usize, weight: &[f32], eps: f32) {
+    assert_eq!(weight.len(), width);
+    x.par_chunks_mut(width)
+        .for_each(|row| rms_norm_in_place(row, weight, eps));
+}
+
+/// A normalized copy of `x` (rows of `width`).
+pub fn rms_norm(x: &[f32], width: usize, weight: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = x.to_vec();
+    rms_norm_rows(&mut y, width, weight, eps);
+    y
+}
+
+/// SiLU, `x * sigmoid(x)`, in f32.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `gate = silu(gate) * up`, elementwise, in place in `gate`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    gate.par_chunks_mut(1 << 14)
+        .zip(up.par_chunks(1 << 14))
+        .for_each(|(g, u)| {
+            for (a, &b) in g.iter_mut().zip(u) {
+                *a = silu(*a) * b;
+            }
+        });
+}
+
+/// Row-wise softmax over the keys each query sees (causal, and the sliding window if any);
+/// masked entries are exactly 0, as `exp(finfo.min - max)` underflows to in transformers.
+fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32> {
+    let mut probs = vec![0f32; len * len];
+    for q in 0..len {
+        let lo = first_key(q, window);
+        let row = &scores[q * len + lo..q * len + q + 1];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let out = &mut probs[q * len + lo..q * len + q + 1];
+        let mut sum = 0f32;
+        for (o, &s) in out.iter_mut().zip(row) {
+            *o = (s - max).exp();
+            sum += *o;
+        }
+        for o in out.iter_mut() {
+            *o /= sum;
+        }
+    }
+    probs
+}
+
+/// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
+/// the masked softmax, the visitor, and the head's context `P v` (`[len, head_dim]`, row-major;
+/// empty without `v`). `at` is (prompt, head) for the visitor.
+pub fn attend_head<R>(
+    q: MatRef<'_, f32>,
+    k: MatRef<'_, f32>,
+    v: Option<MatRef<'_, f32>>,
+    scale: f32,
+    window: Option<usize>,
+    at: (usize, usize),
+    visit: &Visitor<R>,
+) -> (R, Vec<f32>) {
+    let (len, hd) = (q.nrows(), q.ncols());
+    let mut scores = vec![0f32; len * len];
+    matmul(
+        MatMut::from_row_major_slice_mut(&mut scores, len, len),
+        Accum::Replace,
+        q,
+        k.transpose(),
+        scale,
+        Par::Seq,
+    );
+    let probs = softmax_causal(&scores, len, window);
+    let out = visit(&HeadView {
+        prompt: at.0,
+        head: at.1,
+        len,
+        scores: &scores,
+        probs: &probs,
+        window,
+    });
+    let Some(v) = v else {
+        return (out, Vec::new());
+    };
+    let mut ctx = vec![0f32; len * hd];
+    matmul(
+        MatMut::from_row_major_slice_mut(&mut ctx, len, hd),
+        Accum::Replace,
+        MatRef::from_row_major_slice(&probs, len, len),
+        v,
+        1.0f32,
+        Par::Seq,
+    );
+    (out, ctx)
+}
+
+/// Rows `off..off+len`, columns `col..col+hd` of a row-major matrix of `width` columns.
+fn head_view(
+    buf: &[f32],
+    off: usize,
+    len: usize,
+    width: usize,
+    col: usize,
+    hd: usize,
+) -> MatRef<'_, f32> {
+    MatRef::from_row_major_slice_with_stride(&buf[off * width + col..], len, hd, width)
+}
+
+/// The CPU backend (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    type Tensor = Vec<f32>;
+
+    fn describe(&self) -> String {
+        "cpu".into()
+    }
+
+    fn upload(&self, host: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(host)
+    }
+
+    fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        model.tensor(name, shape)
+    }
+
+    fn linear(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &Vec<f32>,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Vec<f32>> {
+        Ok(linear(x, rows, w, out_features, in_features))
+    }
+
+    fn add_bias(&self, y: &mut Vec<f32>, b: &Vec<f32>, width: usize) -> Result<()> {
+        debug_assert_eq!(b.len(), width);
+        add_bias(y, b);
+        Ok(())
+    }
+
+    fn rms_norm_rows(&self, x: &mut Vec<f32>, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
+        rms_norm_rows(x, width, w, eps);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, width: usize, w: &Vec<f32>, eps: f32) -> Result<Vec<f32>> {
+        Ok(rms_norm(x, width, w, eps))
+    }
+
+    fn clamp(&self, x: &mut Vec<f32>, c: f32) -> Result<()> {
+        x.par_iter_mut().for_each(|v| *v = v.clamp(-c, c));
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        width: usize,
+        head_dim: usize,
+        segments: &[(Range<usize>, &RopeTable)],
+    ) -> Result<()> {
+        for (rows, table) in segments {
+            x[rows.start * width..rows.end * width]
+                .par_chunks_mut(width)
+                .enumerate()
+                .for_each(|(t, row)| row.chunks_mut(head_dim).for_each(|h| table.apply(h, t)));
+        }
+        Ok(())
+    }
+
+    fn attention<R: Send>(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: Option<&Vec<f32>>,
+        shape: &AttentionShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Vec<f32>>> {
+        let (nh, hd) = (shape.num_heads, shape.head_dim);
+        let (qd, kd) = (nh * hd, shape.num_kv_heads * hd);
+        let group = shape.group();
+        let tasks: Vec<(usize, usize)> = (0..shape.prompts.len())
+            .flat_map(|pi| (0..nh).map(move |h| (pi, h)))
+            .collect();
+        let results: Vec<(R, Vec<f32>)> = tasks
+            .par_iter()
+            .map(|&(pi, h)| {
+                let range = &shape.prompts[pi];
+                let (off, len) = (range.start, range.len());
+                let g = h / group;
+                let view = |buf, width, head| head_view(buf, off, len, width, head * hd, hd);
+                attend_head(
+                    view(q, qd, h),
+                    view(k, kd, g),
+                    v.map(|v| view(v, kd, g)),
+                    shape.scale,
+                    shape.window,
+                    (pi, h),
+                    visit,
+                )
+            })
+            .collect();
+        let Some(_) = v else {
+            return Ok(Attended {
+                heads: results.into_iter().map(|(out, _)| out).collect(),
+                context: None,
+            });
+        };
+        let n = q.len() / qd;
+        let mut ctx = vec![0f32; n * qd];
+        let mut heads = Vec::with_capacity(results.len());
+        for (&(pi, h), (out, block)) in tasks.iter().zip(results) {
+            let off = shape.prompts[pi].start;
+            for (t, row) in block.chunks_exact(hd).enumerate() {
+                let dst = (off + t) * qd + h * hd;
+                ctx[dst..dst + hd].copy_from_slice(row);
+            }
+            heads.push(out);
+        }
+        Ok(Attended {
+            heads,
+            context: Some(ctx),
+        })
+    }
+
+    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<()> {
+        silu_mul(gate, up);
+        Ok(())
+    }
+
+    fn add_assign(&self, a: &mut Vec<f32>, b: &Vec<f32>) -> Result<()> {
+        add_assign(a, b);
+        Ok(())
+    }
+
+    fn all_finite(&self, x: &Vec<f32>) -> Result<bool> {
+        Ok(x.par_iter().all(|v| v.is_finite()))
+    }
+
+    fn to_host<'t>(&self, x: &'t Vec<f32>) -> Result<Cow<'t, [f32]>> {
+        Ok(Cow::Borrowed(x))
+    }
+
+    fn zeros(&self, rows: usize, width: usize) -> Result<Vec<f32>> {
+        Ok(vec![0f32; rows * width])
+    }
+
+    fn slice_rows(&self, x: &Vec<f32>, width: usize, rows: Range<usize>) -> Result<Vec<f32>> {
+        Ok(x[rows.start * width..rows.end * width].to_vec())
+    }
+
+    fn concat_rows(&self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>> {
+        let mut parts = parts.into_iter();
+        let mut out = parts.next().unwrap_or_default();
+        for p in parts {
+            out.extend(p);
+        }
+        Ok(out)
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, width: usize, index: &[u32]) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(index.len() * width);
+        for &t in index {
+            let t = t as usize;
+            out.extend_from_slice(&x[t * width..(t + 1) * width]);
+        }
+        Ok(out)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut Vec<f32>,
+        y: &Vec<f32>,
+        width: usize,
+        index: &[u32],
+        weight: &[f32],
+    ) -> Result<()> {
+        for ((&t, &w), row) in index.iter().zip(weight).zip(y.chunks_exact(width)) {
+            let t = t as usize;
+            for (o, &v) in out[t * width..(t + 1) * width].iter_mut().zip(row) {
+                *o += v * w;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_matches_a_naive_product() {
+        let (rows, n_in, n_out) = (3, 5, 300);
+        let x: Vec<f32> = (0..rows * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..n_out * n_in).map(|i| (i as f32 * 0.11).cos()).collect();
+        let b: Vec<f32> = (0..n_out).map(|i| i as f32 * 0.01).collect();
+        let mut y = linear(&x, rows, &w, n_out, n_in);
+        add_bias(&mut y, &b);
+        for r in 0..rows {
+            for o in 0..n_out {
+                let want: f32 = (0..n_in)
+                    .map(|k| x[r * n_in + k] * w[o * n_in + k])
+                    .sum::<f32>()
+                    + b[o];
+                assert!((y[r * n_out + o] - want).abs() < 1e-5, "{r} {o}");
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_respects_causality_and_window() {
+        let scores: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
+        let p = softmax_causal(&scores, 4, Some(2));
+        for q in 0..4 {
+            let row = &p[q * 4..q * 4 + 4];
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            for (k, &v) in row.iter().enumerate() {
+                assert_eq!(v == 0.0, k > q || k + 2 <= q, "q {q} k {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_gives_unit_rms() {
+        let mut x = vec![3.0f32, -4.0, 0.0, 5.0];
+        rms_norm_in_place(&mut x, &[1.0; 4], 0.0);
+        let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / 4.0;
+        assert!((ms - 1.0).abs() < 1e-6);
+        assert_eq!(silu(0.0), 0.0);
+    }
+}

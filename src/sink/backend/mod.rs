@@ -1,0 +1,162 @@
+//! The seam between the decoder recipe ([`crate::sink::forward`]) and where its tensor operations
+//! run. The recipe walks a [`crate::sink::model::DecoderSpec`] once, for every backend; a backend
+//! only implements operations. Adding an architecture touches no backend.
+//!
+//! - [`cpu`]: f32 on the host (faer GEMMs, rayon); always built.
+//! - [`cuda`]: an NVIDIA GPU through cudarc (cuBLAS GEMMs, NVRTC-compiled kernels), loaded at run
+//!   time, so the crate builds and runs on machines without CUDA.
+//!
+//! Tensors are row-major `[rows, cols]` f32 matrices (one row per token); each operation is given
+//! the shapes it needs, as the CPU kernels always were.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use super::forward::{HeadView, Model};
+use super::rope::RopeTable;
+use crate::error::Result;
+
+pub mod cpu;
+pub mod cuda;
+
+/// The layout of one layer's attention: which rows belong to which prompt, and the heads.
+pub struct AttentionShape<'a> {
+    /// Row range of each prompt in the packed `[tokens, ·]` matrices.
+    pub prompts: &'a [Range<usize>],
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Keys a query sees in a sliding-window layer (itself included), if any.
+    pub window: Option<usize>,
+    /// Multiplies `q kᵀ` (`head_dim^-1/2`).
+    pub scale: f32,
+}
+
+impl AttentionShape<'_> {
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+/// What [`Backend::attention`] returns: every visited head's result in prompt-major order
+/// (`prompt * num_heads + head`), and the context `P v` as `[tokens, num_heads * head_dim]` when
+/// values were given.
+pub struct Attended<R, T> {
+    pub heads: Vec<R>,
+    pub context: Option<T>,
+}
+
+/// A visitor of one head of one prompt (the metric accumulators, or a probability dump).
+pub type Visitor<'v, R> = dyn Fn(&HeadView) -> R + Sync + 'v;
+
+/// The tensor operations of the decoder recipe.
+pub trait Backend: Sync {
+    /// A row-major f32 matrix where this backend computes.
+    type Tensor: Send;
+
+    /// "cpu", or the GPU's name and index, for reports.
+    fn describe(&self) -> String;
+
+    /// A host matrix moved to the backend.
+    fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor>;
+
+    /// Weight `name` of `model` (Hugging Face standard name) of the expected `shape`, as f32.
+    fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor>;
+
+    /// `x Wᵀ`: `x` is `[rows, in_features]`, `w` is `[out_features, in_features]` as stored.
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        w: &Self::Tensor,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self::Tensor>;
+
+    /// `y[r, :] += b` for every row (`b` has `width` values).
+    fn add_bias(&self, y: &mut Self::Tensor, b: &Self::Tensor, width: usize) -> Result<()>;
+
+    /// RMSNorm of every `width`-wide row, in place (transformers' f32 path: the mean of squares
+    /// accumulated in f64 and rounded once, `w * (x * rsqrt(mean + eps))`).
+    fn rms_norm_rows(
+        &self,
+        x: &mut Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<()>;
+
+    /// A normalized copy of `x` (rows of `width`).
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+
+    /// Clamp every value to `[-c, c]`.
+    fn clamp(&self, x: &mut Self::Tensor, c: f32) -> Result<()>;
+
+    /// Rotate every `head_dim`-wide head of every row in place; row `segment.0.start + t` is at
+    /// position `t` of its prompt and uses that prompt's table.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        width: usize,
+        head_dim: usize,
+        segments: &[(Range<usize>, &RopeTable)],
+    ) -> Result<()>;
+
+    /// Scores `q kᵀ · scale` of every prompt and head, the masked softmax, `visit` on each
+    /// (prompt, head) with the scores and probabilities on the host, and with `v` the context.
+    /// `q` is `[tokens, heads * head_dim]`, `k` and `v` `[tokens, kv_heads * head_dim]`.
+    fn attention<R: Send>(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: Option<&Self::Tensor>,
+        shape: &AttentionShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Self::Tensor>>;
+
+    /// `gate = silu(gate) * up`, elementwise.
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor) -> Result<()>;
+
+    /// `a += b`, elementwise.
+    fn add_assign(&self, a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()>;
+
+    /// Whether every value is finite.
+    fn all_finite(&self, x: &Self::Tensor) -> Result<bool>;
+
+    /// The values on the host (borrowed where they already are).
+    fn to_host<'t>(&self, x: &'t Self::Tensor) -> Result<Cow<'t, [f32]>>;
+
+    /// A `[rows, width]` matrix of zeros.
+    fn zeros(&self, rows: usize, width: usize) -> Result<Self::Tensor>;
+
+    /// A copy of rows `rows` of `x`.
+    fn slice_rows(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        rows: Range<usize>,
+    ) -> Result<Self::Tensor>;
+
+    /// The rows of `parts`, one after another.
+    fn concat_rows(&self, parts: Vec<Self::Tensor>) -> Result<Self::Tensor>;
+
+    /// Rows `index[i]` of `x`, in that order.
+    fn gather_rows(&self, x: &Self::Tensor, width: usize, index: &[u32]) -> Result<Self::Tensor>;
+
+    /// `out[index[i], :] += y[i, :] * weight[i]` for every i, in order.
+    fn scatter_add_rows(
+        &self,
+        out: &mut Self::Tensor,
+        y: &Self::Tensor,
+        width: usize,
+        index: &[u32],
+        weight: &[f32],
+    ) -> Result<()>;
+}
