@@ -21,13 +21,16 @@ pub enum Error {
     /// A scan found NaN or Inf values.
     #[error("{0}")]
     NonFinite(String),
+    /// An internal failure: a device error or a broken invariant, not the input's fault.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::BadInput(_) => EXIT_BAD_INPUT,
-            Error::Write(_) => EXIT_FAILURE,
+            Error::Write(_) | Error::Internal(_) => EXIT_FAILURE,
             Error::NonFinite(_) => EXIT_NON_FINITE,
         }
     }

@@ -82,8 +82,8 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Decode a tensor of the expected shape to f32 and release its mapped pages.
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    /// The stored name of `name`, checked to have the expected shape.
+    fn shaped(&self, name: &str, shape: &[usize]) -> Result<&str> {
         let stored = self.stored_name(name)?;
         let info = self.ckpt.require(stored)?;
         if info.shape != shape {
@@ -93,9 +93,36 @@ impl<'a> Model<'a> {
                 info.shape
             );
         }
+        Ok(stored)
+    }
+
+    /// Decode a tensor of the expected shape to f32 and release its mapped pages.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let stored = self.shaped(name, shape)?;
         let values = self.ckpt.read_tensor(stored)?.data;
         self.ckpt.release(stored);
         Ok(values)
+    }
+
+    /// The stored dtype and bytes of a tensor of the expected shape, for backends that decode
+    /// on their device; [`Model::release`] gives its mapped pages back.
+    pub fn stored_bytes(&self, name: &str, shape: &[usize]) -> Result<(safetensors::Dtype, &[u8])> {
+        let stored = self.shaped(name, shape)?;
+        let dtype = self.ckpt.require(stored)?.dtype;
+        if !dtype::is_float(dtype) {
+            bail!(
+                "{}: dtype {dtype:?} cannot be read as floating point",
+                self.ckpt.describe(stored)
+            );
+        }
+        Ok((dtype, self.ckpt.bytes(stored)?))
+    }
+
+    /// Release the mapped pages of `name` (see [`Model::stored_bytes`]).
+    pub fn release(&self, name: &str) {
+        if let Ok(stored) = self.stored_name(name) {
+            self.ckpt.release(stored);
+        }
     }
 
     fn layer_prefix(layer: usize) -> String {

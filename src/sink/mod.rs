@@ -16,6 +16,7 @@ pub mod backend;
 pub mod forward;
 pub mod metrics;
 pub mod model;
+pub mod parity;
 pub mod prompts;
 pub mod rope;
 pub mod score;

@@ -1,1 +1,485 @@
-//! The CUDA backend (in progress).
+//! The CUDA backend: the recipe's operations as cuBLAS GEMMs and the kernels of `kernels.cu`,
+//! through the thin [`Device`] layer. It holds no model logic: what runs is decided by
+//! [`crate::sink::forward`], as on the CPU (`docs/reference/gpu.md`).
+//!
+//! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
+//!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
+//!   size streams through.
+//! - Activations stay in f32; GEMMs accumulate in f32 with TF32 off (parity mode).
+//! - Embedding rows are gathered on the host (the recipe does), so the embedding matrix never
+//!   reaches the device.
+//! - Attention runs one thread per (token, head) over all prompts of a layer at once, in groups
+//!   of whole prompts whose scores fit [`SCORES_BUDGET`]; each group's scores and probabilities
+//!   come back to the host for the same metric visitors the CPU feeds.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use rayon::prelude::*;
+use safetensors::Dtype;
+
+use super::{Attended, AttentionShape, Backend, Visitor};
+use crate::error::Result;
+use crate::sink::forward::{HeadView, Model};
+use crate::sink::rope::RopeTable;
+
+pub mod device;
+pub mod driver;
+#[cfg(test)]
+mod host;
+
+pub use device::{Arg, Device, Gemm, Kernel, Op};
+
+/// Score and probability values one attention group may hold on the device (each; 1 GiB of
+/// f32). A layer's prompts are split into groups of whole prompts under it.
+const SCORES_BUDGET: usize = 1 << 28;
+
+/// An f32 matrix on the device.
+pub struct DeviceTensor<B> {
+    buf: B,
+    /// Number of f32 values.
+    len: usize,
+}
+
+/// The CUDA backend over a device layer `D` (cudarc's [`driver::Driver`] on a GPU).
+pub struct CudaBackend<D: Device> {
+    device: D,
+}
+
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn i32_bytes(values: impl IntoIterator<Item = i32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn i64_bytes(values: impl IntoIterator<Item = i64>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Prompts `groups[i]` of a layer: consecutive whole prompts whose `heads * len²` scores sum to
+/// at most `budget` (a longer prompt forms a group of its own).
+fn attention_groups(prompts: &[Range<usize>], heads: usize, budget: usize) -> Vec<Range<usize>> {
+    let mut groups = Vec::new();
+    let mut start = 0;
+    let mut used = 0;
+    for (i, r) in prompts.iter().enumerate() {
+        let size = heads * r.len() * r.len();
+        if i > start && used + size > budget {
+            groups.push(start..i);
+            start = i;
+            used = 0;
+        }
+        used += size;
+    }
+    if start < prompts.len() {
+        groups.push(start..prompts.len());
+    }
+    groups
+}
+
+impl<D: Device> CudaBackend<D> {
+    pub fn new(device: D) -> CudaBackend<D> {
+        CudaBackend { device }
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    fn tensor(&self, buf: D::Buffer, len: usize) -> DeviceTensor<D::Buffer> {
+        DeviceTensor { buf, len }
+    }
+
+    fn zeros_f32(&self, len: usize) -> Result<DeviceTensor<D::Buffer>> {
+        Ok(self.tensor(self.device.zeros(len * 4)?, len))
+    }
+
+    fn upload_f32(&self, values: &[f32]) -> Result<DeviceTensor<D::Buffer>> {
+        Ok(self.tensor(self.device.upload(&f32_bytes(values))?, values.len()))
+    }
+
+    fn launch(&self, kernel: Kernel, threads: usize, args: &mut [Arg<D::Buffer>]) -> Result<()> {
+        if threads == 0 {
+            return Ok(());
+        }
+        self.device.launch(kernel, threads, args)
+    }
+}
+
+impl<D: Device> Backend for CudaBackend<D> {
+    type Tensor = DeviceTensor<D::Buffer>;
+
+    fn describe(&self) -> String {
+        self.device.describe()
+    }
+
+    fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor> {
+        self.upload_f32(&host)
+    }
+
+    fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
+        let (dtype, bytes) = model.stored_bytes(name, shape)?;
+        let len = shape.iter().product::<usize>();
+        let uploaded = self.device.upload(bytes);
+        model.release(name);
+        let raw = uploaded?;
+        let widen = match dtype {
+            Dtype::F32 => return Ok(self.tensor(raw, len)),
+            Dtype::BF16 => Kernel::WidenBf16,
+            Dtype::F16 => Kernel::WidenF16,
+            other => unreachable!("stored_bytes refuses {other:?}"),
+        };
+        let mut out = self.zeros_f32(len)?;
+        self.launch(
+            widen,
+            len,
+            &mut [Arg::Mut(&mut out.buf), Arg::Ref(&raw), Arg::I64(len as i64)],
+        )?;
+        Ok(out)
+    }
+
+    fn linear(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        w: &Self::Tensor,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self::Tensor> {
+        let mut y = self.zeros_f32(rows * out_features)?;
+        if rows == 0 || out_features == 0 {
+            return Ok(y);
+        }
+        let gemm = Gemm::linear(rows, out_features, in_features);
+        self.device.gemm(&gemm, &w.buf, &x.buf, &mut y.buf)?;
+        Ok(y)
+    }
+
+    fn add_bias(&self, y: &mut Self::Tensor, b: &Self::Tensor, width: usize) -> Result<()> {
+        let n = y.len;
+        self.launch(
+            Kernel::AddBias,
+            n,
+            &mut [
+                Arg::Mut(&mut y.buf),
+                Arg::Ref(&b.buf),
+                Arg::I64(n as i64),
+                Arg::I32(width as i32),
+            ],
+        )
+    }
+
+    fn rms_norm_rows(
+        &self,
+        x: &mut Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<()> {
+        *x = self.rms_norm(x, width, w, eps)?;
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let rows = x.len / width;
+        let mut y = self.zeros_f32(x.len)?;
+        self.launch(
+            Kernel::RmsNormRows,
+            rows,
+            &mut [
+                Arg::Mut(&mut y.buf),
+                Arg::Ref(&x.buf),
+                Arg::Ref(&w.buf),
+                Arg::I64(rows as i64),
+                Arg::I32(width as i32),
+                Arg::F32(eps),
+            ],
+        )?;
+        Ok(y)
+    }
+
+    fn clamp(&self, x: &mut Self::Tensor, c: f32) -> Result<()> {
+        let n = x.len;
+        self.launch(
+            Kernel::ClampValues,
+            n,
+            &mut [Arg::Mut(&mut x.buf), Arg::I64(n as i64), Arg::F32(c)],
+        )
+    }
+
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        width: usize,
+        head_dim: usize,
+        segments: &[(Range<usize>, &RopeTable)],
+    ) -> Result<()> {
+        let rows = x.len / width;
+        let half = head_dim / 2;
+        // Each row's cos/sin, from its prompt's host table.
+        let (mut cos, mut sin) = (vec![0f32; rows * half], vec![0f32; rows * half]);
+        for (range, table) in segments {
+            for (t, row) in range.clone().enumerate() {
+                cos[row * half..(row + 1) * half]
+                    .copy_from_slice(&table.cos[t * half..(t + 1) * half]);
+                sin[row * half..(row + 1) * half]
+                    .copy_from_slice(&table.sin[t * half..(t + 1) * half]);
+            }
+        }
+        let (cos, sin) = (self.upload_f32(&cos)?, self.upload_f32(&sin)?);
+        self.launch(
+            Kernel::Rope,
+            rows * (width / head_dim) * half,
+            &mut [
+                Arg::Mut(&mut x.buf),
+                Arg::Ref(&cos.buf),
+                Arg::Ref(&sin.buf),
+                Arg::I64(rows as i64),
+                Arg::I32(width as i32),
+                Arg::I32(head_dim as i32),
+            ],
+        )
+    }
+
+    fn attention<R: Send>(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: Option<&Self::Tensor>,
+        shape: &AttentionShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Self::Tensor>> {
+        let (nh, hd) = (shape.num_heads, shape.head_dim);
+        let qd = nh * hd;
+        let rows = q.len / qd;
+        let mut ctx = match v {
+            Some(_) => Some(self.zeros_f32(rows * qd)?),
+            None => None,
+        };
+        // Stand-ins for the pointers a kernel without values never reads.
+        let mut unused = self.zeros_f32(1)?;
+        let mut heads = Vec::with_capacity(shape.prompts.len() * nh);
+        for group in attention_groups(shape.prompts, nh, SCORES_BUDGET) {
+            let prompts = &shape.prompts[group.clone()];
+            let row_begin = prompts[0].start;
+            let group_rows = prompts.last().map_or(0, |r| r.end) - row_begin;
+            let mut offsets = Vec::with_capacity(prompts.len());
+            let mut total = 0usize;
+            for r in prompts {
+                offsets.push(total);
+                total += nh * r.len() * r.len();
+            }
+            let row_prompt = prompts
+                .iter()
+                .enumerate()
+                .flat_map(|(p, r)| std::iter::repeat_n(p as i32, r.len()));
+            let row_prompt = self.device.upload(&i32_bytes(row_prompt))?;
+            let starts = i64_bytes(prompts.iter().map(|r| r.start as i64));
+            let lens = i64_bytes(prompts.iter().map(|r| r.len() as i64));
+            let offs = i64_bytes(offsets.iter().map(|&o| o as i64));
+            let (starts, lens, offs) = (
+                self.device.upload(&starts)?,
+                self.device.upload(&lens)?,
+                self.device.upload(&offs)?,
+            );
+            let mut scores = self.zeros_f32(total)?;
+            let mut probs = self.zeros_f32(total)?;
+            let ctx_buf = match &mut ctx {
+                Some(c) => &mut c.buf,
+                None => &mut unused.buf,
+            };
+            let v_buf = v.map_or(&q.buf, |v| &v.buf);
+            self.launch(
+                Kernel::Attention,
+                group_rows * nh,
+                &mut [
+                    Arg::Mut(&mut scores.buf),
+                    Arg::Mut(&mut probs.buf),
+                    Arg::Mut(ctx_buf),
+                    Arg::Ref(&q.buf),
+                    Arg::Ref(&k.buf),
+                    Arg::Ref(v_buf),
+                    Arg::Ref(&row_prompt),
+                    Arg::Ref(&starts),
+                    Arg::Ref(&lens),
+                    Arg::Ref(&offs),
+                    Arg::I64(row_begin as i64),
+                    Arg::I64(group_rows as i64),
+                    Arg::I32(nh as i32),
+                    Arg::I32(shape.num_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(shape.window.unwrap_or(0) as i32),
+                    Arg::F32(shape.scale),
+                    Arg::I32(v.is_some() as i32),
+                ],
+            )?;
+            let scores = f32s(&self.device.download(&scores.buf, 0..total * 4)?);
+            let probs = f32s(&self.device.download(&probs.buf, 0..total * 4)?);
+            let tasks: Vec<(usize, usize)> = (0..prompts.len())
+                .flat_map(|p| (0..nh).map(move |h| (p, h)))
+                .collect();
+            heads.par_extend(tasks.par_iter().map(|&(p, h)| {
+                let len = prompts[p].len();
+                let at = offsets[p] + h * len * len;
+                visit(&HeadView {
+                    prompt: group.start + p,
+                    head: h,
+                    len,
+                    scores: &scores[at..at + len * len],
+                    probs: &probs[at..at + len * len],
+                    window: shape.window,
+                })
+            }));
+        }
+        Ok(Attended {
+            heads,
+            context: ctx,
+        })
+    }
+
+    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor) -> Result<()> {
+        let n = gate.len;
+        self.launch(
+            Kernel::SiluMul,
+            n,
+            &mut [
+                Arg::Mut(&mut gate.buf),
+                Arg::Ref(&up.buf),
+                Arg::I64(n as i64),
+            ],
+        )
+    }
+
+    fn add_assign(&self, a: &mut Self::Tensor, b: &Self::Tensor) -> Result<()> {
+        let n = a.len;
+        self.launch(
+            Kernel::AddAssign,
+            n,
+            &mut [Arg::Mut(&mut a.buf), Arg::Ref(&b.buf), Arg::I64(n as i64)],
+        )
+    }
+
+    fn all_finite(&self, x: &Self::Tensor) -> Result<bool> {
+        let mut flag = self.device.zeros(4)?;
+        self.launch(
+            Kernel::FlagNonFinite,
+            x.len,
+            &mut [
+                Arg::Mut(&mut flag),
+                Arg::Ref(&x.buf),
+                Arg::I64(x.len as i64),
+            ],
+        )?;
+        Ok(self.device.download(&flag, 0..4)? == [0, 0, 0, 0])
+    }
+
+    fn to_host<'t>(&self, x: &'t Self::Tensor) -> Result<Cow<'t, [f32]>> {
+        Ok(Cow::Owned(f32s(
+            &self.device.download(&x.buf, 0..x.len * 4)?,
+        )))
+    }
+
+    fn zeros(&self, rows: usize, width: usize) -> Result<Self::Tensor> {
+        self.zeros_f32(rows * width)
+    }
+
+    fn slice_rows(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        rows: Range<usize>,
+    ) -> Result<Self::Tensor> {
+        let len = rows.len() * width;
+        let mut out = self.zeros_f32(len)?;
+        self.device
+            .copy(&x.buf, rows.start * width * 4, &mut out.buf, 0, len * 4)?;
+        Ok(out)
+    }
+
+    fn concat_rows(&self, parts: Vec<Self::Tensor>) -> Result<Self::Tensor> {
+        let total = parts.iter().map(|p| p.len).sum();
+        let mut out = self.zeros_f32(total)?;
+        let mut at = 0;
+        for p in &parts {
+            self.device
+                .copy(&p.buf, 0, &mut out.buf, at * 4, p.len * 4)?;
+            at += p.len;
+        }
+        Ok(out)
+    }
+
+    fn gather_rows(&self, x: &Self::Tensor, width: usize, index: &[u32]) -> Result<Self::Tensor> {
+        let rows = index.len();
+        let idx = self
+            .device
+            .upload(&i32_bytes(index.iter().map(|&i| i as i32)))?;
+        let mut out = self.zeros_f32(rows * width)?;
+        self.launch(
+            Kernel::GatherRows,
+            rows * width,
+            &mut [
+                Arg::Mut(&mut out.buf),
+                Arg::Ref(&x.buf),
+                Arg::Ref(&idx),
+                Arg::I64(rows as i64),
+                Arg::I32(width as i32),
+            ],
+        )?;
+        Ok(out)
+    }
+
+    fn scatter_add_rows(
+        &self,
+        out: &mut Self::Tensor,
+        y: &Self::Tensor,
+        width: usize,
+        index: &[u32],
+        weight: &[f32],
+    ) -> Result<()> {
+        let idx = self
+            .device
+            .upload(&i32_bytes(index.iter().map(|&i| i as i32)))?;
+        let w = self.upload_f32(weight)?;
+        self.launch(
+            Kernel::ScatterAddRows,
+            width,
+            &mut [
+                Arg::Mut(&mut out.buf),
+                Arg::Ref(&y.buf),
+                Arg::Ref(&idx),
+                Arg::Ref(&w.buf),
+                Arg::I64(index.len() as i64),
+                Arg::I32(width as i32),
+            ],
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_groups_hold_whole_prompts_under_the_budget() {
+        let prompts = [0..4, 4..6, 6..16, 16..17];
+        // heads 1: sizes 16, 4, 100, 1.
+        assert_eq!(attention_groups(&prompts, 1, 20), vec![0..2, 2..3, 3..4]);
+        assert_eq!(attention_groups(&prompts, 1, 1000), vec![0..4]);
+        assert!(attention_groups(&[], 4, 10).is_empty());
+    }
+}

@@ -1,0 +1,433 @@
+//! The device layer on a real GPU, through cudarc with dynamic loading: libcuda, libnvrtc and
+//! libcublas are opened at run time, so a machine without them builds, tests and runs the CPU
+//! scorer, and `--device cuda` there gets a clear error instead of cudarc's panic.
+//!
+//! Kernels are compiled by the NVRTC of the machine the scorer runs on, to a CUBIN for the
+//! device's own architecture: PTX from a newer NVRTC does not load on an older driver, a CUBIN
+//! for the device needs no JIT. Compiled CUBINs are cached on disk, keyed by the source, the
+//! NVRTC version and the architecture (`docs/reference/gpu.md`).
+
+use std::ffi::{c_char, c_int, CStr};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cudarc::cublas::{sys as blas_sys, CudaBlas, Gemm as _, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
+use serde::Serialize;
+
+use super::device::{Arg, Device, Gemm, Kernel, Op, BLOCK, KERNELS_CU};
+use crate::bad;
+use crate::error::{Error, Result};
+
+/// NVRTC options: exact f32 arithmetic (no contraction into FMAs, IEEE division and square
+/// root, no flush to zero), so each kernel computes what the CPU backend computes.
+const NVRTC_OPTIONS: [&str; 4] = [
+    "--fmad=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+    "--ftz=false",
+];
+
+/// Whether the three CUDA libraries can be loaded; the name of the first that cannot.
+pub fn missing_library() -> Option<&'static str> {
+    // SAFETY: these only try to dlopen the libraries.
+    unsafe {
+        if !cudarc::driver::sys::is_culib_present() {
+            Some("libcuda.so (the NVIDIA driver)")
+        } else if !nvrtc_sys::is_culib_present() {
+            Some("libnvrtc.so (NVRTC, from the CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+        } else if !blas_sys::is_culib_present() {
+            Some("libcublas.so (cuBLAS, from the CUDA toolkit or the nvidia-cublas wheel)")
+        } else {
+            None
+        }
+    }
+}
+
+/// What an NVRTC compile gives: the image and the compiler's log.
+pub struct Compiled {
+    pub image: Vec<u8>,
+    pub log: String,
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: two out-parameters.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| Error::Internal(format!("nvrtcVersion: {e}")))?;
+    Ok((major, minor))
+}
+
+/// Compile `kernels.cu` for `arch` (`compute_90` gives PTX, `sm_90` a CUBIN) with `extra`
+/// options besides [`NVRTC_OPTIONS`]. Errors carry NVRTC's log.
+pub fn compile(arch: &str, extra: &[&str]) -> Result<Compiled> {
+    let src = std::ffi::CString::new(KERNELS_CU).expect("kernels.cu has no NUL");
+    let name = c"kernels.cu";
+    let prog = nvrtc_result::create_program(&src, Some(name))
+        .map_err(|e| Error::Internal(format!("NVRTC: cannot create the program: {e}")))?;
+    let mut options: Vec<String> = vec![format!("--gpu-architecture={arch}")];
+    options.extend(NVRTC_OPTIONS.iter().map(|s| s.to_string()));
+    options.extend(extra.iter().map(|s| s.to_string()));
+    // SAFETY: `prog` is live until destroyed below.
+    let compiled = unsafe { nvrtc_result::compile_program(prog, &options) };
+    let log = unsafe { nvrtc_result::get_program_log(prog) }
+        .map(|raw| {
+            // SAFETY: NVRTC's log is NUL-terminated.
+            unsafe { CStr::from_ptr(raw.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    let image = compiled
+        .map_err(|e| Error::Internal(format!("NVRTC ({arch}): {e}\n{log}")))
+        .and_then(|()| unsafe { image(prog, arch.starts_with("sm_")) });
+    // SAFETY: created above, destroyed once.
+    unsafe { nvrtc_result::destroy_program(prog) }
+        .map_err(|e| Error::Internal(format!("NVRTC: {e}")))?;
+    Ok(Compiled { image: image?, log })
+}
+
+/// The CUBIN or the PTX of a compiled program.
+///
+/// # Safety
+/// `prog` must be a compiled, live program.
+unsafe fn image(prog: nvrtc_sys::nvrtcProgram, cubin: bool) -> Result<Vec<u8>> {
+    let err = |e: nvrtc_result::NvrtcError| Error::Internal(format!("NVRTC: {e}"));
+    if !cubin {
+        let ptx = nvrtc_result::get_ptx(prog).map_err(err)?;
+        return Ok(ptx.iter().map(|&c| c as u8).collect());
+    }
+    let mut size = 0usize;
+    nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+        .result()
+        .map_err(err)?;
+    let mut bin = vec![0u8; size];
+    nvrtc_sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut c_char)
+        .result()
+        .map_err(err)?;
+    Ok(bin)
+}
+
+/// Where compiled kernels are cached: `$SINKMERGE_CACHE`, else `$XDG_CACHE_HOME/sinkmerge`, else
+/// `~/.cache/sinkmerge`.
+fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("SINKMERGE_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("sinkmerge")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/sinkmerge")))
+}
+
+/// The CUBIN of `kernels.cu` for `arch`, from the cache or compiled (and then cached; a cache
+/// that cannot be written costs a warning, not the run).
+fn cubin_for(arch: &str) -> Result<Vec<u8>> {
+    let (major, minor) = nvrtc_version()?;
+    let key = xxhash_rust::xxh3::xxh3_64(
+        format!("{KERNELS_CU}\0{arch}\0{major}.{minor}\0{NVRTC_OPTIONS:?}").as_bytes(),
+    );
+    let path = cache_dir().map(|d| {
+        d.join(format!(
+            "kernels-{arch}-nvrtc{major}.{minor}-{key:016x}.cubin"
+        ))
+    });
+    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        return Ok(bytes);
+    }
+    let compiled = compile(arch, &[])?;
+    if let Some(path) = &path {
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .map_err(|e| Error::write(path, e))
+            .and_then(|()| crate::checkpoint::output::write_file_atomic(path, &compiled.image));
+        if let Err(e) = written {
+            eprintln!("sinkmerge: warning: compiled kernels not cached: {e}");
+        }
+    }
+    Ok(compiled.image)
+}
+
+/// Where the time of a GPU run went, and the memory it held.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Timings {
+    /// Device set-up: context, kernels (compiled or cached), cuBLAS.
+    pub init_s: f64,
+    /// Reading weights and copying them to the device.
+    pub load_s: f64,
+    /// Waiting for kernels and GEMMs before each copy back.
+    pub compute_s: f64,
+    /// Copying attention scores, probabilities and other results back to the host.
+    pub copy_back_s: f64,
+    /// Most device memory this run's buffers held at once.
+    pub peak_memory_bytes: usize,
+}
+
+/// A device allocation that keeps the run's memory count.
+pub struct DriverBuffer {
+    slice: CudaSlice<u8>,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for DriverBuffer {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.slice.len(), Ordering::Relaxed);
+    }
+}
+
+/// One GPU, its stream, cuBLAS handle and kernels.
+pub struct Driver {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: Vec<CudaFunction>,
+    name: String,
+    ordinal: usize,
+    live: Arc<AtomicUsize>,
+    peak: AtomicUsize,
+    times: Mutex<Timings>,
+}
+
+fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Internal(format!("CUDA: {what}: {e}"))
+}
+
+impl Driver {
+    /// Open GPU `ordinal` (`--device cuda:N`). No CUDA library, no device or an index out of
+    /// range is bad input (exit 2), never a panic.
+    pub fn open(ordinal: usize) -> Result<Driver> {
+        let started = Instant::now();
+        if let Some(lib) = missing_library() {
+            return Err(bad!(
+                "--device cuda: {lib} cannot be loaded; this machine has no usable CUDA \
+                 installation (put the libraries on LD_LIBRARY_PATH), or score with --device cpu"
+            ));
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| bad!("--device cuda: the CUDA driver finds no usable GPU: {e}"))?;
+        if count <= 0 {
+            return Err(bad!(
+                "--device cuda: the CUDA driver reports no GPU on this machine"
+            ));
+        }
+        if ordinal >= count as usize {
+            return Err(bad!(
+                "--device cuda:{ordinal}: out of range; this machine has {count} GPU(s), \
+                 cuda:0 to cuda:{}",
+                count - 1
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_error("cannot create a context"))?;
+        let name = ctx.name().map_err(driver_error("device name"))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver_error("compute capability"))?;
+        let module = ctx
+            .load_module(Ptx::from_binary(cubin_for(&format!("sm_{major}{minor}"))?))
+            .map_err(driver_error("cannot load the kernels"))?;
+        let functions = Kernel::ALL
+            .iter()
+            .map(|k| module.load_function(k.name()))
+            .collect::<Result<_, _>>()
+            .map_err(driver_error("kernel entry point"))?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| Error::Internal(format!("cuBLAS: cannot create a handle: {e}")))?;
+        // TF32 off: f32 GEMMs stay f32 (the parity mode).
+        // SAFETY: a live handle.
+        unsafe {
+            blas_sys::cublasSetMathMode(
+                *blas.handle(),
+                blas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Internal(format!("cuBLAS: cannot set the math mode: {e}")))?;
+        let driver = Driver {
+            ctx,
+            stream,
+            blas,
+            functions,
+            name,
+            ordinal,
+            live: Arc::new(AtomicUsize::new(0)),
+            peak: AtomicUsize::new(0),
+            times: Mutex::new(Timings::default()),
+        };
+        driver.times.lock().unwrap().init_s = started.elapsed().as_secs_f64();
+        Ok(driver)
+    }
+
+    /// The run's timings so far.
+    pub fn timings(&self) -> Timings {
+        Timings {
+            peak_memory_bytes: self.peak.load(Ordering::Relaxed),
+            ..*self.times.lock().unwrap()
+        }
+    }
+
+    /// Total memory of the device, in bytes.
+    pub fn total_memory(&self) -> Result<usize> {
+        self.ctx.total_mem().map_err(driver_error("total memory"))
+    }
+
+    fn add_time(&self, f: impl FnOnce(&mut Timings) -> &mut f64, since: Instant) {
+        *f(&mut self.times.lock().unwrap()) += since.elapsed().as_secs_f64();
+    }
+
+    fn wrap(&self, slice: CudaSlice<u8>) -> DriverBuffer {
+        let now = self.live.fetch_add(slice.len(), Ordering::Relaxed) + slice.len();
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        DriverBuffer {
+            slice,
+            live: self.live.clone(),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        let started = Instant::now();
+        self.stream
+            .synchronize()
+            .map_err(driver_error("kernel or GEMM failed"))?;
+        self.add_time(|t| &mut t.compute_s, started);
+        Ok(())
+    }
+}
+
+impl Device for Driver {
+    type Buffer = DriverBuffer;
+
+    fn describe(&self) -> String {
+        format!("{} (cuda:{})", self.name, self.ordinal)
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<DriverBuffer> {
+        let slice = self
+            .stream
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(driver_error("out of device memory"))?;
+        Ok(self.wrap(slice))
+    }
+
+    fn upload(&self, host: &[u8]) -> Result<DriverBuffer> {
+        let started = Instant::now();
+        let slice = if host.is_empty() {
+            self.stream.alloc_zeros::<u8>(1)
+        } else {
+            self.stream.clone_htod(host)
+        }
+        .map_err(driver_error("copy to the device"))?;
+        self.add_time(|t| &mut t.load_s, started);
+        Ok(self.wrap(slice))
+    }
+
+    fn download(&self, buf: &DriverBuffer, range: Range<usize>) -> Result<Vec<u8>> {
+        self.sync()?;
+        let started = Instant::now();
+        let out = self
+            .stream
+            .clone_dtoh(&buf.slice.slice(range))
+            .map_err(driver_error("copy to the host"))?;
+        self.add_time(|t| &mut t.copy_back_s, started);
+        Ok(out)
+    }
+
+    fn copy(
+        &self,
+        src: &DriverBuffer,
+        src_at: usize,
+        dst: &mut DriverBuffer,
+        dst_at: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.stream
+            .memcpy_dtod(
+                &src.slice.slice(src_at..src_at + bytes),
+                &mut dst.slice.slice_mut(dst_at..dst_at + bytes),
+            )
+            .map_err(driver_error("copy on the device"))
+    }
+
+    fn launch(
+        &self,
+        kernel: Kernel,
+        threads: usize,
+        args: &mut [Arg<'_, DriverBuffer>],
+    ) -> Result<()> {
+        let function = &self.functions[Kernel::ALL.iter().position(|k| *k == kernel).unwrap()];
+        let mut builder = self.stream.launch_builder(function);
+        for arg in args.iter_mut() {
+            match arg {
+                Arg::Ref(b) => builder.arg(&b.slice),
+                Arg::Mut(b) => builder.arg(&mut b.slice),
+                Arg::I32(v) => builder.arg(&*v),
+                Arg::I64(v) => builder.arg(&*v),
+                Arg::F32(v) => builder.arg(&*v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(BLOCK as usize) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments follow the kernel's signature (the backend builds them).
+        unsafe { builder.launch(cfg) }
+            .map(drop)
+            .map_err(driver_error(kernel.name()))
+    }
+
+    fn gemm(
+        &self,
+        g: &Gemm,
+        a: &DriverBuffer,
+        b: &DriverBuffer,
+        c: &mut DriverBuffer,
+    ) -> Result<()> {
+        g.validate(a.slice.len() / 4, b.slice.len() / 4, c.slice.len() / 4)?;
+        let op = |op: Op| match op {
+            Op::None => blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            Op::Transpose => blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        };
+        let cfg = GemmConfig {
+            transa: op(g.transa),
+            transb: op(g.transb),
+            m: g.m as i32,
+            n: g.n as i32,
+            k: g.k as i32,
+            alpha: 1.0f32,
+            lda: g.lda as i32,
+            ldb: g.ldb as i32,
+            beta: 0.0f32,
+            ldc: g.ldc as i32,
+        };
+        let views = || Error::Internal("GEMM operand is not whole f32 values".into());
+        // SAFETY: the buffers hold f32 values; `validate` checked each operand fits its buffer.
+        unsafe {
+            let a = a
+                .slice
+                .transmute::<f32>(a.slice.len() / 4)
+                .ok_or_else(views)?;
+            let b = b
+                .slice
+                .transmute::<f32>(b.slice.len() / 4)
+                .ok_or_else(views)?;
+            let len_c = c.slice.len() / 4;
+            let mut c = c.slice.transmute_mut::<f32>(len_c).ok_or_else(views)?;
+            self.blas.gemm(cfg, &a, &b, &mut c)
+        }
+        .map_err(|e| Error::Internal(format!("cuBLAS GEMM {g:?}: {e}")))
+    }
+}

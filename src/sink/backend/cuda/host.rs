@@ -1,0 +1,432 @@
+//! A host stand-in for the device layer (tests only): `kernels.cu` compiled by the system C++
+//! compiler through `host_shim.h` (build.rs), launched with cuLaunchKernel's calling convention,
+//! and a column-major GEMM that follows cuBLAS's transpose and leading-dimension rules and
+//! checks each operand fits its buffer. With it the whole CUDA backend runs, and is checked
+//! against the CPU backend, on machines without a GPU.
+
+use std::ffi::c_void;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::device::{Arg, Device, Gemm, Kernel, Op, BLOCK};
+use crate::error::{Error, Result};
+
+type HostEntry = unsafe extern "C" fn(grid: u32, block: u32, params: *mut *mut c_void);
+
+macro_rules! host_entries {
+    ($($kernel:ident => $symbol:ident),* $(,)?) => {
+        extern "C" {
+            $(fn $symbol(grid: u32, block: u32, params: *mut *mut c_void);)*
+        }
+        fn entry(kernel: Kernel) -> HostEntry {
+            match kernel {
+                $(Kernel::$kernel => $symbol,)*
+            }
+        }
+    };
+}
+
+host_entries! {
+    WidenBf16 => sinkmerge_host_widen_bf16,
+    WidenF16 => sinkmerge_host_widen_f16,
+    RmsNormRows => sinkmerge_host_rms_norm_rows,
+    AddBias => sinkmerge_host_add_bias,
+    ClampValues => sinkmerge_host_clamp_values,
+    Rope => sinkmerge_host_rope,
+    Attention => sinkmerge_host_attention,
+    SiluMul => sinkmerge_host_silu_mul,
+    AddAssign => sinkmerge_host_add_assign,
+    FlagNonFinite => sinkmerge_host_flag_non_finite,
+    GatherRows => sinkmerge_host_gather_rows,
+    ScatterAddRows => sinkmerge_host_scatter_add_rows,
+}
+
+/// Host memory standing in for a device allocation, 8-byte aligned like cudaMalloc's (and the
+/// `long long` parameters need).
+pub struct HostBuffer {
+    words: Vec<u64>,
+    bytes: usize,
+}
+
+impl HostBuffer {
+    fn new(bytes: usize) -> HostBuffer {
+        HostBuffer {
+            words: vec![0; bytes.div_ceil(8)],
+            bytes,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: u64 storage viewed as bytes; `bytes` never exceeds it.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.bytes) }
+    }
+
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.bytes) }
+    }
+
+    fn f32s(&self) -> &[f32] {
+        // SAFETY: 8-byte aligned storage; whole f32 values only.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.bytes / 4) }
+    }
+
+    fn f32s_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as above, uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.bytes / 4) }
+    }
+}
+
+/// The stand-in device. `gemm_calls` counts GEMMs (tests check the backend uses them).
+#[derive(Default)]
+pub struct HostDevice {
+    pub gemm_calls: AtomicUsize,
+}
+
+/// `C = op(A) · op(B)`, column-major, f32 accumulation, after cuBLAS's argument checks.
+pub fn reference_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<()> {
+    g.validate(a.len(), b.len(), c.len())?;
+    let at = |i: usize, l: usize| match g.transa {
+        Op::None => a[i + l * g.lda],
+        Op::Transpose => a[l + i * g.lda],
+    };
+    let bt = |l: usize, j: usize| match g.transb {
+        Op::None => b[l + j * g.ldb],
+        Op::Transpose => b[j + l * g.ldb],
+    };
+    for j in 0..g.n {
+        for i in 0..g.m {
+            let mut acc = 0f32;
+            for l in 0..g.k {
+                acc += at(i, l) * bt(l, j);
+            }
+            c[i + j * g.ldc] = acc;
+        }
+    }
+    Ok(())
+}
+
+impl Device for HostDevice {
+    type Buffer = HostBuffer;
+
+    fn describe(&self) -> String {
+        "host stand-in for a CUDA device".into()
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<HostBuffer> {
+        Ok(HostBuffer::new(bytes))
+    }
+
+    fn upload(&self, host: &[u8]) -> Result<HostBuffer> {
+        let mut buf = HostBuffer::new(host.len());
+        buf.as_bytes_mut().copy_from_slice(host);
+        Ok(buf)
+    }
+
+    fn download(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Vec<u8>> {
+        buf.as_bytes()
+            .get(range.clone())
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| Error::Internal(format!("download {range:?} of {} bytes", buf.bytes)))
+    }
+
+    fn copy(
+        &self,
+        src: &HostBuffer,
+        src_at: usize,
+        dst: &mut HostBuffer,
+        dst_at: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        if src_at + bytes > src.bytes || dst_at + bytes > dst.bytes {
+            return Err(Error::Internal(format!(
+                "copy of {bytes} bytes from {src_at} of {} into {dst_at} of {}",
+                src.bytes, dst.bytes
+            )));
+        }
+        dst.as_bytes_mut()[dst_at..dst_at + bytes]
+            .copy_from_slice(&src.as_bytes()[src_at..src_at + bytes]);
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        kernel: Kernel,
+        threads: usize,
+        args: &mut [Arg<'_, HostBuffer>],
+    ) -> Result<()> {
+        // Each parameter's value in an 8-byte slot, and a pointer to each slot: cuLaunchKernel's
+        // `kernelParams`.
+        let mut slots: Vec<[u8; 8]> = args
+            .iter_mut()
+            .map(|arg| {
+                let mut slot = [0u8; 8];
+                match arg {
+                    Arg::Ref(b) => slot = (b.words.as_ptr() as usize).to_le_bytes(),
+                    Arg::Mut(b) => slot = (b.words.as_mut_ptr() as usize).to_le_bytes(),
+                    Arg::I32(v) => slot[..4].copy_from_slice(&v.to_le_bytes()),
+                    Arg::I64(v) => slot = v.to_le_bytes(),
+                    Arg::F32(v) => slot[..4].copy_from_slice(&v.to_le_bytes()),
+                }
+                slot
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> =
+            slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
+        let grid = threads.div_ceil(BLOCK as usize) as u32;
+        // SAFETY: the parameters follow the kernel's signature (the backend builds them), and
+        // every buffer outlives the call.
+        unsafe { entry(kernel)(grid, BLOCK, params.as_mut_ptr()) };
+        Ok(())
+    }
+
+    fn gemm(&self, g: &Gemm, a: &HostBuffer, b: &HostBuffer, c: &mut HostBuffer) -> Result<()> {
+        self.gemm_calls.fetch_add(1, Ordering::Relaxed);
+        reference_gemm(g, a.f32s(), b.f32s(), c.f32s_mut())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::sink::backend::cpu::CpuBackend;
+    use crate::sink::backend::cuda::CudaBackend;
+    use crate::sink::forward::{trace, trace_on};
+    use crate::sink::parity::{self, LOGITS_TOL, METRICS_TOL, PROBS_TOL};
+    use crate::sink::prompts::default_prompts;
+    use crate::sink::tokenize::TextEncoder;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// Every architecture fixture of the transformers parity tests (tests/score_parity.rs):
+    /// (golden case, model directory).
+    fn fixtures() -> Vec<(&'static str, PathBuf)> {
+        let shared = |n: &str| root().join("tests/fixtures/models").join(n);
+        let extra = |n: &str| root().join("tests/fixtures/score/models").join(n);
+        vec![
+            ("qwen2", shared("qwen2")),
+            ("qwen2-sharded", shared("qwen2-sharded")),
+            ("qwen3", shared("qwen3")),
+            ("llama31-tied", shared("llama31-tied")),
+            ("mistral", shared("mistral")),
+            ("olmo3", shared("olmo3")),
+            ("qwen3_vl", shared("qwen3_vl")),
+            ("olmo2", extra("olmo2")),
+            ("qwen3_moe", extra("qwen3_moe")),
+            ("olmoe", extra("olmoe")),
+            ("qwen2_sliding", extra("qwen2_sliding")),
+            ("qwen2_yarn", extra("qwen2_yarn")),
+            ("llama_linear", extra("llama_linear")),
+            ("llama_dynamic", extra("llama_dynamic")),
+            ("qwen3_bias", extra("qwen3_bias")),
+            ("olmo3_sw", extra("olmo3_sw")),
+            ("llama31_rope", extra("llama31_rope")),
+            ("mistral_hd", extra("mistral_hd")),
+        ]
+    }
+
+    /// The golden's token ids, and the same ids reversed: two packed prompts.
+    fn golden_prompts(case: &str) -> Vec<Vec<u32>> {
+        let path = root().join(format!("tests/fixtures/score/goldens/{case}.safetensors"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ids: Vec<u32> = st
+            .tensor("input_ids")
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect();
+        let reversed = ids.iter().rev().copied().collect();
+        vec![ids, reversed]
+    }
+
+    fn open(dir: &Path) -> Checkpoint {
+        Checkpoint::open_dir(dir, &dir.display().to_string()).unwrap()
+    }
+
+    #[test]
+    fn gpu_code_path_matches_the_cpu_on_every_architecture_fixture() {
+        let gpu = CudaBackend::new(HostDevice::default());
+        for (case, dir) in fixtures() {
+            let ckpt = open(&dir);
+            let prompts = golden_prompts(case);
+            let p = parity::check(&gpu, &[&ckpt], &[prompts], false).unwrap();
+            let t = &p.traces[0];
+            eprintln!(
+                "{case:16} max |dP| {:.1e}  max |dlogit| {:.1e}  |dS| {:.1e}",
+                t.max_prob_diff,
+                t.max_logit_diff,
+                p.metrics[0].diff()
+            );
+            assert!(t.max_prob_diff <= PROBS_TOL, "{case}: probabilities {t:?}");
+            assert!(t.max_logit_diff <= LOGITS_TOL, "{case}: logits {t:?}");
+            for m in &p.metrics {
+                assert!(m.diff() <= METRICS_TOL, "{case}: {m:?}");
+            }
+        }
+        assert!(gpu.device().gemm_calls.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn gpu_code_path_matches_the_cpu_on_the_bundled_pairs() {
+        let gpu = CudaBackend::new(HostDevice::default());
+        for family in ["tiny-qwen3", "tiny-qwen2"] {
+            let dirs = [
+                root().join(format!("assets/models/{family}/ref")),
+                root().join(format!("assets/models/{family}/vl")),
+            ];
+            let ckpts: Vec<Checkpoint> = dirs.iter().map(|d| open(d)).collect();
+            let encoder = TextEncoder::load(&dirs[0], false).unwrap();
+            let ids: Vec<Vec<u32>> = default_prompts()
+                .iter()
+                .map(|p| encoder.encode(p).unwrap())
+                .collect();
+            let refs: Vec<&Checkpoint> = ckpts.iter().collect();
+            let p = parity::check(&gpu, &refs, &[ids.clone(), ids], true).unwrap();
+            for t in &p.traces {
+                eprintln!(
+                    "{:28} max |dP| {:.1e}  max |dlogit| {:.1e}",
+                    t.model, t.max_prob_diff, t.max_logit_diff
+                );
+            }
+            for m in &p.metrics {
+                eprintln!("{:40} cpu {:?} stand-in {:?}", m.metric, m.cpu, m.other);
+            }
+            assert_eq!(
+                p.metrics.len(),
+                2 + 3,
+                "S of both, G_base/B_gap/margin of the pair"
+            );
+            assert!(p.holds(), "{family}: {p:?}");
+        }
+    }
+
+    /// A device layer that hands cuBLAS the weight untransposed: the mistake the stand-in must
+    /// catch, since a real GPU is rarely there to catch it.
+    struct TransposedWeight(HostDevice);
+
+    impl Device for TransposedWeight {
+        type Buffer = HostBuffer;
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+        fn zeros(&self, bytes: usize) -> Result<HostBuffer> {
+            self.0.zeros(bytes)
+        }
+        fn upload(&self, host: &[u8]) -> Result<HostBuffer> {
+            self.0.upload(host)
+        }
+        fn download(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Vec<u8>> {
+            self.0.download(buf, range)
+        }
+        fn copy(
+            &self,
+            src: &HostBuffer,
+            src_at: usize,
+            dst: &mut HostBuffer,
+            dst_at: usize,
+            bytes: usize,
+        ) -> Result<()> {
+            self.0.copy(src, src_at, dst, dst_at, bytes)
+        }
+        fn launch(
+            &self,
+            kernel: Kernel,
+            threads: usize,
+            args: &mut [Arg<'_, HostBuffer>],
+        ) -> Result<()> {
+            self.0.launch(kernel, threads, args)
+        }
+        fn gemm(&self, g: &Gemm, a: &HostBuffer, b: &HostBuffer, c: &mut HostBuffer) -> Result<()> {
+            let flipped = Gemm {
+                transa: Op::None,
+                ..*g
+            };
+            self.0.gemm(&flipped, a, b, c)
+        }
+    }
+
+    #[test]
+    fn the_stand_in_catches_a_transposed_gemm_operand() {
+        let (case, dir) = fixtures().remove(0);
+        let ckpt = open(&dir);
+        let prompts = golden_prompts(case);
+        let cpu = trace(&ckpt, &prompts).unwrap();
+        // Square projections (q, o) run with wrong numbers; the others fail cuBLAS's checks.
+        match trace_on(
+            &CudaBackend::new(TransposedWeight(HostDevice::default())),
+            &ckpt,
+            &prompts,
+        ) {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("leading dimension") || e.contains("needs"),
+                    "{e}"
+                )
+            }
+            Ok(bad) => {
+                let (probs, logits) = parity::trace_diff(&cpu, &bad);
+                assert!(probs > PROBS_TOL || logits > LOGITS_TOL, "{probs} {logits}");
+            }
+        }
+        // A square GEMM with A untransposed passes every check and gives the wrong product.
+        let g = Gemm::linear(3, 4, 4);
+        let w: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let x: Vec<f32> = (0..12).map(|i| (i % 5) as f32 - 2.0).collect();
+        let (mut right, mut wrong) = (vec![0f32; 12], vec![0f32; 12]);
+        reference_gemm(&g, &w, &x, &mut right).unwrap();
+        let flipped = Gemm {
+            transa: Op::None,
+            ..g
+        };
+        reference_gemm(&flipped, &w, &x, &mut wrong).unwrap();
+        assert_eq!(right, crate::sink::backend::cpu::linear(&x, 3, &w, 4, 4));
+        assert_ne!(right, wrong);
+    }
+
+    #[test]
+    fn the_reference_gemm_refuses_what_cublas_refuses() {
+        let g = Gemm::linear(2, 3, 5);
+        assert!(g.validate(15, 10, 6).is_ok());
+        let short_lda = Gemm { lda: 4, ..g };
+        assert!(short_lda
+            .validate(15, 10, 6)
+            .unwrap_err()
+            .to_string()
+            .contains("leading dimension of A"));
+        assert!(g
+            .validate(14, 10, 6)
+            .unwrap_err()
+            .to_string()
+            .contains("A needs 15"));
+        assert!(g
+            .validate(15, 10, 5)
+            .unwrap_err()
+            .to_string()
+            .contains("C needs 6"));
+    }
+
+    #[test]
+    fn non_finite_activations_are_found_on_both_backends() {
+        let gpu = CudaBackend::new(HostDevice::default());
+        let dir = root().join("tests/fixtures/nonfinite");
+        let ckpt = open(&dir);
+        let prompts = vec![vec![1u32, 2, 3, 4]];
+        let cpu = trace_on(&CpuBackend, &ckpt, &prompts)
+            .err()
+            .map(|e| e.to_string());
+        let other = trace_on(&gpu, &ckpt, &prompts).err().map(|e| e.to_string());
+        assert!(
+            cpu.as_deref().is_some_and(|e| e.contains("NaN/Inf")),
+            "{cpu:?}"
+        );
+        assert_eq!(cpu, other);
+    }
+}

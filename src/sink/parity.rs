@@ -1,0 +1,177 @@
+//! Parity of a backend with the CPU backend on the same models and token ids: the largest
+//! attention-probability and logit differences of a full forward pass, and the differences of
+//! S, G_base, B_gap and the margin. The tests run it through the host stand-in of the CUDA
+//! device; `sinkmerge parity --device cuda` runs it on a GPU (`docs/reference/gpu.md`).
+
+use serde::Serialize;
+
+use super::backend::cpu::CpuBackend;
+use super::backend::Backend;
+use super::forward::{trace_on, Trace};
+use super::metrics::{SinkPosition, Stat};
+use super::score::{score, Input, Scores, Settings};
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+
+/// Attention probabilities: absolute.
+pub const PROBS_TOL: f64 = 1e-5;
+/// Logits: absolute.
+pub const LOGITS_TOL: f64 = 1e-4;
+/// S, G_base, B_gap and the margin: absolute.
+pub const METRICS_TOL: f64 = 1e-4;
+
+/// Largest differences of one model's forward pass.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceParity {
+    pub model: String,
+    pub max_prob_diff: f64,
+    pub max_logit_diff: f64,
+}
+
+/// One metric on both backends.
+#[derive(Debug, Clone, Serialize)]
+pub struct MetricParity {
+    /// `"S of MODEL"`, `"margin of MODEL"`, ...
+    pub metric: String,
+    pub cpu: Option<f64>,
+    pub other: Option<f64>,
+}
+
+impl MetricParity {
+    /// The absolute difference; infinite when only one side is defined.
+    pub fn diff(&self) -> f64 {
+        match (self.cpu, self.other) {
+            (Some(a), Some(b)) => (a - b).abs(),
+            (None, None) => 0.0,
+            _ => f64::INFINITY,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Parity {
+    pub traces: Vec<TraceParity>,
+    pub metrics: Vec<MetricParity>,
+}
+
+impl Parity {
+    /// Whether every difference is within its tolerance.
+    pub fn holds(&self) -> bool {
+        self.traces
+            .iter()
+            .all(|t| t.max_prob_diff <= PROBS_TOL && t.max_logit_diff <= LOGITS_TOL)
+            && self.metrics.iter().all(|m| m.diff() <= METRICS_TOL)
+    }
+}
+
+/// The largest probability and logit differences of two traces of the same inputs.
+pub fn trace_diff(a: &Trace, b: &Trace) -> (f64, f64) {
+    let max = |x: &[Vec<f32>], y: &[Vec<f32>]| {
+        x.iter()
+            .zip(y)
+            .flat_map(|(p, q)| p.iter().zip(q))
+            .map(|(&u, &v)| (u as f64 - v as f64).abs())
+            .fold(
+                0f64,
+                |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) },
+            )
+    };
+    let probs = a
+        .attentions
+        .iter()
+        .zip(&b.attentions)
+        .map(|(x, y)| max(x, y))
+        .fold(0f64, f64::max);
+    (probs, max(&a.logits, &b.logits))
+}
+
+/// S of every model, and G_base, B_gap and the margin of every pair, on both sides.
+pub fn metric_diffs(cpu: &Scores, other: &Scores) -> Vec<MetricParity> {
+    let mut out = Vec::new();
+    for (a, b) in cpu.models.iter().zip(&other.models) {
+        out.push(MetricParity {
+            metric: format!("S of {}", a.model),
+            cpu: a.sink_strength,
+            other: b.sink_strength,
+        });
+    }
+    for (a, b) in cpu.pairs.iter().zip(&other.pairs) {
+        for (name, x, y) in [
+            ("G_base", a.g_base_median, b.g_base_median),
+            ("B_gap", a.b_gap_median, b.b_gap_median),
+            ("margin", a.margin, b.margin),
+        ] {
+            out.push(MetricParity {
+                metric: format!("{name} of {}", a.target),
+                cpu: x,
+                other: y,
+            });
+        }
+    }
+    out
+}
+
+/// Run `ckpts` (with `tokens[i]` for `ckpts[i]`; `ckpts[0]` is the reference when `with_ref`)
+/// on the CPU and on `backend`, and compare. Scores use every layer as the window.
+pub fn check<B: Backend>(
+    backend: &B,
+    ckpts: &[&Checkpoint],
+    tokens: &[Vec<Vec<u32>>],
+    with_ref: bool,
+) -> Result<Parity> {
+    let mut traces = Vec::with_capacity(ckpts.len());
+    for (ckpt, ids) in ckpts.iter().zip(tokens) {
+        let (probs, logits) = trace_diff(
+            &trace_on(&CpuBackend, ckpt, ids)?,
+            &trace_on(backend, ckpt, ids)?,
+        );
+        traces.push(TraceParity {
+            model: ckpt.label.clone(),
+            max_prob_diff: probs,
+            max_logit_diff: logits,
+        });
+    }
+    let inputs: Vec<Input> = ckpts
+        .iter()
+        .zip(tokens)
+        .map(|(ckpt, ids)| Input {
+            label: ckpt.label.clone(),
+            ckpt,
+            tokens: ids.clone(),
+        })
+        .collect();
+    let settings = Settings {
+        last: usize::MAX,
+        stat: Stat::Median,
+        sink_position: SinkPosition::Column,
+    };
+    let reference = with_ref.then_some(0);
+    let cpu = score(&CpuBackend, &inputs, reference, settings, &|| {})?;
+    let other = score(backend, &inputs, reference, settings, &|| {})?;
+    Ok(Parity {
+        traces,
+        metrics: metric_diffs(&cpu, &other),
+    })
+}
+
+/// Token ids for parity runs on models without a tokenizer: prompts of 7, 16, 33 and 60 tokens
+/// (several prompts, so packing is exercised; longer than the fixtures' sliding windows), ids
+/// drawn below `vocab` by a fixed generator.
+pub fn synthetic_tokens(vocab: usize) -> Vec<Vec<u32>> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    [7usize, 16, 33, 60]
+        .iter()
+        .map(|&len| {
+            (0..len)
+                .map(|_| {
+                    // splitmix64
+                    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                    let mut z = state;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                    ((z ^ (z >> 31)) % vocab as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
