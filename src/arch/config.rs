@@ -114,7 +114,7 @@ impl MoeConfig {
     pub fn is_moe_layer(&self, i: usize) -> bool {
         !self.mlp_only_layers.contains(&i)
             && self.num_experts > 0
-            && (i + 1) % self.decoder_sparse_step.max(1) == 0
+            && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
     }
 }
 

@@ -145,7 +145,7 @@ unsafe fn diff_dots_avx2(
     use std::arch::x86_64::*;
     const REGS: usize = LANES / 8;
     pair.check();
-    assert!(range.end <= pair.diff.len() && range.len() % LANES == 0);
+    assert!(range.end <= pair.diff.len() && range.len().is_multiple_of(LANES));
     let (t, r) = (pair.target.as_ptr(), pair.reference.as_ptr());
     let (d, rf) = (pair.diff.as_mut_ptr(), pair.reference_f32.as_mut_ptr());
     let (vd, vr) = (pair.v_diff.as_ptr(), pair.v_reference.as_ptr());

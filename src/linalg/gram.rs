@@ -223,7 +223,7 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
 
 /// Rows decoded and added into the products together (see [`add_rows`]).
 const ROW_BLOCK: usize = 8;
-const _: () = assert!(FLUSH_ROWS % ROW_BLOCK == 0);
+const _: () = assert!(FLUSH_ROWS.is_multiple_of(ROW_BLOCK));
 
 thread_local! {
     /// Each worker's decoded rows of one block (a few MB at most).

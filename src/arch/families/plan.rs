@@ -301,7 +301,7 @@ impl<'a> PlanBuilder<'a> {
 
     /// Add an output tensor made of arbitrary parts (`stored` names its main source for messages).
     pub fn push(&mut self, stored: &str, t: OutTensor) -> Result<()> {
-        if t.dtype.bitsize() % 8 != 0 {
+        if !t.dtype.bitsize().is_multiple_of(8) {
             bail!(
                 "{}: dtype {:?} packs several values per byte; extract copies whole elements only",
                 self.ckpt.describe(stored),

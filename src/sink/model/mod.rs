@@ -177,14 +177,14 @@ impl DecoderSpec {
     }
 
     fn check(&self) -> Result<()> {
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             bail!(
                 "config ({}): head_dim {} must be even for RoPE",
                 self.model_type,
                 self.head_dim
             );
         }
-        if self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             bail!(
                 "config ({}): {} attention heads are not a multiple of {} key/value heads",
                 self.model_type,
