@@ -3,6 +3,7 @@
 //! before/after table, JSON, and SVG plots.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use serde::Serialize;
 
@@ -14,6 +15,9 @@ use crate::report::heatmap::{Heatmap, Panel};
 use crate::report::plot::{stacked_svg, LineChart, Series};
 use crate::report::{fmt_num, Table};
 use crate::sink::backend::cpu::CpuBackend;
+use crate::sink::backend::cuda::driver::{Driver, Timings};
+use crate::sink::backend::cuda::{CudaBackend, Device as _};
+use crate::sink::backend::Backend;
 use crate::sink::metrics::{SinkPosition, Stat};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::{self, PromptSource};
@@ -21,13 +25,58 @@ use crate::sink::score::{score, Input, Scores, Settings};
 use crate::sink::tokenize::TextEncoder;
 use crate::{bad, bail};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+/// Where `score` computes (`--device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
-    /// f32 on the CPU (always built)
+    /// f32 on the CPU.
     Cpu,
-    /// NVIDIA GPU (not in this build)
-    Cuda,
+    /// The NVIDIA GPU of this index.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("`{s}` is not a device: use cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl Serialize for Device {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// What a GPU run reports besides the scores.
+#[derive(Debug, Serialize)]
+struct GpuReport {
+    /// The GPU's name and index.
+    device: String,
+    /// Arithmetic of the GPU path: f32 weights and activations, f32 GEMMs with TF32 off.
+    precision: &'static str,
+    total_memory_bytes: usize,
+    #[serde(flatten)]
+    timings: Timings,
+    /// Wall time of the whole scoring pass (set-up excluded).
+    score_s: f64,
 }
 
 /// `sinkmerge score --help`: what the command computes.
@@ -108,8 +157,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg")]
     pub heatmap: Option<PathBuf>,
 
-    /// Where to compute. This build is CPU-only
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    /// Where to compute: `cpu`, or `cuda` / `cuda:N` for the NVIDIA GPU of index N (f32 weights
+    /// and activations, TF32 off; needs libcuda, libnvrtc and libcublas at run time; weights
+    /// stream through, so any model size fits)
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: Device,
 }
 
@@ -131,14 +182,11 @@ struct Report<'a> {
     #[serde(flatten)]
     scores: &'a Scores,
     settings: ReportSettings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu: Option<GpuReport>,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    if args.device == Device::Cuda {
-        bail!(
-            "--device cuda: this build of sinkmerge has no GPU backend; run with --device cpu (the default)"
-        );
-    }
     if args.last == 0 {
         bail!("--last must be at least 1");
     }
@@ -190,7 +238,26 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         sink_position: args.sink_position,
     };
     let show = progress && !args.json;
-    let scores = score_with_progress(&inputs, reference, settings, show)?;
+    let (scores, gpu) = match args.device {
+        Device::Cpu => (
+            score_with_progress(&CpuBackend, &inputs, reference, settings, show)?,
+            None,
+        ),
+        Device::Cuda(ordinal) => {
+            let backend = CudaBackend::new(Driver::open(ordinal)?);
+            let started = Instant::now();
+            let scores = score_with_progress(&backend, &inputs, reference, settings, show)?;
+            let driver = backend.device();
+            let gpu = GpuReport {
+                device: driver.describe(),
+                precision: "f32",
+                total_memory_bytes: driver.total_memory()?,
+                timings: driver.timings(),
+                score_s: started.elapsed().as_secs_f64(),
+            };
+            (scores, Some(gpu))
+        }
+    };
 
     let report = Report {
         scores: &scores,
@@ -204,6 +271,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             device: args.device,
             reference: args.reference.clone(),
         },
+        gpu,
     };
     if let Some(path) = &args.plot {
         let svg = stacked_svg(&layer_plot(&scores)).map_err(Error::BadInput)?;
@@ -224,7 +292,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
 }
 
 /// The scorer with a progress bar over the layers of every model.
-fn score_with_progress(
+fn score_with_progress<B: Backend>(
+    backend: &B,
     inputs: &[Input],
     reference: Option<usize>,
     settings: Settings,
@@ -236,7 +305,7 @@ fn score_with_progress(
         })
         .sum();
     let bar = crate::progress::items(layers, "layers", show);
-    let scores = score(&CpuBackend, inputs, reference, settings, &|| bar.inc(1))?;
+    let scores = score(backend, inputs, reference, settings, &|| bar.inc(1))?;
     bar.finish_and_clear();
     Ok(scores)
 }
@@ -255,7 +324,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
         stat: Stat::Median,
         sink_position: SinkPosition::Column,
     };
-    let scores = score_with_progress(&[input], None, settings, progress)?;
+    let scores = score_with_progress(&CpuBackend, &[input], None, settings, progress)?;
     scores.models[0].sink_strength.ok_or_else(|| {
         bad!(
             "{}: no valid observation in the last 10 layers, so S is undefined",
@@ -451,6 +520,22 @@ fn render_text(report: &Report) -> String {
     }
     out.push_str("\nper layer (median G, pos0 share):\n");
     out.push_str(&per_layer.render());
+    if let Some(g) = &report.gpu {
+        let t = &g.timings;
+        out.push_str(&format!(
+            "\n{} ({}): scoring {:.2} s (load {:.2} s, compute {:.2} s, copy back {:.2} s), \
+             set-up {:.2} s, peak GPU memory {:.2} GiB of {:.0}\n",
+            g.device,
+            g.precision,
+            g.score_s,
+            t.load_s,
+            t.compute_s,
+            t.copy_back_s,
+            t.init_s,
+            t.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+            g.total_memory_bytes as f64 / (1u64 << 30) as f64,
+        ));
+    }
     out
 }
 

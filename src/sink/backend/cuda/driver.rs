@@ -431,3 +431,79 @@ impl Device for Driver {
         .map_err(|e| Error::Internal(format!("cuBLAS GEMM {g:?}: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
+    use crate::sink::backend::cuda::CudaBackend;
+
+    /// Spill lines of `--ptxas-options=-v`: "N bytes spill stores, M bytes spill loads".
+    fn spills(log: &str) -> Vec<String> {
+        log.lines()
+            .filter(|l| {
+                l.contains("spill") && !l.contains(" 0 bytes spill stores, 0 bytes spill loads")
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    #[ignore = "needs libnvrtc (no GPU): .ci/run fetches the nvidia-cuda-nvrtc wheel and runs it"]
+    fn kernels_compile_with_nvrtc_to_ptx_and_an_sm90_cubin_without_spills() {
+        assert!(
+            unsafe { nvrtc_sys::is_culib_present() },
+            "libnvrtc cannot be loaded: put the nvidia-cuda-nvrtc wheel's lib folder on LD_LIBRARY_PATH"
+        );
+        let (major, minor) = nvrtc_version().unwrap();
+        eprintln!("NVRTC {major}.{minor}");
+        let ptx = compile("compute_90", &[]).unwrap();
+        let ptx_text = String::from_utf8_lossy(&ptx.image);
+        let cubin = compile("sm_90", &["--ptxas-options=-v"]).unwrap();
+        assert_eq!(&cubin.image[..4], b"\x7fELF", "a CUBIN is an ELF image");
+        for kernel in Kernel::ALL {
+            assert!(
+                ptx_text.contains(&format!(".entry {}(", kernel.name())),
+                "PTX lacks {}",
+                kernel.name()
+            );
+            assert!(
+                cubin.log.contains(&format!("'{}'", kernel.name())),
+                "ptxas log lacks {}:\n{}",
+                kernel.name(),
+                cubin.log
+            );
+        }
+        assert!(
+            spills(&cubin.log).is_empty(),
+            "register spills:\n{}",
+            cubin.log
+        );
+        eprintln!("{}", cubin.log);
+    }
+
+    #[test]
+    fn a_spill_in_the_ptxas_log_is_seen() {
+        let log = "ptxas info    : Function properties for attention\n    \
+                   8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n\
+                   ptxas info    : Function properties for rope\n    \
+                   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads";
+        assert_eq!(spills(log).len(), 1);
+    }
+
+    fn gpu() -> CudaBackend<Driver> {
+        CudaBackend::new(Driver::open(0).unwrap_or_else(|e| panic!("no GPU for this test: {e}")))
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_matches_the_cpu_on_every_architecture_fixture() {
+        every_fixture_matches(&gpu());
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_matches_the_cpu_on_the_bundled_pairs() {
+        bundled_pairs_match(&gpu());
+    }
+}

@@ -188,123 +188,25 @@ impl Device for HostDevice {
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-
     use super::*;
-    use crate::checkpoint::Checkpoint;
     use crate::sink::backend::cpu::CpuBackend;
+    use crate::sink::backend::cuda::parity_tests::{
+        bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
+    };
     use crate::sink::backend::cuda::CudaBackend;
     use crate::sink::forward::{trace, trace_on};
-    use crate::sink::parity::{self, LOGITS_TOL, METRICS_TOL, PROBS_TOL};
-    use crate::sink::prompts::default_prompts;
-    use crate::sink::tokenize::TextEncoder;
-
-    fn root() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-    }
-
-    /// Every architecture fixture of the transformers parity tests (tests/score_parity.rs):
-    /// (golden case, model directory).
-    fn fixtures() -> Vec<(&'static str, PathBuf)> {
-        let shared = |n: &str| root().join("tests/fixtures/models").join(n);
-        let extra = |n: &str| root().join("tests/fixtures/score/models").join(n);
-        vec![
-            ("qwen2", shared("qwen2")),
-            ("qwen2-sharded", shared("qwen2-sharded")),
-            ("qwen3", shared("qwen3")),
-            ("llama31-tied", shared("llama31-tied")),
-            ("mistral", shared("mistral")),
-            ("olmo3", shared("olmo3")),
-            ("qwen3_vl", shared("qwen3_vl")),
-            ("olmo2", extra("olmo2")),
-            ("qwen3_moe", extra("qwen3_moe")),
-            ("olmoe", extra("olmoe")),
-            ("qwen2_sliding", extra("qwen2_sliding")),
-            ("qwen2_yarn", extra("qwen2_yarn")),
-            ("llama_linear", extra("llama_linear")),
-            ("llama_dynamic", extra("llama_dynamic")),
-            ("qwen3_bias", extra("qwen3_bias")),
-            ("olmo3_sw", extra("olmo3_sw")),
-            ("llama31_rope", extra("llama31_rope")),
-            ("mistral_hd", extra("mistral_hd")),
-        ]
-    }
-
-    /// The golden's token ids, and the same ids reversed: two packed prompts.
-    fn golden_prompts(case: &str) -> Vec<Vec<u32>> {
-        let path = root().join(format!("tests/fixtures/score/goldens/{case}.safetensors"));
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let ids: Vec<u32> = st
-            .tensor("input_ids")
-            .unwrap()
-            .data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
-            .collect();
-        let reversed = ids.iter().rev().copied().collect();
-        vec![ids, reversed]
-    }
-
-    fn open(dir: &Path) -> Checkpoint {
-        Checkpoint::open_dir(dir, &dir.display().to_string()).unwrap()
-    }
+    use crate::sink::parity::{self, LOGITS_TOL, PROBS_TOL};
 
     #[test]
     fn gpu_code_path_matches_the_cpu_on_every_architecture_fixture() {
         let gpu = CudaBackend::new(HostDevice::default());
-        for (case, dir) in fixtures() {
-            let ckpt = open(&dir);
-            let prompts = golden_prompts(case);
-            let p = parity::check(&gpu, &[&ckpt], &[prompts], false).unwrap();
-            let t = &p.traces[0];
-            eprintln!(
-                "{case:16} max |dP| {:.1e}  max |dlogit| {:.1e}  |dS| {:.1e}",
-                t.max_prob_diff,
-                t.max_logit_diff,
-                p.metrics[0].diff()
-            );
-            assert!(t.max_prob_diff <= PROBS_TOL, "{case}: probabilities {t:?}");
-            assert!(t.max_logit_diff <= LOGITS_TOL, "{case}: logits {t:?}");
-            for m in &p.metrics {
-                assert!(m.diff() <= METRICS_TOL, "{case}: {m:?}");
-            }
-        }
+        every_fixture_matches(&gpu);
         assert!(gpu.device().gemm_calls.load(Ordering::Relaxed) > 0);
     }
 
     #[test]
     fn gpu_code_path_matches_the_cpu_on_the_bundled_pairs() {
-        let gpu = CudaBackend::new(HostDevice::default());
-        for family in ["tiny-qwen3", "tiny-qwen2"] {
-            let dirs = [
-                root().join(format!("assets/models/{family}/ref")),
-                root().join(format!("assets/models/{family}/vl")),
-            ];
-            let ckpts: Vec<Checkpoint> = dirs.iter().map(|d| open(d)).collect();
-            let encoder = TextEncoder::load(&dirs[0], false).unwrap();
-            let ids: Vec<Vec<u32>> = default_prompts()
-                .iter()
-                .map(|p| encoder.encode(p).unwrap())
-                .collect();
-            let refs: Vec<&Checkpoint> = ckpts.iter().collect();
-            let p = parity::check(&gpu, &refs, &[ids.clone(), ids], true).unwrap();
-            for t in &p.traces {
-                eprintln!(
-                    "{:28} max |dP| {:.1e}  max |dlogit| {:.1e}",
-                    t.model, t.max_prob_diff, t.max_logit_diff
-                );
-            }
-            for m in &p.metrics {
-                eprintln!("{:40} cpu {:?} stand-in {:?}", m.metric, m.cpu, m.other);
-            }
-            assert_eq!(
-                p.metrics.len(),
-                2 + 3,
-                "S of both, G_base/B_gap/margin of the pair"
-            );
-            assert!(p.holds(), "{family}: {p:?}");
-        }
+        bundled_pairs_match(&CudaBackend::new(HostDevice::default()));
     }
 
     /// A device layer that hands cuBLAS the weight untransposed: the mistake the stand-in must

@@ -27,6 +27,8 @@ pub mod device;
 pub mod driver;
 #[cfg(test)]
 mod host;
+#[cfg(test)]
+mod parity_tests;
 
 pub use device::{Arg, Device, Gemm, Kernel, Op};
 
