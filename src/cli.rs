@@ -52,6 +52,9 @@ pub enum Command {
     /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
     #[command(long_about = commands::score::LONG_ABOUT, after_help = commands::score::AFTER_HELP)]
     Score(commands::score::Args),
+    /// Check the GPU scorer against the CPU scorer: probabilities, logits, S, B_gap, margin
+    #[command(long_about = commands::parity::LONG_ABOUT)]
+    Parity(commands::parity::Args),
     // About and long help live with the arguments in commands/norms.rs.
     Norms(commands::norms::Args),
     Linear(commands::methods::LinearArgs),

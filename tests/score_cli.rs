@@ -336,11 +336,27 @@ fn non_finite_weights_are_named() {
 }
 
 #[test]
-fn cuda_device_is_refused_clearly() {
-    fails_with(
-        &[s(&fixture("qwen2")), "--device", "cuda"],
-        &["no GPU backend"],
-    );
+fn cuda_device_errors_are_clear() {
+    let model = fixture("qwen2");
+    match sinkmerge::sink::backend::cuda::driver::missing_library() {
+        // This machine: no CUDA library, so every GPU index gets the same clear refusal.
+        Some(lib) => {
+            for device in ["cuda", "cuda:1"] {
+                fails_with(
+                    &[s(&model), "--device", device],
+                    &["--device cuda", lib, "cannot be loaded", "--device cpu"],
+                );
+            }
+        }
+        // A GPU machine: an index past the last GPU.
+        None => {
+            fails_with(
+                &[s(&model), "--device", "cuda:4096"],
+                &["cuda:4096", "out of range"],
+            );
+        }
+    }
+    fails_with(&[s(&model), "--device", "gpu"], &["not a device", "cuda:N"]);
 }
 
 #[test]

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod merge;
 pub mod methods;
 pub mod norms;
+pub mod parity;
 pub mod perturb;
 pub mod predict;
 pub mod score;
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Ablate(args) => ablate::run(args, progress),
         Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
         Command::Score(args) => score::run(args, progress),
+        Command::Parity(args) => parity::run(args),
         Command::Norms(args) => norms::run(args, progress),
         Command::Linear(args) => methods::run_linear(args, progress),
         Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),

@@ -334,7 +334,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
 }
 
 /// Token ids of every prompt for one model, checked against its context length.
-fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
+pub(crate) fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
     let config = ckpt.dir.join("config.json");
     let spec = DecoderSpec::from_model_config(&ckpt.config)
         .map_err(|e| bad!("{}: {e}", config.display()))?;

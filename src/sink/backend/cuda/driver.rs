@@ -16,9 +16,11 @@ use std::time::Instant;
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas, Gemm as _, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    result as driver_result, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream,
+    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
+use rayon::prelude::*;
 use serde::Serialize;
 
 use super::device::{Arg, Device, Gemm, Kernel, Op, BLOCK, KERNELS_CU};
@@ -185,6 +187,19 @@ impl Drop for DriverBuffer {
     }
 }
 
+/// Bytes of each pinned staging buffer; uploads larger than one go through both in turn.
+const STAGE_BYTES: usize = 64 << 20;
+/// Uploads up to this size are copied directly (pageable), not staged.
+const DIRECT_BYTES: usize = 1 << 20;
+/// Bytes each thread copies into a staging buffer: parallel reads of the mapped file.
+const READ_BLOCK: usize = 4 << 20;
+
+/// A pinned host buffer and the event recorded after the last copy out of it.
+struct Stage {
+    buf: PinnedHostSlice<u8>,
+    copied: CudaEvent,
+}
+
 /// One GPU, its stream, cuBLAS handle and kernels.
 pub struct Driver {
     ctx: Arc<CudaContext>,
@@ -196,6 +211,8 @@ pub struct Driver {
     live: Arc<AtomicUsize>,
     peak: AtomicUsize,
     times: Mutex<Timings>,
+    /// Two staging buffers: one is filled from the file while the other's copy runs.
+    stages: Mutex<[Stage; 2]>,
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -241,6 +258,16 @@ impl Driver {
             .collect::<Result<_, _>>()
             .map_err(driver_error("kernel entry point"))?;
         let stream = ctx.default_stream();
+        let stage = || -> Result<Stage> {
+            Ok(Stage {
+                // SAFETY: u8 needs no initialisation; write-combined suits a buffer the host
+                // only writes.
+                buf: unsafe { ctx.alloc_pinned::<u8>(STAGE_BYTES) }
+                    .map_err(driver_error("pinned host memory"))?,
+                copied: ctx.new_event(None).map_err(driver_error("event"))?,
+            })
+        };
+        let stages = Mutex::new([stage()?, stage()?]);
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::Internal(format!("cuBLAS: cannot create a handle: {e}")))?;
         // TF32 off: f32 GEMMs stay f32 (the parity mode).
@@ -263,6 +290,7 @@ impl Driver {
             live: Arc::new(AtomicUsize::new(0)),
             peak: AtomicUsize::new(0),
             times: Mutex::new(Timings::default()),
+            stages,
         };
         driver.times.lock().unwrap().init_s = started.elapsed().as_secs_f64();
         Ok(driver)
@@ -319,14 +347,58 @@ impl Device for Driver {
         Ok(self.wrap(slice))
     }
 
+    /// Small buffers are copied directly. Weights go through the pinned staging buffers: each
+    /// chunk is read from the (mapped) file by several threads, then copied asynchronously while
+    /// the next chunk is read into the other buffer; the GPU computes what was queued before
+    /// meanwhile.
     fn upload(&self, host: &[u8]) -> Result<DriverBuffer> {
         let started = Instant::now();
-        let slice = if host.is_empty() {
-            self.stream.alloc_zeros::<u8>(1)
-        } else {
-            self.stream.clone_htod(host)
+        if host.len() <= DIRECT_BYTES {
+            let slice = if host.is_empty() {
+                self.stream.alloc_zeros::<u8>(1)
+            } else {
+                self.stream.clone_htod(host)
+            }
+            .map_err(driver_error("copy to the device"))?;
+            self.add_time(|t| &mut t.load_s, started);
+            return Ok(self.wrap(slice));
         }
-        .map_err(driver_error("copy to the device"))?;
+        // SAFETY: every byte is written by the copies below before any kernel reads it.
+        let mut slice = unsafe { self.stream.alloc::<u8>(host.len()) }
+            .map_err(driver_error("out of device memory"))?;
+        let mut stages = self.stages.lock().unwrap();
+        for (i, chunk) in host.chunks(STAGE_BYTES).enumerate() {
+            let stage = &mut stages[i % 2];
+            // The copy out of this buffer two chunks ago must be done before it is refilled.
+            stage
+                .copied
+                .synchronize()
+                .map_err(driver_error("staged copy"))?;
+            let pinned = stage
+                .buf
+                .as_mut_slice()
+                .map_err(driver_error("pinned host memory"))?;
+            pinned[..chunk.len()]
+                .par_chunks_mut(READ_BLOCK)
+                .zip(chunk.par_chunks(READ_BLOCK))
+                .for_each(|(dst, src)| dst.copy_from_slice(src));
+            let offset = (i * STAGE_BYTES) as u64;
+            let (dst, _record) = slice.device_ptr_mut(&self.stream);
+            // SAFETY: `dst + offset` has room for the chunk; the pinned buffer is not touched
+            // again before `copied` says the copy is done.
+            unsafe {
+                driver_result::memcpy_htod_async(
+                    dst + offset,
+                    &pinned[..chunk.len()],
+                    self.stream.cu_stream(),
+                )
+            }
+            .map_err(driver_error("copy to the device"))?;
+            stage
+                .copied
+                .record(&self.stream)
+                .map_err(driver_error("event"))?;
+        }
         self.add_time(|t| &mut t.load_s, started);
         Ok(self.wrap(slice))
     }

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU scorer's checks on a GPU machine, in one run (about 5-8 minutes on an H200):
+#   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture and the bundled pairs;
+#   2. a synthetic Qwen2.5-7B-shaped bf16 checkpoint (28 layers, hidden 3584, 15 GB), written by the
+#      project's own generator;
+#   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm;
+#   4. one table.
+# It needs no Python, no cargo and no network on the GPU machine: only the repository and two
+# stripped release binaries, made beforehand on any Linux x86_64 machine:
+#
+#   cargo build --release --bin sinkmerge --example synth_checkpoint
+#   mkdir -p gpu-bin && strip -o gpu-bin/sinkmerge target/release/sinkmerge \
+#     && strip -o gpu-bin/synth_checkpoint target/release/examples/synth_checkpoint
+#   benches/gpu_check.sh            # on the GPU machine (BIN=gpu-bin by default)
+#
+# Environment: BIN (folder of the two binaries), WORK (scratch folder, default $TMPDIR), RUNS (warm
+# runs, default 3), DEVICE (default cuda:0). libcuda, libcublas and libnvrtc are looked up in the
+# usual places and added to LD_LIBRARY_PATH.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-gpu-bin}
+SM=$BIN/sinkmerge
+SYNTH=$BIN/synth_checkpoint
+WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-gpu-check}
+RUNS=${RUNS:-3}
+DEVICE=${DEVICE:-cuda:0}
+mkdir -p "$WORK"
+for b in "$SM" "$SYNTH"; do
+  [ -x "$b" ] || { echo "gpu_check: $b is missing; see the header of $0" >&2; exit 2; }
+done
+
+# The CUDA libraries: the driver's mount, the toolkit, or a Python venv's nvidia wheels.
+libs=""
+for dir in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
+  /usr/lib/x86_64-linux-gnu $(ls -d /usr/local/cuda-*/lib64 2>/dev/null) \
+  $(find /usr /opt /root /home -xdev -path '*site-packages/nvidia/*/lib' -type d 2>/dev/null | head -20); do
+  if ls "$dir"/libcuda.so* "$dir"/libcublas.so* "$dir"/libnvrtc.so* >/dev/null 2>&1; then
+    libs="$libs:$dir"
+  fi
+done
+export LD_LIBRARY_PATH="${libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+# 1. Parity on the fixtures and the bundled pairs.
+parity_rows=()
+failed=0
+parity() {  # parity LABEL ARGS...
+  local label=$1; shift
+  local out
+  if out=$("$SM" parity --device "$DEVICE" --json "$@" 2>"$WORK/parity.err"); then
+    :
+  else
+    failed=1
+  fi
+  local row
+  row=$(printf '%s' "$out" | awk -v l="$label" '
+    /"max_prob_diff"/ {gsub(/[ ,]/,""); split($0,a,":"); if (a[2]>p) p=a[2]}
+    /"max_logit_diff"/ {gsub(/[ ,]/,""); split($0,a,":"); if (a[2]>g) g=a[2]}
+    /"holds"/ {h=$2}
+    END {printf "%-24s max|dP| %-10.2e max|dlogit| %-10.2e holds %s", l, p, g, h}')
+  [ -n "$out" ] || row="$label: $(head -c 300 "$WORK/parity.err")"
+  parity_rows+=("$row")
+  echo "$row"
+}
+for dir in tests/fixtures/models/{qwen2,qwen2-sharded,qwen3,llama31-tied,mistral,olmo3,qwen3_vl} \
+  tests/fixtures/score/models/*; do
+  parity "$(basename "$dir")" "$dir"
+done
+for family in tiny-qwen3 tiny-qwen2; do
+  parity "$family (pair)" --ref "assets/models/$family/ref" "assets/models/$family/vl"
+done
+
+# 2. A Qwen2.5-7B-shaped checkpoint (random bf16 weights, the fixtures' tokenizer).
+M="$WORK/qwen2.5-7b-shape"
+if [ ! -f "$M/config.json" ]; then
+  start=$(date +%s.%N)
+  "$SYNTH" "$M" --layers 28 --hidden 3584 --intermediate 18944 --heads 28 --kv-heads 4 \
+    --vocab 152064 --dtype bf16 --seed 0 >/dev/null || { echo "gpu_check: generator failed" >&2; exit 1; }
+  cp tests/fixtures/models/qwen2/tokenizer.json tests/fixtures/models/qwen2/tokenizer_config.json "$M/"
+  echo "generated $(du -sh "$M" | cut -f1) in $(echo "$(date +%s.%N) - $start" | bc) s"
+fi
+
+# 3. score: cold (caches dropped, if this machine lets us) and warm.
+timed_score() {  # timed_score LABEL: one run, appends "label wall json-fields" to results
+  local label=$1
+  local start end
+  start=$(date +%s.%N)
+  "$SM" score "$M" --prompts assets/prompts/default.txt --device "$DEVICE" --json >"$WORK/score.json" 2>"$WORK/score.err" \
+    || { echo "$label: $(head -c 300 "$WORK/score.err")"; failed=1; return; }
+  end=$(date +%s.%N)
+  local fields
+  fields=$(awk '
+    /"(init_s|load_s|compute_s|copy_back_s|score_s|peak_memory_bytes|sink_strength|n_tokens)"/ {
+      gsub(/[",]/,""); printf "%s=%s ", $1, $2 }' "$WORK/score.json")
+  echo "$label wall_s=$(echo "$end - $start" | bc) $fields" | tee -a "$WORK/results.txt"
+}
+: >"$WORK/results.txt"
+sync
+if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+  timed_score cold
+else
+  echo "cold: the page cache cannot be dropped here (not root, or a container); first run instead"
+  timed_score first
+fi
+for i in $(seq "$RUNS"); do timed_score "warm$i"; done
+
+# 4. The table.
+echo
+echo "== sinkmerge GPU check ($(date -u +%Y-%m-%dT%H:%MZ), $("$SM" --version)) =="
+printf '%s\n' "${parity_rows[@]}"
+echo
+echo "Qwen2.5-7B shapes, bf16 on disk, 15 default prompts; f32 on the GPU (TF32 off):"
+cat "$WORK/results.txt"
+warm=$(awk '$1 ~ /^warm/ {for (i=2;i<=NF;i++) if ($i ~ /^wall_s=/) {sub("wall_s=","",$i); print $i}}' "$WORK/results.txt" | sort -g)
+echo "warm wall median: $(echo "$warm" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}') s"
+exit $failed

@@ -1,0 +1,154 @@
+//! `sinkmerge parity`: the GPU scorer against the CPU scorer on the same models and token ids,
+//! for checking a GPU installation (and what `benches/gpu_check.sh` runs first).
+
+use serde::Serialize;
+
+use super::score::{tokenize, Device};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::report::Table;
+use crate::sink::backend::cuda::driver::Driver;
+use crate::sink::backend::cuda::{CudaBackend, Device as _};
+use crate::sink::model::DecoderSpec;
+use crate::sink::parity::{self, Parity, LOGITS_TOL, METRICS_TOL, PROBS_TOL};
+use crate::sink::prompts;
+use crate::{bad, bail};
+
+/// `sinkmerge parity --help`.
+pub const LONG_ABOUT: &str =
+    "Run each MODEL (and REF) through the GPU scorer and the CPU scorer on \
+the same token ids and compare: the largest difference of any attention probability and of any \
+logit of a full forward pass, and S (every layer as the window), with --ref also G_base, B_gap and \
+the margin. Tolerances (absolute): probabilities 1e-5, logits 1e-4, metrics 1e-4. Exits 0 when \
+every difference is within them and 1 when one is not.\n\n\
+Token ids: the 15 built-in prompts through the tokenizer (REF's for every model with --ref) when \
+every model has a tokenizer.json; otherwise four fixed pseudo-random prompts of 7, 16, 33 and 60 \
+tokens.";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Models to compare: directories, HF repo ids (`ORG/NAME[@rev]`) or aliases
+    #[arg(required = true, value_name = "MODEL")]
+    pub models: Vec<String>,
+
+    /// Reference LLM: also compare G_base, B_gap and the margin of each MODEL against it
+    #[arg(long = "ref", value_name = "REF")]
+    pub reference: Option<String>,
+
+    /// The GPU to check: `cuda` or `cuda:N`
+    #[arg(long, value_name = "DEVICE", default_value = "cuda")]
+    pub device: Device,
+
+    /// Print one JSON object: traces, metrics, holds
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    device: String,
+    tokens: &'static str,
+    #[serde(flatten)]
+    parity: &'a Parity,
+    holds: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let Device::Cuda(ordinal) = args.device else {
+        bail!("--device cpu: parity compares a GPU with the CPU; give --device cuda or cuda:N");
+    };
+    let mut refs: Vec<&str> = args.reference.iter().map(String::as_str).collect();
+    refs.extend(args.models.iter().map(String::as_str));
+    let ckpts: Vec<Checkpoint> = refs
+        .iter()
+        .map(|r| Checkpoint::open_ref(r))
+        .collect::<Result<_>>()?;
+    let (tokens, source) = if ckpts.iter().all(|c| c.dir.join("tokenizer.json").is_file()) {
+        let prompts = prompts::default_prompts();
+        let own = ckpts
+            .iter()
+            .map(|c| tokenize(c, &prompts, false))
+            .collect::<Result<Vec<_>>>()?;
+        let tokens = match args.reference {
+            Some(_) => vec![own[0].clone(); ckpts.len()],
+            None => own,
+        };
+        (tokens, "the 15 built-in prompts")
+    } else {
+        let vocab = ckpts
+            .iter()
+            .map(|c| {
+                DecoderSpec::from_model_config(&c.config)
+                    .map(|s| s.vocab_size)
+                    .map_err(|e| bad!("{}: {e}", c.dir.join("config.json").display()))
+            })
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1);
+        let ids = parity::synthetic_tokens(vocab.max(1));
+        (
+            vec![ids; ckpts.len()],
+            "four pseudo-random prompts of 7-60 tokens",
+        )
+    };
+    let backend = CudaBackend::new(Driver::open(ordinal)?);
+    let inputs: Vec<&Checkpoint> = ckpts.iter().collect();
+    let parity = parity::check(&backend, &inputs, &tokens, args.reference.is_some())?;
+    let holds = parity.holds();
+    let report = Report {
+        device: backend.device().describe(),
+        tokens: source,
+        parity: &parity,
+        holds,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::Write(format!("JSON report: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render_text(&report));
+    }
+    if !holds {
+        return Err(Error::Internal(format!(
+            "{}: GPU and CPU differ beyond the tolerances (probabilities {PROBS_TOL:e}, logits \
+             {LOGITS_TOL:e}, metrics {METRICS_TOL:e})",
+            report.device
+        )));
+    }
+    Ok(())
+}
+
+fn render_text(report: &Report) -> String {
+    let mut out = format!(
+        "{} against the CPU; tokens: {}\n\n",
+        report.device, report.tokens
+    );
+    let mut traces = Table::new(["model", "max |dP|", "max |dlogit|"]);
+    for t in &report.parity.traces {
+        traces.row([
+            t.model.clone(),
+            format!("{:.2e}", t.max_prob_diff),
+            format!("{:.2e}", t.max_logit_diff),
+        ]);
+    }
+    out.push_str(&traces.render());
+    let mut metrics = Table::new(["metric", "cpu", "gpu", "|diff|"]);
+    let show = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.6}"));
+    for m in &report.parity.metrics {
+        metrics.row([
+            m.metric.clone(),
+            show(m.cpu),
+            show(m.other),
+            format!("{:.2e}", m.diff()),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&metrics.render());
+    out.push_str(if report.holds {
+        "\nparity holds\n"
+    } else {
+        "\nparity FAILS\n"
+    });
+    out
+}
