@@ -8,6 +8,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use faer::MatRef;
 use sinkmerge::sink::backend::cpu::attend_head;
+use sinkmerge::sink::backend::Precision;
 use sinkmerge::sink::forward::HeadView;
 use sinkmerge::sink::metrics::{observe, ReferenceHead, SinkPosition};
 
@@ -49,6 +50,7 @@ fn kernel(c: &mut Criterion) {
             Some(view(&v)),
             scale,
             None,
+            Precision::F32,
             (0, 0),
             &|h: &HeadView| ReferenceHead::new(h, &observe(h, SinkPosition::Column)),
         );
@@ -62,6 +64,7 @@ fn kernel(c: &mut Criterion) {
                         Some(view(&v)),
                         scale,
                         None,
+                        Precision::F32,
                         (0, 0),
                         &|_| (),
                     )
@@ -77,6 +80,7 @@ fn kernel(c: &mut Criterion) {
                         Some(view(&v)),
                         scale,
                         None,
+                        Precision::F32,
                         (0, 0),
                         &|h| black_box(observe(h, SinkPosition::Column)),
                     )
@@ -92,6 +96,7 @@ fn kernel(c: &mut Criterion) {
                         Some(view(&v)),
                         scale,
                         None,
+                        Precision::F32,
                         (0, 0),
                         &|h| {
                             (

@@ -336,6 +336,30 @@ fn non_finite_weights_are_named() {
 }
 
 #[test]
+fn bf16_precision_is_reported_and_f32_reports_keep_their_keys() {
+    let model = fixture("qwen2");
+    let run = |extra: &[&str]| {
+        let mut args = vec![s(&model), "--json"];
+        args.extend_from_slice(extra);
+        let out = sinkmerge(&args, None);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    };
+    let f32 = run(&[]);
+    let bf16 = run(&["--precision", "bf16"]);
+    assert!(f32["settings"].get("precision").is_none());
+    assert_eq!(bf16["settings"]["precision"], "bf16");
+    let s_of = |v: &Value| v["models"][0]["sink_strength"].as_f64().unwrap();
+    assert_ne!(s_of(&f32), s_of(&bf16));
+    assert!((s_of(&f32) - s_of(&bf16)).abs() < 0.1);
+    fails_with(&[s(&model), "--precision", "fp8"], &["fp8"]);
+}
+
+#[test]
 fn cuda_device_errors_are_clear() {
     let model = fixture("qwen2");
     match sinkmerge::sink::backend::cuda::driver::missing_library() {

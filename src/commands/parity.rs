@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 use crate::report::Table;
 use crate::sink::backend::cuda::driver::Driver;
 use crate::sink::backend::cuda::{CudaBackend, Device as _};
+use crate::sink::backend::Precision;
 use crate::sink::model::DecoderSpec;
-use crate::sink::parity::{self, Parity, LOGITS_TOL, METRICS_TOL, PROBS_TOL};
+use crate::sink::parity::{self, Parity};
 use crate::sink::prompts;
 use crate::{bad, bail};
 
@@ -19,8 +20,9 @@ pub const LONG_ABOUT: &str =
     "Run each MODEL (and REF) through the GPU scorer and the CPU scorer on \
 the same token ids and compare: the largest difference of any attention probability and of any \
 logit of a full forward pass, and S (every layer as the window), with --ref also G_base, B_gap and \
-the margin. Tolerances (absolute): probabilities 1e-5, logits 1e-4, metrics 1e-4. Exits 0 when \
-every difference is within them and 1 when one is not.\n\n\
+the margin. Tolerances (absolute), f32: probabilities 1e-5, logits 1e-4, metrics 1e-4; bf16: \
+2^-8, 2^-4 and 0.02 (one bf16 step: a GEMM summed in another order may round the other way). \
+Exits 0 when every difference is within them and 1 when one is not.\n\n\
 Token ids: the 15 built-in prompts through the tokenizer (REF's for every model with --ref) when \
 every model has a tokenizer.json; otherwise four fixed pseudo-random prompts of 7, 16, 33 and 60 \
 tokens.";
@@ -38,6 +40,10 @@ pub struct Args {
     /// The GPU to check: `cuda` or `cuda:N`
     #[arg(long, value_name = "DEVICE", default_value = "cuda")]
     pub device: Device,
+
+    /// Arithmetic of both sides: f32, or transformers' bf16 path (bf16 tolerances apply)
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
 
     /// Print one JSON object: traces, metrics, holds
     #[arg(long)]
@@ -92,7 +98,7 @@ pub fn run(args: Args) -> Result<()> {
             "four pseudo-random prompts of 7-60 tokens",
         )
     };
-    let backend = CudaBackend::new(Driver::open(ordinal)?);
+    let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
     let inputs: Vec<&Checkpoint> = ckpts.iter().collect();
     let parity = parity::check(&backend, &inputs, &tokens, args.reference.is_some())?;
     let holds = parity.holds();
@@ -110,10 +116,11 @@ pub fn run(args: Args) -> Result<()> {
         print!("{}", render_text(&report));
     }
     if !holds {
+        let t = &parity.tolerances;
         return Err(Error::Internal(format!(
-            "{}: GPU and CPU differ beyond the tolerances (probabilities {PROBS_TOL:e}, logits \
-             {LOGITS_TOL:e}, metrics {METRICS_TOL:e})",
-            report.device
+            "{}: GPU and CPU differ beyond the {} tolerances (probabilities {:e}, logits {:e}, \
+             metrics {:e})",
+            report.device, parity.precision, t.probs, t.logits, t.metrics
         )));
     }
     Ok(())

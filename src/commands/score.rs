@@ -17,7 +17,7 @@ use crate::report::{fmt_num, Table};
 use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::backend::cuda::driver::{Driver, Timings};
 use crate::sink::backend::cuda::{CudaBackend, Device as _};
-use crate::sink::backend::Backend;
+use crate::sink::backend::{Backend, Precision};
 use crate::sink::metrics::{SinkPosition, Stat};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::{self, PromptSource};
@@ -70,8 +70,8 @@ impl Serialize for Device {
 struct GpuReport {
     /// The GPU's name and index.
     device: String,
-    /// Arithmetic of the GPU path: f32 weights and activations, f32 GEMMs with TF32 off.
-    precision: &'static str,
+    /// Arithmetic of the forward pass (f32 GEMMs with TF32 off in both).
+    precision: Precision,
     total_memory_bytes: usize,
     #[serde(flatten)]
     timings: Timings,
@@ -157,6 +157,13 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg")]
     pub heatmap: Option<PathBuf>,
 
+    /// Arithmetic of the forward pass: f32 (parity with transformers' f32 eager path), or bf16
+    /// (transformers' bf16 eager path, the paper's setting, Appendix B: bf16 weights and
+    /// activations, each GEMM, norm, product and residual add rounded to bf16, softmax in f32 on
+    /// the rounded scores, probabilities rounded). Metrics use the rounded scores
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
+
     /// Where to compute: `cpu`, or `cuda` / `cuda:N` for the NVIDIA GPU of index N (f32 weights
     /// and activations, TF32 off; needs libcuda, libnvrtc and libcublas at run time; weights
     /// stream through, so any model size fits)
@@ -174,6 +181,9 @@ struct ReportSettings {
     sink_position: SinkPosition,
     chat_template: bool,
     device: Device,
+    /// Only when it is not f32, so f32 reports keep their keys.
+    #[serde(skip_serializing_if = "Precision::is_f32")]
+    precision: Precision,
     reference: Option<String>,
 }
 
@@ -240,17 +250,23 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let show = progress && !args.json;
     let (scores, gpu) = match args.device {
         Device::Cpu => (
-            score_with_progress(&CpuBackend, &inputs, reference, settings, show)?,
+            score_with_progress(
+                &CpuBackend::new(args.precision),
+                &inputs,
+                reference,
+                settings,
+                show,
+            )?,
             None,
         ),
         Device::Cuda(ordinal) => {
-            let backend = CudaBackend::new(Driver::open(ordinal)?);
+            let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
             let started = Instant::now();
             let scores = score_with_progress(&backend, &inputs, reference, settings, show)?;
             let driver = backend.device();
             let gpu = GpuReport {
                 device: driver.describe(),
-                precision: "f32",
+                precision: args.precision,
                 total_memory_bytes: driver.total_memory()?,
                 timings: driver.timings(),
                 score_s: started.elapsed().as_secs_f64(),
@@ -269,6 +285,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             sink_position: args.sink_position,
             chat_template: args.chat_template,
             device: args.device,
+            precision: args.precision,
             reference: args.reference.clone(),
         },
         gpu,
@@ -324,7 +341,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
         stat: Stat::Median,
         sink_position: SinkPosition::Column,
     };
-    let scores = score_with_progress(&CpuBackend, &[input], None, settings, progress)?;
+    let scores = score_with_progress(&CpuBackend::default(), &[input], None, settings, progress)?;
     scores.models[0].sink_strength.ok_or_else(|| {
         bad!(
             "{}: no valid observation in the last 10 layers, so S is undefined",

@@ -269,11 +269,13 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             }
         }
         model.ckpt.release(stored);
+        let mut x = backend.upload(x)?;
+        backend.round(&mut x)?;
         Ok(State {
             model,
             backend,
             prompts: ranges,
-            x: backend.upload(x)?,
+            x,
             rows: total,
             ropes: Vec::new(),
         })
@@ -295,7 +297,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.backend.linear(input, self.rows, &w, out, inp)
     }
 
-    /// `input Wᵀ + b` (the bias only if `bias`).
+    /// `input Wᵀ + b` (the bias only if `bias`), rounded to the precision once, after the bias.
     fn project_bias(
         &self,
         input: &B::Tensor,
@@ -309,6 +311,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             let b = self.weight(&format!("{prefix}.bias"), &[out])?;
             self.backend.add_bias(&mut y, &b, out)?;
         }
+        self.backend.round(&mut y)?;
         Ok(y)
     }
 
@@ -358,14 +361,14 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             spec.head_dim,
         );
         let (qd, kd) = (nh * hd, nkv * hd);
-        let eps = spec.rms_norm_eps;
+        let (eps, style) = (spec.rms_norm_eps, spec.bf16_style);
         let p = Model::layer_prefix(layer);
 
         // Attention input: the normalized residual (pre-norm) or the residual itself (OLMo-2/3).
         let normed = match spec.norm_placement {
             NormPlacement::PreNorm => {
                 let w = self.weight(&format!("{p}.input_layernorm.weight"), &[hidden])?;
-                Some(be.rms_norm(&self.x, hidden, &w, eps)?)
+                Some(be.rms_norm(&self.x, hidden, &w, eps, style)?)
             }
             NormPlacement::PostNorm => None,
         };
@@ -406,12 +409,14 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             let bk = self.weight(&format!("{p}.self_attn.k_proj.bias"), &[kd])?;
             be.add_bias(&mut k, &bk, kd)?;
         }
+        be.round(&mut q)?;
+        be.round(&mut k)?;
         let qk_stats = match qk_stats {
             Some((m_q, m_k)) => {
                 let wq = self.weight(&format!("{p}.self_attn.q_norm.weight"), &[q_norm_len])?;
                 let wk = self.weight(&format!("{p}.self_attn.k_norm.weight"), &[k_norm_len])?;
-                be.rms_norm_rows(&mut q, q_norm_len, &wq, eps)?;
-                be.rms_norm_rows(&mut k, k_norm_len, &wk, eps)?;
+                be.rms_norm_rows(&mut q, q_norm_len, &wq, eps, style)?;
+                be.rms_norm_rows(&mut k, k_norm_len, &wk, eps, style)?;
                 let inf_norm = |w: &[f32]| w.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
                 Some(QkNormStats {
                     gamma_q_inf: inf_norm(&be.to_host(&wq)?),
@@ -440,8 +445,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .zip(&tables)
             .map(|(r, &t)| (r.clone(), &self.ropes[t].1))
             .collect();
-        be.rope(&mut q, qd, hd, &segments)?;
-        be.rope(&mut k, kd, hd, &segments)?;
+        be.rope(&mut q, qd, hd, &segments, style)?;
+        be.rope(&mut k, kd, hd, &segments, style)?;
 
         if !(be.all_finite(&q)? && be.all_finite(&k)?) {
             return Err(self.non_finite_error(layer, "query/key projections"));
@@ -467,7 +472,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         drop(ctx);
         if spec.norm_placement == NormPlacement::PostNorm {
             let w = self.weight(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
-            be.rms_norm_rows(&mut o, hidden, &w, eps)?;
+            be.rms_norm_rows(&mut o, hidden, &w, eps, style)?;
         }
         be.add_assign(&mut self.x, &o)?;
         self.check_finite(layer, "attention")?;
@@ -482,19 +487,19 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let be = self.backend;
         let spec = &self.model.spec;
         let hidden = spec.hidden_size;
-        let eps = spec.rms_norm_eps;
+        let (eps, style) = (spec.rms_norm_eps, spec.bf16_style);
         let p = Model::layer_prefix(layer);
         let mut y = match spec.norm_placement {
             NormPlacement::PreNorm => {
                 let w = self.weight(&format!("{p}.post_attention_layernorm.weight"), &[hidden])?;
-                let h = be.rms_norm(&self.x, hidden, &w, eps)?;
+                let h = be.rms_norm(&self.x, hidden, &w, eps, style)?;
                 self.feed_forward(layer, &h)?
             }
             NormPlacement::PostNorm => self.feed_forward(layer, &self.x)?,
         };
         if spec.norm_placement == NormPlacement::PostNorm {
             let w = self.weight(&format!("{p}.post_feedforward_layernorm.weight"), &[hidden])?;
-            be.rms_norm_rows(&mut y, hidden, &w, eps)?;
+            be.rms_norm_rows(&mut y, hidden, &w, eps, style)?;
         }
         be.add_assign(&mut self.x, &y)?;
         self.check_finite(layer, "MLP")
@@ -573,7 +578,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let be = self.backend;
         let hidden = self.model.spec.hidden_size;
         let e = moe.num_experts;
-        let logits = self.project(h, &format!("{p}.mlp.gate"), e, hidden)?;
+        let mut logits = self.project(h, &format!("{p}.mlp.gate"), e, hidden)?;
+        be.round(&mut logits)?;
         // Per token: the chosen experts and their weights.
         let routes: Vec<Vec<(usize, f32)>> = be
             .to_host(&logits)?
@@ -616,7 +622,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let spec = &model.spec;
         let hidden = spec.hidden_size;
         let w = self.weight("model.norm.weight", &[hidden])?;
-        let h = be.rms_norm(&self.x, hidden, &w, spec.rms_norm_eps)?;
+        let h = be.rms_norm(&self.x, hidden, &w, spec.rms_norm_eps, spec.bf16_style)?;
         let head = if !spec.tie_word_embeddings && model.has("lm_head.weight") {
             "lm_head.weight"
         } else if spec.tie_word_embeddings {
@@ -629,7 +635,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         };
         let rows = model.info(head)?.shape[0];
         let lm = self.weight(head, &[rows, hidden])?;
-        let logits = be.linear(&h, self.rows, &lm, rows, hidden)?;
+        let mut logits = be.linear(&h, self.rows, &lm, rows, hidden)?;
+        be.round(&mut logits)?;
         Ok(be.to_host(&logits)?.into_owned())
     }
 
@@ -708,7 +715,7 @@ pub struct Trace {
 
 /// [`trace_on`] the CPU.
 pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
-    trace_on(&CpuBackend, ckpt, prompts)
+    trace_on(&CpuBackend::default(), ckpt, prompts)
 }
 
 /// Run every layer (including the last MLP, final norm and LM head) on `backend` and keep every

@@ -6,19 +6,43 @@
 use serde::Serialize;
 
 use super::backend::cpu::CpuBackend;
-use super::backend::Backend;
+use super::backend::{Backend, Precision};
 use super::forward::{trace_on, Trace};
 use super::metrics::{SinkPosition, Stat};
 use super::score::{score, Input, Scores, Settings};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
-/// Attention probabilities: absolute.
-pub const PROBS_TOL: f64 = 1e-5;
-/// Logits: absolute.
-pub const LOGITS_TOL: f64 = 1e-4;
-/// S, G_base, B_gap and the margin: absolute.
-pub const METRICS_TOL: f64 = 1e-4;
+/// Absolute tolerances of a parity check.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Tolerances {
+    /// Attention probabilities.
+    pub probs: f64,
+    /// Logits.
+    pub logits: f64,
+    /// S, G_base, B_gap and the margin.
+    pub metrics: f64,
+}
+
+impl Tolerances {
+    /// f32: 1e-5, 1e-4, 1e-4. bf16: one bf16 step of a probability near 1 (2^-8) and of a logit
+    /// below 16 (2^-4), since a GEMM summed in another order can round the other way; 0.02 for
+    /// the metrics.
+    pub fn of(precision: Precision) -> Tolerances {
+        match precision {
+            Precision::F32 => Tolerances {
+                probs: 1e-5,
+                logits: 1e-4,
+                metrics: 1e-4,
+            },
+            Precision::Bf16 => Tolerances {
+                probs: 1.0 / 256.0,
+                logits: 1.0 / 16.0,
+                metrics: 0.02,
+            },
+        }
+    }
+}
 
 /// Largest differences of one model's forward pass.
 #[derive(Debug, Clone, Serialize)]
@@ -50,6 +74,8 @@ impl MetricParity {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Parity {
+    pub precision: Precision,
+    pub tolerances: Tolerances,
     pub traces: Vec<TraceParity>,
     pub metrics: Vec<MetricParity>,
 }
@@ -57,10 +83,11 @@ pub struct Parity {
 impl Parity {
     /// Whether every difference is within its tolerance.
     pub fn holds(&self) -> bool {
+        let t = &self.tolerances;
         self.traces
             .iter()
-            .all(|t| t.max_prob_diff <= PROBS_TOL && t.max_logit_diff <= LOGITS_TOL)
-            && self.metrics.iter().all(|m| m.diff() <= METRICS_TOL)
+            .all(|x| x.max_prob_diff <= t.probs && x.max_logit_diff <= t.logits)
+            && self.metrics.iter().all(|m| m.diff() <= t.metrics)
     }
 }
 
@@ -112,17 +139,18 @@ pub fn metric_diffs(cpu: &Scores, other: &Scores) -> Vec<MetricParity> {
 }
 
 /// Run `ckpts` (with `tokens[i]` for `ckpts[i]`; `ckpts[0]` is the reference when `with_ref`)
-/// on the CPU and on `backend`, and compare. Scores use every layer as the window.
+/// on the CPU and on `backend`, in the backend's precision, and compare. Scores use every layer as the window.
 pub fn check<B: Backend>(
     backend: &B,
     ckpts: &[&Checkpoint],
     tokens: &[Vec<Vec<u32>>],
     with_ref: bool,
 ) -> Result<Parity> {
+    let cpu_backend = CpuBackend::new(backend.precision());
     let mut traces = Vec::with_capacity(ckpts.len());
     for (ckpt, ids) in ckpts.iter().zip(tokens) {
         let (probs, logits) = trace_diff(
-            &trace_on(&CpuBackend, ckpt, ids)?,
+            &trace_on(&cpu_backend, ckpt, ids)?,
             &trace_on(backend, ckpt, ids)?,
         );
         traces.push(TraceParity {
@@ -146,9 +174,11 @@ pub fn check<B: Backend>(
         sink_position: SinkPosition::Column,
     };
     let reference = with_ref.then_some(0);
-    let cpu = score(&CpuBackend, &inputs, reference, settings, &|| {})?;
+    let cpu = score(&cpu_backend, &inputs, reference, settings, &|| {})?;
     let other = score(backend, &inputs, reference, settings, &|| {})?;
     Ok(Parity {
+        precision: backend.precision(),
+        tolerances: Tolerances::of(backend.precision()),
         traces,
         metrics: metric_diffs(&cpu, &other),
     })

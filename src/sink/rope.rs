@@ -217,6 +217,21 @@ impl RopeTable {
             hi[i] = b * cos[i] + a * sin[i];
         }
     }
+
+    /// [`RopeTable::apply`] in bf16 as transformers computes `q * cos + rotate_half(q) * sin`:
+    /// cos and sin rounded to bf16, each product and each sum rounded.
+    #[inline]
+    pub fn apply_bf16(&self, x: &mut [f32], t: usize) {
+        let r = |v| crate::sink::backend::Precision::Bf16.round(v);
+        let h = self.half;
+        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
+        let (lo, hi) = x.split_at_mut(h);
+        for i in 0..h {
+            let (a, b, c, s) = (lo[i], hi[i], r(cos[i]), r(sin[i]));
+            lo[i] = r(r(a * c) - r(b * s));
+            hi[i] = r(r(b * c) + r(a * s));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-use super::{Attended, AttentionShape, Backend, Visitor};
+use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
 use crate::sink::forward::{first_key, HeadView, Model};
 use crate::sink::rope::RopeTable;
@@ -92,6 +92,23 @@ pub fn rms_norm_rows(x: &mut [f32], width: usize, weight: &[f32], eps: f32) {
         .for_each(|row| rms_norm_in_place(row, weight, eps));
 }
 
+/// RMSNorm of bf16 rows as transformers' bf16 path computes it: `h = x * rsqrt(mean(x²) + eps)`
+/// in f32, then `R(w · R(h))` (Llama style) or `R(w · h)` (OLMo style).
+fn rms_norm_rows_bf16(x: &mut [f32], width: usize, weight: &[f32], eps: f32, style: Bf16Style) {
+    let round = |v| Precision::Bf16.round(v);
+    x.par_chunks_mut(width).for_each(|row| {
+        let mean = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / width as f64;
+        let inv = 1.0f32 / ((mean as f32) + eps).sqrt();
+        for (v, &w) in row.iter_mut().zip(weight) {
+            let h = *v * inv;
+            *v = match style {
+                Bf16Style::Llama => round(w * round(h)),
+                Bf16Style::Olmo => round(w * h),
+            };
+        }
+    });
+}
+
 /// A normalized copy of `x` (rows of `width`).
 pub fn rms_norm(x: &[f32], width: usize, weight: &[f32], eps: f32) -> Vec<f32> {
     let mut y = x.to_vec();
@@ -139,27 +156,40 @@ fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32>
 
 /// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
 /// the masked softmax, the visitor, and the head's context `P v` (`[len, head_dim]`, row-major;
-/// empty without `v`). `at` is (prompt, head) for the visitor.
+/// empty without `v`), in `precision` (see [`Precision`]). `at` is (prompt, head) for the
+/// visitor.
+#[allow(clippy::too_many_arguments)]
 pub fn attend_head<R>(
     q: MatRef<'_, f32>,
     k: MatRef<'_, f32>,
     v: Option<MatRef<'_, f32>>,
     scale: f32,
     window: Option<usize>,
+    precision: Precision,
     at: (usize, usize),
     visit: &Visitor<R>,
 ) -> (R, Vec<f32>) {
     let (len, hd) = (q.nrows(), q.ncols());
     let mut scores = vec![0f32; len * len];
+    let bf16 = !precision.is_f32();
     matmul(
         MatMut::from_row_major_slice_mut(&mut scores, len, len),
         Accum::Replace,
         q,
         k.transpose(),
-        scale,
+        if bf16 { 1.0 } else { scale },
         Par::Seq,
     );
-    let probs = softmax_causal(&scores, len, window);
+    if bf16 {
+        // torch: `matmul(q, kᵀ) * scaling`, each result rounded.
+        for s in &mut scores {
+            *s = precision.round(precision.round(*s) * scale);
+        }
+    }
+    let mut probs = softmax_causal(&scores, len, window);
+    if bf16 {
+        probs.iter_mut().for_each(|p| *p = precision.round(*p));
+    }
     let out = visit(&HeadView {
         prompt: at.0,
         head: at.1,
@@ -180,6 +210,9 @@ pub fn attend_head<R>(
         1.0f32,
         Par::Seq,
     );
+    if bf16 {
+        ctx.iter_mut().for_each(|c| *c = precision.round(*c));
+    }
     (out, ctx)
 }
 
@@ -195,9 +228,29 @@ fn head_view(
     MatRef::from_row_major_slice_with_stride(&buf[off * width + col..], len, hd, width)
 }
 
-/// The CPU backend (see the module docs).
+/// The CPU backend (see the module docs), in f32 by default.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    precision: Precision,
+}
+
+impl CpuBackend {
+    pub fn new(precision: Precision) -> CpuBackend {
+        CpuBackend { precision }
+    }
+
+    fn bf16(&self) -> bool {
+        !self.precision.is_f32()
+    }
+
+    /// Round in place where the precision asks for it.
+    fn round_all(&self, x: &mut [f32]) {
+        if self.bf16() {
+            let p = self.precision;
+            x.par_iter_mut().for_each(|v| *v = p.round(*v));
+        }
+    }
+}
 
 impl Backend for CpuBackend {
     type Tensor = Vec<f32>;
@@ -206,12 +259,23 @@ impl Backend for CpuBackend {
         "cpu".into()
     }
 
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn round(&self, x: &mut Vec<f32>) -> Result<()> {
+        self.round_all(x);
+        Ok(())
+    }
+
     fn upload(&self, host: Vec<f32>) -> Result<Vec<f32>> {
         Ok(host)
     }
 
     fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        model.tensor(name, shape)
+        let mut w = model.tensor(name, shape)?;
+        self.round_all(&mut w);
+        Ok(w)
     }
 
     fn linear(
@@ -231,17 +295,42 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn rms_norm_rows(&self, x: &mut Vec<f32>, width: usize, w: &Vec<f32>, eps: f32) -> Result<()> {
-        rms_norm_rows(x, width, w, eps);
+    fn rms_norm_rows(
+        &self,
+        x: &mut Vec<f32>,
+        width: usize,
+        w: &Vec<f32>,
+        eps: f32,
+        style: Bf16Style,
+    ) -> Result<()> {
+        if self.bf16() {
+            rms_norm_rows_bf16(x, width, w, eps, style);
+        } else {
+            rms_norm_rows(x, width, w, eps);
+        }
         Ok(())
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, width: usize, w: &Vec<f32>, eps: f32) -> Result<Vec<f32>> {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        width: usize,
+        w: &Vec<f32>,
+        eps: f32,
+        style: Bf16Style,
+    ) -> Result<Vec<f32>> {
+        if self.bf16() {
+            let mut y = x.clone();
+            rms_norm_rows_bf16(&mut y, width, w, eps, style);
+            return Ok(y);
+        }
         Ok(rms_norm(x, width, w, eps))
     }
 
     fn clamp(&self, x: &mut Vec<f32>, c: f32) -> Result<()> {
-        x.par_iter_mut().for_each(|v| *v = v.clamp(-c, c));
+        // In bf16 the bound itself is rounded when it is written.
+        let p = self.precision;
+        x.par_iter_mut().for_each(|v| *v = p.round(v.clamp(-c, c)));
         Ok(())
     }
 
@@ -251,12 +340,23 @@ impl Backend for CpuBackend {
         width: usize,
         head_dim: usize,
         segments: &[(Range<usize>, &RopeTable)],
+        style: Bf16Style,
     ) -> Result<()> {
+        let p = self.precision;
         for (rows, table) in segments {
             x[rows.start * width..rows.end * width]
                 .par_chunks_mut(width)
                 .enumerate()
-                .for_each(|(t, row)| row.chunks_mut(head_dim).for_each(|h| table.apply(h, t)));
+                .for_each(|(t, row)| {
+                    row.chunks_mut(head_dim).for_each(|h| match (p, style) {
+                        (Precision::F32, _) => table.apply(h, t),
+                        (Precision::Bf16, Bf16Style::Llama) => table.apply_bf16(h, t),
+                        (Precision::Bf16, Bf16Style::Olmo) => {
+                            table.apply(h, t);
+                            h.iter_mut().for_each(|v| *v = p.round(*v));
+                        }
+                    })
+                });
         }
         Ok(())
     }
@@ -288,6 +388,7 @@ impl Backend for CpuBackend {
                     v.map(|v| view(v, kd, g)),
                     shape.scale,
                     shape.window,
+                    self.precision,
                     (pi, h),
                     visit,
                 )
@@ -317,12 +418,20 @@ impl Backend for CpuBackend {
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<()> {
-        silu_mul(gate, up);
+        if !self.bf16() {
+            silu_mul(gate, up);
+            return Ok(());
+        }
+        let p = self.precision;
+        gate.par_iter_mut()
+            .zip(up.par_iter())
+            .for_each(|(g, &u)| *g = p.round(p.round(silu(*g)) * u));
         Ok(())
     }
 
     fn add_assign(&self, a: &mut Vec<f32>, b: &Vec<f32>) -> Result<()> {
         add_assign(a, b);
+        self.round_all(a);
         Ok(())
     }
 
@@ -368,10 +477,20 @@ impl Backend for CpuBackend {
         index: &[u32],
         weight: &[f32],
     ) -> Result<()> {
+        let p = self.precision;
         for ((&t, &w), row) in index.iter().zip(weight).zip(y.chunks_exact(width)) {
             let t = t as usize;
-            for (o, &v) in out[t * width..(t + 1) * width].iter_mut().zip(row) {
-                *o += v * w;
+            let out = &mut out[t * width..(t + 1) * width];
+            if p.is_f32() {
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o += v * w;
+                }
+            } else {
+                // torch: `expert(x) * weight.to(bf16)`, then `index_add_` into bf16.
+                let w = p.round(w);
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o = p.round(*o + p.round(v * w));
+                }
             }
         }
         Ok(())
@@ -412,6 +531,45 @@ mod tests {
                 assert_eq!(v == 0.0, k > q || k + 2 <= q, "q {q} k {k}");
             }
         }
+    }
+
+    #[test]
+    fn bf16_mode_stores_every_result_in_bf16() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen3");
+        let ckpt = crate::checkpoint::Checkpoint::open_dir(&dir, "qwen3").unwrap();
+        let prompts = vec![vec![1u32, 5, 9, 2, 7, 3, 8], vec![4, 4, 6]];
+        let bf16 =
+            crate::sink::forward::trace_on(&CpuBackend::new(Precision::Bf16), &ckpt, &prompts)
+                .unwrap();
+        let f32 = crate::sink::forward::trace(&ckpt, &prompts).unwrap();
+        let exact = |v: &f32| Precision::Bf16.round(*v) == *v;
+        for layer in &bf16.attentions {
+            assert!(
+                layer.iter().flatten().all(exact),
+                "probabilities are bf16 values"
+            );
+        }
+        assert!(
+            bf16.logits.iter().flatten().all(exact),
+            "logits are bf16 values"
+        );
+        let (dp, dl) = crate::sink::parity::trace_diff(&f32, &bf16);
+        // bf16 moves the numbers by about its resolution, no more.
+        assert!(dp > 0.0 && dp < 0.05, "{dp}");
+        assert!(dl > 0.0 && dl < 0.5, "{dl}");
+    }
+
+    #[test]
+    fn bf16_rounding_is_torchs() {
+        // Round to nearest even on the 16th bit; NaN stays NaN; overflow goes to infinity.
+        let r = |x: f32| Precision::Bf16.round(x);
+        assert_eq!(r(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(r(1.0 + 3.0 / 256.0), 1.0 + 4.0 / 256.0);
+        assert_eq!(r(1.0 + 1.0 / 256.0 + 1e-6), 1.0 + 2.0 / 256.0);
+        assert!(r(f32::NAN).is_nan());
+        assert_eq!(r(f32::MAX), f32::INFINITY);
+        assert_eq!(Precision::F32.round(0.1), 0.1);
     }
 
     #[test]

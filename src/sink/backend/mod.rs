@@ -19,6 +19,61 @@ use crate::error::Result;
 pub mod cpu;
 pub mod cuda;
 
+/// The arithmetic of a forward pass (`--precision`), defined once for every backend.
+///
+/// - `F32`: f32 weights and activations, f32 accumulation (the default; transformers' f32 eager
+///   path, the parity mode).
+/// - `Bf16`: transformers' bf16 eager path (`docs/reference/forward.md` §6): weights and
+///   activations rounded to bf16; every GEMM accumulates in f32 and rounds its output (after the
+///   bias, as a fused epilogue does); RMSNorm computes in f32, rounds, then multiplies by the
+///   weight and rounds; RoPE, SiLU, products and residual adds round each result; attention
+///   scores round after `q kᵀ` and again after the scaling; softmax runs in f32 on the rounded
+///   scores and its probabilities are rounded; MoE routing runs in f32 and its weights are
+///   rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    /// `x` as this precision stores it (bf16: round to nearest even, as torch).
+    #[inline]
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::F32 => x,
+            Precision::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    pub fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Where transformers' bf16 path rounds inside RMSNorm and RoPE, which differs by architecture
+/// (`docs/reference/forward.md`, "The bf16 path"). Nothing changes in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bf16Style {
+    /// Qwen, Llama, Mistral, OLMoE: RMSNorm `R(w · R(h))`; RoPE with bf16 cos/sin and every
+    /// product and sum rounded, `R(R(q c) + R(rot(q) s))`.
+    Llama,
+    /// OLMo-2, Olmo-3: RMSNorm `R(w · h)`; RoPE in f32 on f32 cos/sin, rounded once.
+    Olmo,
+}
+
 /// The layout of one layer's attention: which rows belong to which prompt, and the heads.
 pub struct AttentionShape<'a> {
     /// Row range of each prompt in the packed `[tokens, ·]` matrices.
@@ -58,13 +113,20 @@ pub trait Backend: Sync {
     /// "cpu", or the GPU's name and index, for reports.
     fn describe(&self) -> String;
 
+    /// The arithmetic every operation follows.
+    fn precision(&self) -> Precision;
+
+    /// Round every value to [`Backend::precision`] (nothing to do in f32).
+    fn round(&self, x: &mut Self::Tensor) -> Result<()>;
+
     /// A host matrix moved to the backend.
     fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor>;
 
     /// Weight `name` of `model` (Hugging Face standard name) of the expected `shape`, as f32.
     fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor>;
 
-    /// `x Wᵀ`: `x` is `[rows, in_features]`, `w` is `[out_features, in_features]` as stored.
+    /// `x Wᵀ` with f32 accumulation, not rounded (the recipe rounds after any bias): `x` is
+    /// `[rows, in_features]`, `w` is `[out_features, in_features]` as stored.
     fn linear(
         &self,
         x: &Self::Tensor,
@@ -74,17 +136,19 @@ pub trait Backend: Sync {
         in_features: usize,
     ) -> Result<Self::Tensor>;
 
-    /// `y[r, :] += b` for every row (`b` has `width` values).
+    /// `y[r, :] += b` for every row (`b` has `width` values), not rounded.
     fn add_bias(&self, y: &mut Self::Tensor, b: &Self::Tensor, width: usize) -> Result<()>;
 
     /// RMSNorm of every `width`-wide row, in place (transformers' f32 path: the mean of squares
-    /// accumulated in f64 and rounded once, `w * (x * rsqrt(mean + eps))`).
+    /// accumulated in f64 and rounded once, `w * (x * rsqrt(mean + eps))`; in bf16, rounded as
+    /// `style` says).
     fn rms_norm_rows(
         &self,
         x: &mut Self::Tensor,
         width: usize,
         w: &Self::Tensor,
         eps: f32,
+        style: Bf16Style,
     ) -> Result<()>;
 
     /// A normalized copy of `x` (rows of `width`).
@@ -94,19 +158,22 @@ pub trait Backend: Sync {
         width: usize,
         w: &Self::Tensor,
         eps: f32,
+        style: Bf16Style,
     ) -> Result<Self::Tensor>;
 
     /// Clamp every value to `[-c, c]`.
     fn clamp(&self, x: &mut Self::Tensor, c: f32) -> Result<()>;
 
     /// Rotate every `head_dim`-wide head of every row in place; row `segment.0.start + t` is at
-    /// position `t` of its prompt and uses that prompt's table.
+    /// position `t` of its prompt and uses that prompt's table (in bf16, rounded as `style`
+    /// says).
     fn rope(
         &self,
         x: &mut Self::Tensor,
         width: usize,
         head_dim: usize,
         segments: &[(Range<usize>, &RopeTable)],
+        style: Bf16Style,
     ) -> Result<()>;
 
     /// Scores `q kᵀ · scale` of every prompt and head, the masked softmax, `visit` on each

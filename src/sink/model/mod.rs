@@ -23,6 +23,7 @@ use crate::arch::config::{LayerType, Rope, TextConfig};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
+use crate::sink::backend::Bf16Style;
 
 /// One supported architecture: the `model_type` it answers to and how it reads its config.
 pub struct Architecture {
@@ -106,6 +107,8 @@ pub struct DecoderSpec {
     /// Clamp q, k, v to `[-c, c]` after the QK norm (OLMoE).
     pub clip_qkv: Option<f32>,
     pub moe: Option<MoeSpec>,
+    /// Where the bf16 path rounds inside RMSNorm and RoPE.
+    pub bf16_style: Bf16Style,
     pub layers: Vec<LayerSpec>,
 }
 
@@ -142,6 +145,7 @@ impl DecoderSpec {
             qk_norm: QkNorm::None,
             clip_qkv: None,
             moe: None,
+            bf16_style: Bf16Style::Llama,
             layers,
         }
     }

@@ -8,6 +8,7 @@ use super::{Architecture, DecoderSpec, NormPlacement};
 use crate::arch::config::TextConfig;
 use crate::arch::QkNorm;
 use crate::error::Result;
+use crate::sink::backend::Bf16Style;
 
 pub const ARCH: Architecture = Architecture {
     model_type: "olmo2",
@@ -18,6 +19,7 @@ pub const ARCH: Architecture = Architecture {
 fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
     Ok(DecoderSpec {
         norm_placement: NormPlacement::PostNorm,
+        bf16_style: Bf16Style::Olmo,
         qk_norm: QkNorm::Layerwise,
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,

@@ -10,6 +10,7 @@ use crate::error::Result;
 /// The kernels of `kernels.cu`, by entry-point name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
+    RoundBf16,
     WidenBf16,
     WidenF16,
     RmsNormRows,
@@ -25,7 +26,8 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 13] = [
+        Kernel::RoundBf16,
         Kernel::WidenBf16,
         Kernel::WidenF16,
         Kernel::RmsNormRows,
@@ -43,6 +45,7 @@ impl Kernel {
     /// The `extern "C"` name in `kernels.cu`.
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::RoundBf16 => "round_values_bf16",
             Kernel::WidenBf16 => "widen_bf16",
             Kernel::WidenF16 => "widen_f16",
             Kernel::RmsNormRows => "rms_norm_rows",

@@ -509,6 +509,7 @@ mod tests {
     use super::*;
     use crate::sink::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
     use crate::sink::backend::cuda::CudaBackend;
+    use crate::sink::backend::Precision;
 
     /// Spill lines of `--ptxas-options=-v`: "N bytes spill stores, M bytes spill loads".
     fn spills(log: &str) -> Vec<String> {
@@ -564,7 +565,8 @@ mod tests {
     }
 
     fn gpu() -> CudaBackend<Driver> {
-        CudaBackend::new(Driver::open(0).unwrap_or_else(|e| panic!("no GPU for this test: {e}")))
+        let driver = Driver::open(0).unwrap_or_else(|e| panic!("no GPU for this test: {e}"));
+        CudaBackend::new(driver, Precision::F32)
     }
 
     #[test]

@@ -27,6 +27,7 @@ macro_rules! host_entries {
 }
 
 host_entries! {
+    RoundBf16 => sinkmerge_host_round_values_bf16,
     WidenBf16 => sinkmerge_host_widen_bf16,
     WidenF16 => sinkmerge_host_widen_f16,
     RmsNormRows => sinkmerge_host_rms_norm_rows,
@@ -194,19 +195,30 @@ mod tests {
         bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
     };
     use crate::sink::backend::cuda::CudaBackend;
+    use crate::sink::backend::Precision;
     use crate::sink::forward::{trace, trace_on};
-    use crate::sink::parity::{self, LOGITS_TOL, PROBS_TOL};
+    use crate::sink::parity::{self, Tolerances};
 
     #[test]
     fn gpu_code_path_matches_the_cpu_on_every_architecture_fixture() {
-        let gpu = CudaBackend::new(HostDevice::default());
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         every_fixture_matches(&gpu);
         assert!(gpu.device().gemm_calls.load(Ordering::Relaxed) > 0);
     }
 
     #[test]
     fn gpu_code_path_matches_the_cpu_on_the_bundled_pairs() {
-        bundled_pairs_match(&CudaBackend::new(HostDevice::default()));
+        bundled_pairs_match(&CudaBackend::new(HostDevice::default(), Precision::F32));
+    }
+
+    #[test]
+    fn gpu_code_path_matches_the_cpu_in_bf16_on_every_architecture_fixture() {
+        every_fixture_matches(&CudaBackend::new(HostDevice::default(), Precision::Bf16));
+    }
+
+    #[test]
+    fn gpu_code_path_matches_the_cpu_in_bf16_on_the_bundled_pairs() {
+        bundled_pairs_match(&CudaBackend::new(HostDevice::default(), Precision::Bf16));
     }
 
     /// A device layer that hands cuBLAS the weight untransposed: the mistake the stand-in must
@@ -262,7 +274,7 @@ mod tests {
         let cpu = trace(&ckpt, &prompts).unwrap();
         // Square projections (q, o) run with wrong numbers; the others fail cuBLAS's checks.
         match trace_on(
-            &CudaBackend::new(TransposedWeight(HostDevice::default())),
+            &CudaBackend::new(TransposedWeight(HostDevice::default()), Precision::F32),
             &ckpt,
             &prompts,
         ) {
@@ -275,7 +287,8 @@ mod tests {
             }
             Ok(bad) => {
                 let (probs, logits) = parity::trace_diff(&cpu, &bad);
-                assert!(probs > PROBS_TOL || logits > LOGITS_TOL, "{probs} {logits}");
+                let tol = Tolerances::of(Precision::F32);
+                assert!(probs > tol.probs || logits > tol.logits, "{probs} {logits}");
             }
         }
         // A square GEMM with A untransposed passes every check and gives the wrong product.
@@ -317,11 +330,11 @@ mod tests {
 
     #[test]
     fn non_finite_activations_are_found_on_both_backends() {
-        let gpu = CudaBackend::new(HostDevice::default());
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         let dir = root().join("tests/fixtures/nonfinite");
         let ckpt = open(&dir);
         let prompts = vec![vec![1u32, 2, 3, 4]];
-        let cpu = trace_on(&CpuBackend, &ckpt, &prompts)
+        let cpu = trace_on(&CpuBackend::default(), &ckpt, &prompts)
             .err()
             .map(|e| e.to_string());
         let other = trace_on(&gpu, &ckpt, &prompts).err().map(|e| e.to_string());

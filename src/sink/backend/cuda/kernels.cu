@@ -17,6 +17,23 @@ __device__ static inline bool finite_bits(float v) {
     return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
 }
 
+// f32 -> bf16 -> f32, round to nearest even; NaN stays NaN (quiet), as torch and the `half` crate.
+__device__ static inline float round_bf16(float v) {
+    unsigned int u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float(((u >> 16) | 0x40u) << 16);
+    unsigned int lsb = (u >> 16) & 1u;
+    return __uint_as_float((u + 0x7fffu + lsb) & 0xffff0000u);
+}
+
+// With `bf16`, a result as transformers' bf16 path stores it.
+__device__ static inline float store(float v, int bf16) { return bf16 ? round_bf16(v) : v; }
+
+KERNEL void round_values_bf16(float* x, long long n) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    x[i] = round_bf16(x[i]);
+}
+
 // bf16 -> f32 is exact: the bf16 bits are the high half of the f32's.
 KERNEL void widen_bf16(float* out, const unsigned short* in, long long n) {
     long long i = SINKMERGE_INDEX;
@@ -52,9 +69,11 @@ KERNEL void widen_f16(float* out, const unsigned short* in, long long n) {
 }
 
 // RMSNorm of each row: the mean of squares in f64, rounded once to f32, then
-// w * (x * (1 / sqrt(mean + eps))), as transformers' f32 path and the CPU backend.
+// w * (x * (1 / sqrt(mean + eps))), as transformers' f32 path and the CPU backend. bf16 mode 1
+// (Llama style) rounds the normalized value before the weight multiplies it and the product
+// after; mode 2 (OLMo style) rounds the product only.
 KERNEL void rms_norm_rows(float* y, const float* x, const float* w, long long rows,
-                                         int width, float eps) {
+                                         int width, float eps, int bf16) {
     long long r = SINKMERGE_INDEX;
     if (r >= rows) return;
     const float* row = x + r * width;
@@ -66,7 +85,7 @@ KERNEL void rms_norm_rows(float* y, const float* x, const float* w, long long ro
     float mean = (float)(sum / (double)width);
     float inv = 1.0f / sqrtf(mean + eps);
     float* out = y + r * width;
-    for (int j = 0; j < width; j++) out[j] = w[j] * (row[j] * inv);
+    for (int j = 0; j < width; j++) out[j] = store(w[j] * store(row[j] * inv, bf16 == 1), bf16);
 }
 
 KERNEL void add_bias(float* y, const float* b, long long n, int width) {
@@ -76,17 +95,19 @@ KERNEL void add_bias(float* y, const float* b, long long n, int width) {
 }
 
 // Clamp to [-c, c]; NaN stays NaN, as Rust's f32::clamp.
-KERNEL void clamp_values(float* x, long long n, float c) {
+KERNEL void clamp_values(float* x, long long n, float c, int bf16) {
     long long i = SINKMERGE_INDEX;
     if (i >= n) return;
     float v = x[i];
-    x[i] = v < -c ? -c : (v > c ? c : v);
+    x[i] = store(v < -c ? -c : (v > c ? c : v), bf16);
 }
 
 // Rotate-half RoPE. `cos`/`sin` hold `half` values per row (the host's tables, so the angles are
-// the CPU's). One thread per (row, head, i < half).
+// the CPU's). One thread per (row, head, i < half). bf16 mode 1 (Llama style) computes
+// `q * cos + rotate_half(q) * sin` in bf16: cos and sin rounded, each product and sum rounded;
+// mode 2 (OLMo style) computes it in f32 and rounds the result.
 KERNEL void rope(float* x, const float* cos_t, const float* sin_t, long long rows,
-                                int width, int head_dim) {
+                                int width, int head_dim, int bf16) {
     long long t = SINKMERGE_INDEX;
     int half = head_dim / 2;
     int heads = width / head_dim;
@@ -96,12 +117,13 @@ KERNEL void rope(float* x, const float* cos_t, const float* sin_t, long long row
     int head = (int)(rh % heads);
     long long r = rh / heads;
     float* lo = x + r * width + (long long)head * head_dim;
-    float c = cos_t[r * half + i];
-    float s = sin_t[r * half + i];
+    int each = bf16 == 1;
+    float c = store(cos_t[r * half + i], each);
+    float s = store(sin_t[r * half + i], each);
     float a = lo[i];
     float b = lo[i + half];
-    lo[i] = a * c - b * s;
-    lo[i + half] = b * c + a * s;
+    lo[i] = store(store(a * c, each) - store(b * s, each), bf16);
+    lo[i + half] = store(store(b * c, each) + store(a * s, each), bf16);
 }
 
 // Exact eager attention, one thread per (row, head) of a group of whole prompts.
@@ -111,13 +133,15 @@ KERNEL void rope(float* x, const float* cos_t, const float* sin_t, long long row
 // prompt_offset[p] in `scores` and `probs`. row_prompt[r] is the prompt of the group's row r
 // (global row row_begin + r). Scores are q kᵀ · scale over every key (as the CPU's GEMM); the
 // softmax covers the keys the query sees (causal, and `window` keys when window > 0), and the
-// probabilities of the others are exactly 0. With has_v, ctx[row, head] = P v.
+// probabilities of the others are exactly 0. With has_v, ctx[row, head] = P v. With bf16, as
+// torch's bf16 eager attention: q kᵀ rounded, times the scale rounded, softmax in f32 rounded,
+// P v rounded.
 KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
                                      const float* k, const float* v, const int* row_prompt,
                                      const long long* prompt_start, const long long* prompt_len,
                                      const long long* prompt_offset, long long row_begin,
                                      long long rows, int heads, int kv_heads, int head_dim,
-                                     int window, float scale, int has_v) {
+                                     int window, float scale, int has_v, int bf16) {
     long long t = SINKMERGE_INDEX;
     if (t >= rows * heads) return;
     int h = (int)(t % heads);
@@ -138,7 +162,7 @@ KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
         const float* krow = k + (start + key) * kd + (long long)g * head_dim;
         float dot = 0.0f;
         for (int d = 0; d < head_dim; d++) dot += qrow[d] * krow[d];
-        srow[key] = dot * scale;
+        srow[key] = bf16 ? round_bf16(round_bf16(dot) * scale) : dot * scale;
     }
     long long lo = 0;
     if (window > 0 && qi + 1 > window) lo = qi + 1 - window;
@@ -153,29 +177,29 @@ KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
         }
         prow[key] = e;
     }
-    for (long long key = lo; key <= qi; key++) prow[key] = prow[key] / sum;
+    for (long long key = lo; key <= qi; key++) prow[key] = store(prow[key] / sum, bf16);
     if (!has_v) return;
     float* crow = ctx + row * qd + (long long)h * head_dim;
     for (int d = 0; d < head_dim; d++) {
         float acc = 0.0f;
         for (long long key = lo; key <= qi; key++)
             acc += prow[key] * v[(start + key) * kd + (long long)g * head_dim + d];
-        crow[d] = acc;
+        crow[d] = store(acc, bf16);
     }
 }
 
-// gate = silu(gate) * up, silu(x) = x / (1 + exp(-x)).
-KERNEL void silu_mul(float* gate, const float* up, long long n) {
+// gate = silu(gate) * up, silu(x) = x / (1 + exp(-x)); with bf16 each result rounded.
+KERNEL void silu_mul(float* gate, const float* up, long long n, int bf16) {
     long long i = SINKMERGE_INDEX;
     if (i >= n) return;
     float x = gate[i];
-    gate[i] = (x / (1.0f + expf(-x))) * up[i];
+    gate[i] = store(store(x / (1.0f + expf(-x)), bf16) * up[i], bf16);
 }
 
-KERNEL void add_assign(float* a, const float* b, long long n) {
+KERNEL void add_assign(float* a, const float* b, long long n, int bf16) {
     long long i = SINKMERGE_INDEX;
     if (i >= n) return;
-    a[i] += b[i];
+    a[i] = store(a[i] + b[i], bf16);
 }
 
 // flag[0] = 1 if any value is NaN or Inf (every writer writes the same value).
@@ -196,11 +220,18 @@ KERNEL void gather_rows(float* out, const float* x, const int* index, long long 
 }
 
 // out[index[i], j] += y[i, j] * weight[i] for i = 0, 1, ... in order: one thread per column j, so
-// tokens routed twice never race and sums follow the CPU's order.
+// tokens routed twice never race and sums follow the CPU's order. With bf16, as torch's
+// `index_add_` of `expert(x) * weight.to(bf16)` into a bf16 buffer.
 KERNEL void scatter_add_rows(float* out, const float* y, const int* index,
-                                            const float* weight, long long rows, int width) {
+                                            const float* weight, long long rows, int width,
+                                            int bf16) {
     long long j = SINKMERGE_INDEX;
     if (j >= width) return;
-    for (long long i = 0; i < rows; i++)
-        out[(long long)index[i] * width + j] += y[i * width + j] * weight[i];
+    for (long long i = 0; i < rows; i++) {
+        float* o = out + (long long)index[i] * width + j;
+        if (bf16)
+            *o = round_bf16(*o + round_bf16(y[i * width + j] * round_bf16(weight[i])));
+        else
+            *o += y[i * width + j] * weight[i];
+    }
 }

@@ -5,7 +5,10 @@
 //! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
 //!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
 //!   size streams through.
-//! - Activations stay in f32; GEMMs accumulate in f32 with TF32 off (parity mode).
+//! - Activations are f32; GEMMs accumulate in f32 with TF32 off. In bf16 mode the same
+//!   kernels round where transformers' bf16 path rounds ([`Precision`]); the GEMMs then run in
+//!   f32 on bf16 values, which is exact for the products and differs from a bf16 tensor-core
+//!   GEMM only in accumulation order.
 //! - Embedding rows are gathered on the host (the recipe does), so the embedding matrix never
 //!   reaches the device.
 //! - Attention runs one thread per (token, head) over all prompts of a layer at once, in groups
@@ -18,7 +21,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use super::{Attended, AttentionShape, Backend, Visitor};
+use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
 use crate::sink::forward::{HeadView, Model};
 use crate::sink::rope::RopeTable;
@@ -46,6 +49,7 @@ pub struct DeviceTensor<B> {
 /// The CUDA backend over a device layer `D` (cudarc's [`driver::Driver`] on a GPU).
 pub struct CudaBackend<D: Device> {
     device: D,
+    precision: Precision,
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
@@ -89,8 +93,22 @@ fn attention_groups(prompts: &[Range<usize>], heads: usize, budget: usize) -> Ve
 }
 
 impl<D: Device> CudaBackend<D> {
-    pub fn new(device: D) -> CudaBackend<D> {
-        CudaBackend { device }
+    pub fn new(device: D, precision: Precision) -> CudaBackend<D> {
+        CudaBackend { device, precision }
+    }
+
+    /// The `bf16` flag of the kernels that round.
+    fn bf16<'a>(&self) -> Arg<'a, D::Buffer> {
+        Arg::I32(!self.precision.is_f32() as i32)
+    }
+
+    /// The `bf16` mode of RMSNorm and RoPE: 0 f32, 1 Llama style, 2 OLMo style.
+    fn bf16_style<'a>(&self, style: Bf16Style) -> Arg<'a, D::Buffer> {
+        Arg::I32(match (self.precision, style) {
+            (Precision::F32, _) => 0,
+            (Precision::Bf16, Bf16Style::Llama) => 1,
+            (Precision::Bf16, Bf16Style::Olmo) => 2,
+        })
     }
 
     pub fn device(&self) -> &D {
@@ -124,6 +142,22 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.device.describe()
     }
 
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn round(&self, x: &mut Self::Tensor) -> Result<()> {
+        if self.precision.is_f32() {
+            return Ok(());
+        }
+        let n = x.len;
+        self.launch(
+            Kernel::RoundBf16,
+            n,
+            &mut [Arg::Mut(&mut x.buf), Arg::I64(n as i64)],
+        )
+    }
+
     fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor> {
         self.upload_f32(&host)
     }
@@ -135,17 +169,27 @@ impl<D: Device> Backend for CudaBackend<D> {
         model.release(name);
         let raw = uploaded?;
         let widen = match dtype {
-            Dtype::F32 => return Ok(self.tensor(raw, len)),
-            Dtype::BF16 => Kernel::WidenBf16,
-            Dtype::F16 => Kernel::WidenF16,
+            Dtype::F32 => None,
+            Dtype::BF16 => Some(Kernel::WidenBf16),
+            Dtype::F16 => Some(Kernel::WidenF16),
             other => unreachable!("stored_bytes refuses {other:?}"),
         };
-        let mut out = self.zeros_f32(len)?;
-        self.launch(
-            widen,
-            len,
-            &mut [Arg::Mut(&mut out.buf), Arg::Ref(&raw), Arg::I64(len as i64)],
-        )?;
+        let mut out = match widen {
+            None => self.tensor(raw, len),
+            Some(kernel) => {
+                let mut out = self.zeros_f32(len)?;
+                self.launch(
+                    kernel,
+                    len,
+                    &mut [Arg::Mut(&mut out.buf), Arg::Ref(&raw), Arg::I64(len as i64)],
+                )?;
+                out
+            }
+        };
+        // bf16 weights are exact; f32 and f16 ones are rounded in bf16 mode.
+        if dtype != Dtype::BF16 {
+            self.round(&mut out)?;
+        }
         Ok(out)
     }
 
@@ -186,8 +230,9 @@ impl<D: Device> Backend for CudaBackend<D> {
         width: usize,
         w: &Self::Tensor,
         eps: f32,
+        style: Bf16Style,
     ) -> Result<()> {
-        *x = self.rms_norm(x, width, w, eps)?;
+        *x = self.rms_norm(x, width, w, eps, style)?;
         Ok(())
     }
 
@@ -197,6 +242,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         width: usize,
         w: &Self::Tensor,
         eps: f32,
+        style: Bf16Style,
     ) -> Result<Self::Tensor> {
         let rows = x.len / width;
         let mut y = self.zeros_f32(x.len)?;
@@ -210,6 +256,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                 Arg::I64(rows as i64),
                 Arg::I32(width as i32),
                 Arg::F32(eps),
+                self.bf16_style(style),
             ],
         )?;
         Ok(y)
@@ -220,7 +267,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.launch(
             Kernel::ClampValues,
             n,
-            &mut [Arg::Mut(&mut x.buf), Arg::I64(n as i64), Arg::F32(c)],
+            &mut [
+                Arg::Mut(&mut x.buf),
+                Arg::I64(n as i64),
+                Arg::F32(c),
+                self.bf16(),
+            ],
         )
     }
 
@@ -230,6 +282,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         width: usize,
         head_dim: usize,
         segments: &[(Range<usize>, &RopeTable)],
+        style: Bf16Style,
     ) -> Result<()> {
         let rows = x.len / width;
         let half = head_dim / 2;
@@ -254,6 +307,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                 Arg::I64(rows as i64),
                 Arg::I32(width as i32),
                 Arg::I32(head_dim as i32),
+                self.bf16_style(style),
             ],
         )
     }
@@ -328,6 +382,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                     Arg::I32(shape.window.unwrap_or(0) as i32),
                     Arg::F32(shape.scale),
                     Arg::I32(v.is_some() as i32),
+                    self.bf16(),
                 ],
             )?;
             let scores = f32s(&self.device.download(&scores.buf, 0..total * 4)?);
@@ -363,6 +418,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                 Arg::Mut(&mut gate.buf),
                 Arg::Ref(&up.buf),
                 Arg::I64(n as i64),
+                self.bf16(),
             ],
         )
     }
@@ -372,7 +428,12 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.launch(
             Kernel::AddAssign,
             n,
-            &mut [Arg::Mut(&mut a.buf), Arg::Ref(&b.buf), Arg::I64(n as i64)],
+            &mut [
+                Arg::Mut(&mut a.buf),
+                Arg::Ref(&b.buf),
+                Arg::I64(n as i64),
+                self.bf16(),
+            ],
         )
     }
 
@@ -467,6 +528,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                 Arg::Ref(&w.buf),
                 Arg::I64(index.len() as i64),
                 Arg::I32(width as i32),
+                self.bf16(),
             ],
         )
     }

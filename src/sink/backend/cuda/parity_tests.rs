@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use super::{CudaBackend, Device};
 use crate::checkpoint::Checkpoint;
-use crate::sink::parity::{self, LOGITS_TOL, METRICS_TOL, PROBS_TOL};
+use crate::sink::backend::Backend;
+use crate::sink::parity::{self, Tolerances};
 use crate::sink::prompts::default_prompts;
 use crate::sink::tokenize::TextEncoder;
 
@@ -60,23 +61,26 @@ pub fn open(dir: &Path) -> Checkpoint {
     Checkpoint::open_dir(dir, &dir.display().to_string()).unwrap()
 }
 
-/// Probabilities, logits and S of every architecture fixture within the parity tolerances.
+/// Probabilities, logits and S of every architecture fixture within the parity tolerances of
+/// the backend's precision.
 pub fn every_fixture_matches<D: Device>(gpu: &CudaBackend<D>) {
+    let tol = Tolerances::of(gpu.precision());
     for (case, dir) in fixtures() {
         let ckpt = open(&dir);
         let prompts = golden_prompts(case);
         let p = parity::check(gpu, &[&ckpt], &[prompts], false).unwrap();
         let t = &p.traces[0];
         eprintln!(
-            "{case:16} max |dP| {:.1e}  max |dlogit| {:.1e}  |dS| {:.1e}",
+            "{} {case:16} max |dP| {:.1e}  max |dlogit| {:.1e}  |dS| {:.1e}",
+            gpu.precision(),
             t.max_prob_diff,
             t.max_logit_diff,
             p.metrics[0].diff()
         );
-        assert!(t.max_prob_diff <= PROBS_TOL, "{case}: probabilities {t:?}");
-        assert!(t.max_logit_diff <= LOGITS_TOL, "{case}: logits {t:?}");
+        assert!(t.max_prob_diff <= tol.probs, "{case}: probabilities {t:?}");
+        assert!(t.max_logit_diff <= tol.logits, "{case}: logits {t:?}");
         for m in &p.metrics {
-            assert!(m.diff() <= METRICS_TOL, "{case}: {m:?}");
+            assert!(m.diff() <= tol.metrics, "{case}: {m:?}");
         }
     }
 }
@@ -103,7 +107,13 @@ pub fn bundled_pairs_match<D: Device>(gpu: &CudaBackend<D>) {
             );
         }
         for m in &p.metrics {
-            eprintln!("{:40} cpu {:?} other {:?}", m.metric, m.cpu, m.other);
+            eprintln!(
+                "{} {:40} cpu {:?} other {:?}",
+                gpu.precision(),
+                m.metric,
+                m.cpu,
+                m.other
+            );
         }
         assert_eq!(
             p.metrics.len(),
