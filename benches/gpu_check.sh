@@ -69,6 +69,7 @@ for dir in tests/fixtures/models/{qwen2,qwen2-sharded,qwen3,llama31-tied,mistral
 done
 for family in tiny-qwen3 tiny-qwen2; do
   parity "$family (pair)" --ref "assets/models/$family/ref" "assets/models/$family/vl"
+  parity "$family (pair, bf16)" --precision bf16 --ref "assets/models/$family/ref" "assets/models/$family/vl"
 done
 
 # 2. A Qwen2.5-7B-shaped checkpoint (random bf16 weights, the fixtures' tokenizer).
@@ -82,11 +83,11 @@ if [ ! -f "$M/config.json" ]; then
 fi
 
 # 3. score: cold (caches dropped, if this machine lets us) and warm.
-timed_score() {  # timed_score LABEL: one run, appends "label wall json-fields" to results
-  local label=$1
+timed_score() {  # timed_score LABEL [ARGS...]: one run, appends "label wall json-fields" to results
+  local label=$1; shift
   local start end
   start=$(date +%s.%N)
-  "$SM" score "$M" --prompts assets/prompts/default.txt --device "$DEVICE" --json >"$WORK/score.json" 2>"$WORK/score.err" \
+  "$SM" score "$M" --prompts assets/prompts/default.txt --device "$DEVICE" --json "$@" >"$WORK/score.json" 2>"$WORK/score.err" \
     || { echo "$label: $(head -c 300 "$WORK/score.err")"; failed=1; return; }
   end=$(date +%s.%N)
   local fields
@@ -104,14 +105,18 @@ else
   timed_score first
 fi
 for i in $(seq "$RUNS"); do timed_score "warm$i"; done
+for i in $(seq "$RUNS"); do timed_score "bf16-warm$i" --precision bf16; done
 
 # 4. The table.
 echo
 echo "== sinkmerge GPU check ($(date -u +%Y-%m-%dT%H:%MZ), $("$SM" --version)) =="
 printf '%s\n' "${parity_rows[@]}"
 echo
-echo "Qwen2.5-7B shapes, bf16 on disk, 15 default prompts; f32 on the GPU (TF32 off):"
+echo "Qwen2.5-7B shapes, bf16 on disk, 15 default prompts; f32 (TF32 off) unless labelled bf16:"
 cat "$WORK/results.txt"
-warm=$(awk '$1 ~ /^warm/ {for (i=2;i<=NF;i++) if ($i ~ /^wall_s=/) {sub("wall_s=","",$i); print $i}}' "$WORK/results.txt" | sort -g)
-echo "warm wall median: $(echo "$warm" | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}') s"
+median_of() {  # median_of PATTERN: median wall time of the runs whose label matches
+  awk -v p="$1" '$1 ~ p {for (i=2;i<=NF;i++) if ($i ~ /^wall_s=/) {sub("wall_s=","",$i); print $i}}' "$WORK/results.txt" \
+    | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'
+}
+echo "warm wall median: f32 $(median_of '^warm') s, bf16 $(median_of '^bf16-warm') s"
 exit $failed

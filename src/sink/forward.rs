@@ -1,6 +1,6 @@
 //! The decoder recipe: the layer-streaming forward pass (f32, eager attention, no cache, batch of
 //! one per prompt), following transformers' eager path step by step
-//! (`docs/reference/forward.md` §5), written once over the [`Backend`] seam.
+//! (`docs/reference/forward.md`, "Step list"), written once over the [`Backend`] seam.
 //!
 //! A [`Model`] is an opened checkpoint with its resolved [`DecoderSpec`]. A [`State`] holds the
 //! hidden states of every prompt, packed as one `[tokens, hidden]` matrix so the projections run
@@ -571,7 +571,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         be.concat_rows(parts)
     }
 
-    /// Top-k routed experts (`docs/reference/forward.md` §1.10): f32 softmax over router logits,
+    /// Top-k routed experts (`docs/reference/forward.md`, "MoE routing"): f32 softmax over router logits,
     /// top k, optional renormalization, experts visited in ascending index and summed per token.
     /// Routing runs on the host, so every backend makes the same choices (ties included).
     fn moe(&self, p: &str, moe: &MoeSpec, h: &B::Tensor) -> Result<B::Tensor> {

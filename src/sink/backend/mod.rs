@@ -23,7 +23,7 @@ pub mod cuda;
 ///
 /// - `F32`: f32 weights and activations, f32 accumulation (the default; transformers' f32 eager
 ///   path, the parity mode).
-/// - `Bf16`: transformers' bf16 eager path (`docs/reference/forward.md` §6): weights and
+/// - `Bf16`: transformers' bf16 eager path (`docs/reference/forward.md`, "The bf16 path"): weights and
 ///   activations rounded to bf16; every GEMM accumulates in f32 and rounds its output (after the
 ///   bias, as a fused epilogue does); RMSNorm computes in f32, rounds, then multiplies by the
 ///   weight and rounds; RoPE, SiLU, products and residual adds round each result; attention
