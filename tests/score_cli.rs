@@ -44,6 +44,19 @@ fn fails_with(args: &[&str], needles: &[&str]) -> String {
     err
 }
 
+/// `score MODEL --json EXTRA...`, which must succeed, as JSON.
+fn json_report(model: &Path, extra: &[&str]) -> Value {
+    let mut args = vec![s(model), "--json"];
+    args.extend_from_slice(extra);
+    let out = sinkmerge(&args, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()
+}
+
 /// A copy of a fixture directory (symlinked files) with some files replaced or removed.
 fn variant(from: &Path, replace: &[(&str, Option<Vec<u8>>)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -144,17 +157,7 @@ fn results_do_not_depend_on_the_thread_count() {
 #[test]
 fn seeded_draws_and_prompt_files() {
     let m = extra("qwen3_bias");
-    let run = |extra: &[&str]| {
-        let mut args = vec![s(&m), "--json"];
-        args.extend_from_slice(extra);
-        let out = sinkmerge(&args, None);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let run = |extra: &[&str]| json_report(&m, extra);
     let a = run(&["--n", "7", "--seed", "3"]);
     assert_eq!(a["settings"]["n_prompts"], 7);
     assert_eq!(a["settings"]["prompts"]["seed"], 3);
@@ -338,17 +341,7 @@ fn non_finite_weights_are_named() {
 #[test]
 fn bf16_precision_is_reported_and_f32_reports_keep_their_keys() {
     let model = fixture("qwen2");
-    let run = |extra: &[&str]| {
-        let mut args = vec![s(&model), "--json"];
-        args.extend_from_slice(extra);
-        let out = sinkmerge(&args, None);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let run = |extra: &[&str]| json_report(&model, extra);
     let f32 = run(&[]);
     let bf16 = run(&["--precision", "bf16"]);
     assert!(f32["settings"].get("precision").is_none());

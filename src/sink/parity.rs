@@ -186,21 +186,15 @@ pub fn check<B: Backend>(
 
 /// Token ids for parity runs on models without a tokenizer: prompts of 7, 16, 33 and 60 tokens
 /// (several prompts, so packing is exercised; longer than the fixtures' sliding windows), ids
-/// drawn below `vocab` by a fixed generator.
+/// drawn below `vocab` by a fixed seed.
 pub fn synthetic_tokens(vocab: usize) -> Vec<Vec<u32>> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     [7usize, 16, 33, 60]
         .iter()
         .map(|&len| {
             (0..len)
-                .map(|_| {
-                    // splitmix64
-                    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                    let mut z = state;
-                    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                    ((z ^ (z >> 31)) % vocab as u64) as u32
-                })
+                .map(|_| rng.random_range(0..vocab as u32))
                 .collect()
         })
         .collect()

@@ -221,6 +221,26 @@ mod tests {
         bundled_pairs_match(&CudaBackend::new(HostDevice::default(), Precision::Bf16));
     }
 
+    #[test]
+    fn parity_on_synthetic_tokens_holds_for_a_model_without_a_tokenizer() {
+        let dir = root().join("tests/fixtures/score/models/olmo2");
+        assert!(!dir.join("tokenizer.json").exists());
+        let ckpt = open(&dir);
+        let vocab = crate::sink::model::DecoderSpec::from_model_config(&ckpt.config)
+            .unwrap()
+            .vocab_size;
+        let tokens = parity::synthetic_tokens(vocab);
+        assert_eq!(tokens, parity::synthetic_tokens(vocab), "fixed seed");
+        assert_eq!(
+            tokens.iter().map(Vec::len).collect::<Vec<_>>(),
+            [7, 16, 33, 60]
+        );
+        assert!(tokens.iter().flatten().all(|&t| (t as usize) < vocab));
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
+        let p = parity::check(&gpu, &[&ckpt], &[tokens], false).unwrap();
+        assert!(p.holds(), "{p:?}");
+    }
+
     /// A device layer that hands cuBLAS the weight untransposed: the mistake the stand-in must
     /// catch, since a real GPU is rarely there to catch it.
     struct TransposedWeight(HostDevice);
