@@ -82,10 +82,10 @@ pub fn compile(arch: &str, extra: &[&str]) -> Result<Compiled> {
     let compiled = unsafe { nvrtc_result::compile_program(prog, &options) };
     let log = unsafe { nvrtc_result::get_program_log(prog) }
         .map(|raw| {
-            // SAFETY: NVRTC's log is NUL-terminated.
-            unsafe { CStr::from_ptr(raw.as_ptr()) }
-                .to_string_lossy()
-                .into_owned()
+            let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).collect();
+            CStr::from_bytes_until_nul(&bytes)
+                .map(|c| c.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned())
         })
         .unwrap_or_default();
     let image = compiled
@@ -131,9 +131,14 @@ fn cache_dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache/sinkmerge")))
 }
 
-/// The CUBIN of `kernels.cu` for `arch`, from the cache or compiled (and then cached; a cache
-/// that cannot be written costs a warning, not the run).
-fn cubin_for(arch: &str) -> Result<Vec<u8>> {
+/// A CUBIN is an ELF image.
+fn looks_like_cubin(bytes: &[u8]) -> bool {
+    bytes.len() > 4 && bytes.starts_with(b"\x7fELF")
+}
+
+/// The CUBIN of `kernels.cu` for `arch`, from the cache (unless `fresh`) or compiled (and then
+/// cached; a cache that cannot be written costs a warning, not the run).
+fn cubin_for(arch: &str, fresh: bool) -> Result<Vec<u8>> {
     let (major, minor) = nvrtc_version()?;
     let key = xxhash_rust::xxh3::xxh3_64(
         format!("{KERNELS_CU}\0{arch}\0{major}.{minor}\0{NVRTC_OPTIONS:?}").as_bytes(),
@@ -143,7 +148,11 @@ fn cubin_for(arch: &str) -> Result<Vec<u8>> {
             "kernels-{arch}-nvrtc{major}.{minor}-{key:016x}.cubin"
         ))
     });
-    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+    let cached = path
+        .as_ref()
+        .filter(|_| !fresh)
+        .and_then(|p| std::fs::read(p).ok());
+    if let Some(bytes) = cached.filter(|b| looks_like_cubin(b)) {
         return Ok(bytes);
     }
     let compiled = compile(arch, &[])?;
@@ -249,9 +258,14 @@ impl Driver {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver_error("compute capability"))?;
-        let module = ctx
-            .load_module(Ptx::from_binary(cubin_for(&format!("sm_{major}{minor}"))?))
-            .map_err(driver_error("cannot load the kernels"))?;
+        let arch = format!("sm_{major}{minor}");
+        // A cached image the driver refuses (damaged, or from another driver) is compiled anew.
+        let module = match ctx.load_module(Ptx::from_binary(cubin_for(&arch, false)?)) {
+            Ok(module) => module,
+            Err(_) => ctx
+                .load_module(Ptx::from_binary(cubin_for(&arch, true)?))
+                .map_err(driver_error("cannot load the kernels"))?,
+        };
         let functions = Kernel::ALL
             .iter()
             .map(|k| module.load_function(k.name()))
@@ -329,6 +343,13 @@ impl Driver {
             .map_err(driver_error("kernel or GEMM failed"))?;
         self.add_time(|t| &mut t.compute_s, started);
         Ok(())
+    }
+}
+
+impl Drop for Driver {
+    /// Staged copies may still read the pinned buffers: wait for them before those are freed.
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
     }
 }
 
@@ -469,6 +490,13 @@ impl Device for Driver {
         c: &mut DriverBuffer,
     ) -> Result<()> {
         g.validate(a.slice.len() / 4, b.slice.len() / 4, c.slice.len() / 4)?;
+        // cuBLAS calls do not make the context current themselves.
+        self.ctx.bind_to_thread().map_err(driver_error("context"))?;
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| {
+                Error::Internal(format!("GEMM {g:?}: {v} exceeds cuBLAS's 32-bit sizes"))
+            })
+        };
         let op = |op: Op| match op {
             Op::None => blas_sys::cublasOperation_t::CUBLAS_OP_N,
             Op::Transpose => blas_sys::cublasOperation_t::CUBLAS_OP_T,
@@ -476,14 +504,14 @@ impl Device for Driver {
         let cfg = GemmConfig {
             transa: op(g.transa),
             transb: op(g.transb),
-            m: g.m as i32,
-            n: g.n as i32,
-            k: g.k as i32,
+            m: int(g.m)?,
+            n: int(g.n)?,
+            k: int(g.k)?,
             alpha: 1.0f32,
-            lda: g.lda as i32,
-            ldb: g.ldb as i32,
+            lda: int(g.lda)?,
+            ldb: int(g.ldb)?,
             beta: 0.0f32,
-            ldc: g.ldc as i32,
+            ldc: int(g.ldc)?,
         };
         let views = || Error::Internal("GEMM operand is not whole f32 values".into());
         // SAFETY: the buffers hold f32 values; `validate` checked each operand fits its buffer.
@@ -553,6 +581,14 @@ mod tests {
             cubin.log
         );
         eprintln!("{}", cubin.log);
+    }
+
+    #[test]
+    fn only_elf_images_are_taken_from_the_kernel_cache() {
+        assert!(looks_like_cubin(b"\x7fELF\x02\x01\x01"));
+        assert!(!looks_like_cubin(b""));
+        assert!(!looks_like_cubin(b"\x7fELF"));
+        assert!(!looks_like_cubin(b".version 9.0"));
     }
 
     #[test]

@@ -1,9 +1,11 @@
 // The CUDA backend's kernels (docs/reference/gpu.md). Compiled at run time by NVRTC for the GPU,
 // and, for the tests, by the host C++ compiler through host_shim.h, which runs every thread of
 // every block as a loop. So each kernel is one independent thread per output: no shared memory,
-// no block synchronisation, no warp shuffles. Each thread computes its outputs in the same order
-// and with the same f32 operations as the CPU backend (src/sink/backend/cpu.rs); NVRTC is run
-// with fmad off, so no multiply-add is contracted where the CPU does not contract it.
+// no block synchronisation, no warp shuffles. Each thread applies the same f32 operations as the
+// CPU backend (src/sink/backend/cpu.rs); NVRTC is run with fmad off, so no multiply-add is
+// contracted where the CPU does not contract it. Sums run in another order than the CPU's GEMMs,
+// and the device's expf may differ from the host's by up to 2 ulp, so results agree within the
+// parity tolerances, not bitwise.
 //
 // Every kernel takes its thread count `n` and returns for threads past it: launches use
 // ceil(n / block) blocks.
