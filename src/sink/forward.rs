@@ -297,7 +297,38 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.backend.linear(input, self.rows, &w, out, inp)
     }
 
-    /// `input Wᵀ + b` (the bias only if `bias`), rounded to the precision once, after the bias.
+    /// The linear layer `{prefix}` (`[out, in]` weight, and its bias if `bias`).
+    fn linear(
+        &self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<LinearWeights<B::Tensor>> {
+        Ok(LinearWeights {
+            weight: self.weight(&format!("{prefix}.weight"), &[out, inp])?,
+            bias: if bias {
+                Some(self.weight(&format!("{prefix}.bias"), &[out])?)
+            } else {
+                None
+            },
+            out,
+            inp,
+        })
+    }
+
+    /// `x Wᵀ + b` of `rows` rows, rounded to the precision once, after the bias.
+    fn apply(&self, l: &LinearWeights<B::Tensor>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
+        let be = self.backend;
+        let mut y = be.linear(x, rows, &l.weight, l.out, l.inp)?;
+        if let Some(b) = &l.bias {
+            be.add_bias(&mut y, b, l.out)?;
+        }
+        be.round(&mut y)?;
+        Ok(y)
+    }
+
+    /// `input Wᵀ + b` for the layer `{prefix}`, over every token's row (see [`State::apply`]).
     fn project_bias(
         &self,
         input: &B::Tensor,
@@ -306,13 +337,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         inp: usize,
         bias: bool,
     ) -> Result<B::Tensor> {
-        let mut y = self.project(input, prefix, out, inp)?;
-        if bias {
-            let b = self.weight(&format!("{prefix}.bias"), &[out])?;
-            self.backend.add_bias(&mut y, &b, out)?;
-        }
-        self.backend.round(&mut y)?;
-        Ok(y)
+        self.apply(&self.linear(prefix, out, inp, bias)?, input, self.rows)
     }
 
     fn rope_index(&mut self, layer: &LayerSpec, len: usize) -> Result<usize> {
@@ -531,32 +556,13 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     ) -> Result<B::Tensor> {
         let be = self.backend;
         let hidden = self.model.spec.hidden_size;
-        let load = |name: &str, out: usize, inp: usize| -> Result<_> {
-            let w = self.weight(&format!("{prefix}.{name}.weight"), &[out, inp])?;
-            let b = if bias {
-                Some(self.weight(&format!("{prefix}.{name}.bias"), &[out])?)
-            } else {
-                None
-            };
-            Ok((w, b, out, inp))
-        };
-        let gate = load("gate_proj", inter, hidden)?;
-        let up = load("up_proj", inter, hidden)?;
-        let down = load("down_proj", hidden, inter)?;
-        let apply =
-            |x: &B::Tensor,
-             n: usize,
-             (w, b, out, inp): &(B::Tensor, Option<B::Tensor>, usize, usize)| {
-                let mut y = be.linear(x, n, w, *out, *inp)?;
-                if let Some(b) = b {
-                    be.add_bias(&mut y, b, *out)?;
-                }
-                Ok::<_, crate::error::Error>(y)
-            };
+        let gate = self.linear(&format!("{prefix}.gate_proj"), inter, hidden, bias)?;
+        let up = self.linear(&format!("{prefix}.up_proj"), inter, hidden, bias)?;
+        let down = self.linear(&format!("{prefix}.down_proj"), hidden, inter, bias)?;
         let chunk = |x: &B::Tensor, n: usize| -> Result<B::Tensor> {
-            let mut a = apply(x, n, &gate)?;
-            be.silu_mul(&mut a, &apply(x, n, &up)?)?;
-            apply(&a, n, &down)
+            let mut a = self.apply(&gate, x, n)?;
+            be.silu_mul(&mut a, &self.apply(&up, x, n)?)?;
+            self.apply(&down, &a, n)
         };
         if rows <= MLP_ROWS {
             return chunk(h, rows);
@@ -578,8 +584,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let be = self.backend;
         let hidden = self.model.spec.hidden_size;
         let e = moe.num_experts;
-        let mut logits = self.project(h, &format!("{p}.mlp.gate"), e, hidden)?;
-        be.round(&mut logits)?;
+        let logits = self.project_bias(h, &format!("{p}.mlp.gate"), e, hidden, false)?;
         // Per token: the chosen experts and their weights.
         let routes: Vec<Vec<(usize, f32)>> = be
             .to_host(&logits)?
@@ -660,6 +665,14 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             self.model.ckpt.dir.display()
         )
     }
+}
+
+/// A linear layer's weights on the backend: `[out, in]`, and the bias if it has one.
+struct LinearWeights<T> {
+    weight: T,
+    bias: Option<T>,
+    out: usize,
+    inp: usize,
 }
 
 /// `min over rows of RMS(row[group]) / input_norm[row]`, per group of `group_len` columns.
@@ -746,6 +759,24 @@ pub fn trace_on<B: Backend>(backend: &B, ckpt: &Checkpoint, prompts: &[Vec<u32>]
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_feed_forward_outputs_are_bf16_values() {
+        use crate::sink::backend::Precision;
+        for fixture in ["models/qwen2", "score/models/qwen3_moe"] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(fixture);
+            let ckpt = Checkpoint::open_dir(&dir, fixture).unwrap();
+            let model = Model::new(&ckpt).unwrap();
+            let backend = CpuBackend::new(Precision::Bf16);
+            let state = State::new(&model, &backend, &[vec![1, 5, 9, 2, 7, 3]]).unwrap();
+            let moe = (0..model.spec.num_layers()).find(|&l| model.spec.layers[l].moe);
+            let y = state.feed_forward(moe.unwrap_or(0), &state.x).unwrap();
+            let rounded = y.iter().all(|&v| Precision::Bf16.round(v) == v);
+            assert!(rounded, "{fixture}: MLP outputs are rounded to bf16");
+        }
+    }
 
     #[test]
     fn router_takes_top_k_and_renormalizes() {
