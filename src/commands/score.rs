@@ -28,7 +28,7 @@ use crate::{bad, bail};
 /// Where `score` computes (`--device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
-    /// f32 on the CPU.
+    /// The CPU.
     Cpu,
     /// The NVIDIA GPU of this index.
     Cuda(usize),
@@ -164,9 +164,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub precision: Precision,
 
-    /// Where to compute: `cpu`, or `cuda` / `cuda:N` for the NVIDIA GPU of index N (f32 weights
-    /// and activations, TF32 off; needs libcuda, libnvrtc and libcublas at run time; weights
-    /// stream through, so any model size fits)
+    /// Where to compute: `cpu`, or `cuda` / `cuda:N` for the NVIDIA GPU of index N (f32 GEMMs
+    /// with TF32 off; needs libcuda, libnvrtc and libcublas at run time; weights stream
+    /// through, so any model size fits)
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: Device,
 }

@@ -74,46 +74,47 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
         });
 }
 
-/// RMSNorm of one vector in place: `x * rsqrt(mean(x²) + eps) * w` (transformers' f32 path;
-/// the mean is accumulated in f64 and rounded once).
+/// RMSNorm of every `width`-sized row of `x` in place, in parallel over rows:
+/// `h = x * rsqrt(mean(x²) + eps)` (the mean accumulated in f64 and rounded once, as
+/// transformers' f32 path), then `scale(h, w)` for each value and its weight.
 #[inline]
-pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
-    let mean = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / x.len() as f64;
-    let inv = 1.0f32 / ((mean as f32) + eps).sqrt();
-    for (v, &w) in x.iter_mut().zip(weight) {
-        *v = w * (*v * inv);
-    }
-}
-
-/// RMSNorm over every `width`-sized row of `x`, in parallel over rows.
-pub fn rms_norm_rows(x: &mut [f32], width: usize, weight: &[f32], eps: f32) {
+fn rms_norm_rows_with(
+    x: &mut [f32],
+    width: usize,
+    weight: &[f32],
+    eps: f32,
+    scale: impl Fn(f32, f32) -> f32 + Sync,
+) {
     assert_eq!(weight.len(), width);
-    x.par_chunks_mut(width)
-        .for_each(|row| rms_norm_in_place(row, weight, eps));
-}
-
-/// RMSNorm of bf16 rows as transformers' bf16 path computes it: `h = x * rsqrt(mean(x²) + eps)`
-/// in f32, then `R(w · R(h))` (Llama style) or `R(w · h)` (OLMo style).
-fn rms_norm_rows_bf16(x: &mut [f32], width: usize, weight: &[f32], eps: f32, style: Bf16Style) {
-    let round = |v| Precision::Bf16.round(v);
     x.par_chunks_mut(width).for_each(|row| {
         let mean = row.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / width as f64;
         let inv = 1.0f32 / ((mean as f32) + eps).sqrt();
         for (v, &w) in row.iter_mut().zip(weight) {
-            let h = *v * inv;
-            *v = match style {
-                Bf16Style::Llama => round(w * round(h)),
-                Bf16Style::Olmo => round(w * h),
-            };
+            *v = scale(*v * inv, w);
         }
     });
 }
 
-/// A normalized copy of `x` (rows of `width`).
-pub fn rms_norm(x: &[f32], width: usize, weight: &[f32], eps: f32) -> Vec<f32> {
-    let mut y = x.to_vec();
-    rms_norm_rows(&mut y, width, weight, eps);
-    y
+/// RMSNorm in `precision`: `w * h` in f32; in bf16 `R(w · R(h))` (Llama style) or `R(w · h)`
+/// (OLMo style), as transformers' bf16 path computes it.
+fn rms_norm_rows(
+    x: &mut [f32],
+    width: usize,
+    weight: &[f32],
+    eps: f32,
+    precision: Precision,
+    style: Bf16Style,
+) {
+    let r = |v| precision.round(v);
+    match (precision, style) {
+        (Precision::F32, _) => rms_norm_rows_with(x, width, weight, eps, |h, w| w * h),
+        (Precision::Bf16, Bf16Style::Llama) => {
+            rms_norm_rows_with(x, width, weight, eps, |h, w| r(w * r(h)))
+        }
+        (Precision::Bf16, Bf16Style::Olmo) => {
+            rms_norm_rows_with(x, width, weight, eps, |h, w| r(w * h))
+        }
+    }
 }
 
 /// SiLU, `x * sigmoid(x)`, in f32.
@@ -303,11 +304,7 @@ impl Backend for CpuBackend {
         eps: f32,
         style: Bf16Style,
     ) -> Result<()> {
-        if self.bf16() {
-            rms_norm_rows_bf16(x, width, w, eps, style);
-        } else {
-            rms_norm_rows(x, width, w, eps);
-        }
+        rms_norm_rows(x, width, w, eps, self.precision, style);
         Ok(())
     }
 
@@ -319,12 +316,9 @@ impl Backend for CpuBackend {
         eps: f32,
         style: Bf16Style,
     ) -> Result<Vec<f32>> {
-        if self.bf16() {
-            let mut y = x.clone();
-            rms_norm_rows_bf16(&mut y, width, w, eps, style);
-            return Ok(y);
-        }
-        Ok(rms_norm(x, width, w, eps))
+        let mut y = x.clone();
+        self.rms_norm_rows(&mut y, width, w, eps, style)?;
+        Ok(y)
     }
 
     fn clamp(&self, x: &mut Vec<f32>, c: f32) -> Result<()> {
@@ -575,7 +569,7 @@ mod tests {
     #[test]
     fn rms_norm_gives_unit_rms() {
         let mut x = vec![3.0f32, -4.0, 0.0, 5.0];
-        rms_norm_in_place(&mut x, &[1.0; 4], 0.0);
+        rms_norm_rows(&mut x, 4, &[1.0; 4], 0.0, Precision::F32, Bf16Style::Llama);
         let ms: f32 = x.iter().map(|v| v * v).sum::<f32>() / 4.0;
         assert!((ms - 1.0).abs() < 1e-6);
         assert_eq!(silu(0.0), 0.0);
