@@ -18,10 +18,13 @@ use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::backend::cuda::driver::{Driver, Timings};
 use crate::sink::backend::cuda::{CudaBackend, Device as _};
 use crate::sink::backend::{Backend, Precision};
+use crate::sink::metrics::{mean, sample_std};
 use crate::sink::metrics::{SinkPosition, Stat};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::{self, PromptSource};
-use crate::sink::score::{score, Input, Scores, Settings};
+use crate::sink::score::{
+    score, BandValues, Bootstrap, Input, Observations, Scored, Scores, Settings,
+};
 use crate::sink::tokenize::TextEncoder;
 use crate::{bad, bail};
 
@@ -117,11 +120,13 @@ pub struct Args {
     #[arg(long, value_name = "FILE", conflicts_with = "n")]
     pub prompts: Option<PathBuf>,
 
-    /// Draw N prompts from the built-in pool of 123 instead (the paper's N-sweep, Appendix D.1)
+    /// Draw N prompts from the built-in pool of 100 instead (kept apart from the 15 defaults, as
+    /// the paper's N-sweep pool is, Appendix D.1; `--n 100` takes the whole pool)
     #[arg(long, value_name = "N")]
     pub n: Option<usize>,
 
-    /// Seed of the --n draw (ChaCha8; the same N and seed give the same prompts everywhere)
+    /// Seed of the --n draw (SplitMix64, docs/reference/sink-metrics.md; the same N and seed give
+    /// the same prompts everywhere)
     #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
     pub seed: u64,
 
@@ -139,6 +144,44 @@ pub struct Args {
     /// `per-query` = each query's most-attended key
     #[arg(long, value_enum, default_value_t = SinkPosition::Column)]
     pub sink_position: SinkPosition,
+
+    /// The paper's position-0 measure (`pos0_trailing`, Section 4.3 and Appendix C.3; its 0.70,
+    /// 0.50, 0.25 and 5e-5 figures are this measure): per prompt, the mean of A[q,0] over the
+    /// window's layers, every head and the last T queries; then the mean over prompts.
+    /// `pos0_share` stays sinkmerge's own measure, pooled over the window's valid queries
+    #[arg(long, value_name = "T", default_value = "8", value_parser = at_least_one,
+          allow_negative_numbers = true)]
+    pub trailing_queries: usize,
+
+    /// Bootstrap resamples over prompts for `pos0_trailing_ci`, the percentile 95% interval
+    #[arg(long, value_name = "B", default_value = "1000", value_parser = at_least_one,
+          allow_negative_numbers = true)]
+    pub bootstrap: usize,
+
+    /// Seed of the bootstrap (SplitMix64)
+    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    pub bootstrap_seed: u64,
+
+    /// Also report S (and with --ref the margin) over depth bands: `thirds` = the early, middle
+    /// and late thirds of the layers (Appendix E.4, Table 13), split as numpy.array_split
+    #[arg(long, value_enum, value_name = "BANDS")]
+    pub bands: Option<Bands>,
+
+    /// Also report S (and the margin) for every window of the last K layers, K = LO..=HI
+    /// (Appendix E.4 sweeps 3-20), from the same forward passes
+    #[arg(long, value_name = "LO-HI", value_parser = parse_k_sweep)]
+    pub k_sweep: Option<(usize, usize)>,
+
+    /// The paper's N-sweep (Appendix D.1, Table 9): for each N, draw N prompts from the pool with
+    /// seeds 0..SEEDS and report the mean and sample standard deviation of S (and the margin)
+    /// over the draws. Each distinct prompt runs once
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["prompts", "n"])]
+    pub sweep: Option<Vec<usize>>,
+
+    /// Draws per N of --sweep
+    #[arg(long, value_name = "SEEDS", default_value = "3", value_parser = at_least_one,
+          requires = "sweep")]
+    pub seeds: usize,
 
     /// Render each prompt with the tokenizer's chat template as one user message with the
     /// generation prompt (default: raw prompt text with the tokenizer's special tokens)
@@ -171,6 +214,38 @@ pub struct Args {
     pub device: Device,
 }
 
+/// Depth bands of `--bands`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bands {
+    /// The early, middle and late thirds of the layers.
+    Thirds,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n as usize),
+        Ok(n) => Err(format!(
+            "{n} is not allowed: give a whole number of at least 1"
+        )),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
+}
+
+/// `LO-HI` with 1 <= LO <= HI.
+fn parse_k_sweep(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("`{s}`: give the range as LO-HI with 1 <= LO <= HI, e.g. 3-20");
+    let (lo, hi) = s.split_once('-').ok_or_else(bad)?;
+    let (lo, hi): (usize, usize) = (
+        lo.trim().parse().map_err(|_| bad())?,
+        hi.trim().parse().map_err(|_| bad())?,
+    );
+    if lo == 0 || lo > hi {
+        return Err(bad());
+    }
+    Ok((lo, hi))
+}
+
 /// `settings` of the JSON report.
 #[derive(Debug, Serialize)]
 struct ReportSettings {
@@ -179,6 +254,13 @@ struct ReportSettings {
     last: usize,
     stat: Stat,
     sink_position: SinkPosition,
+    trailing_queries: usize,
+    bootstrap: usize,
+    bootstrap_seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bands: Option<Bands>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    k_sweep: Option<[usize; 2]>,
     chat_template: bool,
     device: Device,
     /// Only when it is not f32, so f32 reports keep their keys.
@@ -193,14 +275,71 @@ struct Report<'a> {
     scores: &'a Scores,
     settings: ReportSettings,
     #[serde(skip_serializing_if = "Option::is_none")]
+    sweep: Option<Vec<SweepRow>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     gpu: Option<GpuReport>,
+}
+
+/// One N of `--sweep`: every draw, and the mean and sample standard deviation over draws.
+#[derive(Debug, Serialize)]
+struct SweepRow {
+    n: usize,
+    draws: Vec<SweepDraw>,
+    /// Per model, in `models` order.
+    sink_strength_mean: Vec<Option<f64>>,
+    sink_strength_std: Vec<Option<f64>>,
+    /// Per pair, in `pairs` order.
+    margin_mean: Vec<Option<f64>>,
+    margin_std: Vec<Option<f64>>,
+}
+
+#[derive(Debug, Serialize)]
+struct SweepDraw {
+    seed: u64,
+    /// Indices into the built-in pool.
+    prompts: Vec<usize>,
+    sink_strength: Vec<Option<f64>>,
+    margin: Vec<Option<f64>>,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     if args.last == 0 {
         bail!("--last must be at least 1");
     }
+    let pool_len = prompts::pool().len();
+    // Every draw of the sweep, as (n, seed, pool indices).
+    let draws: Vec<(usize, u64, Vec<usize>)> = match &args.sweep {
+        None => Vec::new(),
+        Some(ns) => {
+            let mut draws = Vec::new();
+            for &n in ns {
+                for seed in 0..args.seeds as u64 {
+                    let picked = prompts::draw_indices(n, seed, pool_len)
+                        .map_err(|_| bad!("--sweep {n}: the built-in pool holds {pool_len} prompts; choose sizes from 1 to {pool_len}"))?;
+                    draws.push((n, seed, picked));
+                }
+            }
+            draws
+        }
+    };
+    // The sweep scores each distinct prompt once: the union of its draws, in pool order.
+    let union: Vec<usize> = {
+        let mut all: Vec<usize> = draws.iter().flat_map(|d| d.2.iter().copied()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    };
     let (prompts, source) = match (&args.prompts, args.n) {
+        _ if args.sweep.is_some() => {
+            let pool = prompts::pool();
+            (
+                union.iter().map(|&i| pool[i].clone()).collect(),
+                PromptSource::Sweep {
+                    n: args.sweep.clone().unwrap_or_default(),
+                    seeds: args.seeds,
+                },
+            )
+        }
         (Some(path), _) => (
             prompts::read_file(path)?,
             PromptSource::File {
@@ -246,9 +385,22 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         last: args.last,
         stat: args.stat,
         sink_position: args.sink_position,
+        trailing_queries: args.trailing_queries,
+        bootstrap: Bootstrap {
+            resamples: args.bootstrap,
+            seed: args.bootstrap_seed,
+        },
+        bands: args.bands.is_some(),
+        k_sweep: args.k_sweep,
     };
     let show = progress && !args.json;
-    let (scores, gpu) = match args.device {
+    let (
+        Scored {
+            scores,
+            observations,
+        },
+        gpu,
+    ) = match args.device {
         Device::Cpu => (
             score_with_progress(
                 &CpuBackend::new(args.precision),
@@ -262,7 +414,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         Device::Cuda(ordinal) => {
             let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
             let started = Instant::now();
-            let scores = score_with_progress(&backend, &inputs, reference, settings, show)?;
+            let scored = score_with_progress(&backend, &inputs, reference, settings, show)?;
             let driver = backend.device();
             let gpu = GpuReport {
                 device: driver.describe(),
@@ -271,9 +423,13 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 timings: driver.timings(),
                 score_s: started.elapsed().as_secs_f64(),
             };
-            (scores, Some(gpu))
+            (scored, Some(gpu))
         }
     };
+    let sweep = args
+        .sweep
+        .as_ref()
+        .map(|ns| sweep_rows(ns, &draws, &union, &observations));
 
     let report = Report {
         scores: &scores,
@@ -283,11 +439,17 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             last: args.last,
             stat: args.stat,
             sink_position: args.sink_position,
+            trailing_queries: args.trailing_queries,
+            bootstrap: args.bootstrap,
+            bootstrap_seed: args.bootstrap_seed,
+            bands: args.bands,
+            k_sweep: args.k_sweep.map(|(lo, hi)| [lo, hi]),
             chat_template: args.chat_template,
             device: args.device,
             precision: args.precision,
             reference: args.reference.clone(),
         },
+        sweep,
         gpu,
     };
     if let Some(path) = &args.plot {
@@ -308,6 +470,67 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     Ok(())
 }
 
+/// The sweep's table: each draw's S and margins from the one pass over the union of the draws.
+fn sweep_rows(
+    ns: &[usize],
+    draws: &[(usize, u64, Vec<usize>)],
+    union: &[usize],
+    observations: &Observations,
+) -> Vec<SweepRow> {
+    let summarize = |values: Vec<Vec<Option<f64>>>, columns: usize| {
+        let column = |j: usize| -> Vec<f64> { values.iter().filter_map(|v| v[j]).collect() };
+        let complete = |j: usize| column(j).len() == values.len();
+        (
+            (0..columns)
+                .map(|j| complete(j).then(|| mean(&column(j))))
+                .collect::<Vec<_>>(),
+            (0..columns)
+                .map(|j| complete(j).then(|| sample_std(&column(j))).flatten())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let mut seen: Vec<usize> = Vec::new();
+    let mut rows = Vec::new();
+    for &n in ns {
+        if seen.contains(&n) {
+            continue;
+        }
+        seen.push(n);
+        let draws: Vec<SweepDraw> = (draws.iter())
+            .filter(|d| d.0 == n)
+            .map(|(_, seed, picked)| {
+                let at: Vec<usize> = (picked.iter())
+                    .map(|i| union.binary_search(i).expect("the union holds every draw"))
+                    .collect();
+                let sub = observations.subset(&at);
+                SweepDraw {
+                    seed: *seed,
+                    prompts: picked.clone(),
+                    sink_strength: sub.sink_strength,
+                    margin: sub.margin,
+                }
+            })
+            .collect();
+        let models = draws.first().map_or(0, |d| d.sink_strength.len());
+        let pairs = draws.first().map_or(0, |d| d.margin.len());
+        let (sink_strength_mean, sink_strength_std) = summarize(
+            draws.iter().map(|d| d.sink_strength.clone()).collect(),
+            models,
+        );
+        let (margin_mean, margin_std) =
+            summarize(draws.iter().map(|d| d.margin.clone()).collect(), pairs);
+        rows.push(SweepRow {
+            n,
+            draws,
+            sink_strength_mean,
+            sink_strength_std,
+            margin_mean,
+            margin_std,
+        });
+    }
+    rows
+}
+
 /// The scorer with a progress bar over the layers of every model.
 fn score_with_progress<B: Backend>(
     backend: &B,
@@ -315,7 +538,7 @@ fn score_with_progress<B: Backend>(
     reference: Option<usize>,
     settings: Settings,
     show: bool,
-) -> Result<Scores> {
+) -> Result<Scored> {
     let layers: u64 = (inputs.iter())
         .map(|i| {
             DecoderSpec::from_model_config(&i.ckpt.config).map_or(0, |s| s.num_layers() as u64)
@@ -336,12 +559,14 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
         ckpt: &ckpt,
         tokens: tokenize(&ckpt, &prompts::default_prompts(), false)?,
     };
-    let settings = Settings {
-        last: 10,
-        stat: Stat::Median,
-        sink_position: SinkPosition::Column,
-    };
-    let scores = score_with_progress(&CpuBackend::default(), &[input], None, settings, progress)?;
+    let scored = score_with_progress(
+        &CpuBackend::default(),
+        &[input],
+        None,
+        Settings::default(),
+        progress,
+    )?;
+    let scores = scored.scores;
     scores.models[0].sink_strength.ok_or_else(|| {
         bad!(
             "{}: no valid observation in the last 10 layers, so S is undefined",
@@ -461,6 +686,13 @@ fn render_text(report: &Report) -> String {
         PromptSource::Default => "the built-in default set".to_string(),
         PromptSource::Pool { n, seed } => format!("{n} drawn from the built-in pool, seed {seed}"),
         PromptSource::File { path } => path.clone(),
+        PromptSource::Sweep { n, seeds } => format!(
+            "the union of the sweep's draws from the built-in pool: N = {}, {seeds} seeds each",
+            n.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     out.push_str(&format!(
         "{} prompts ({source}){}; window: {}; S = {} G; sink position: {}\n\n",
@@ -481,7 +713,13 @@ fn render_text(report: &Report) -> String {
         },
     ));
     let with_ref = !scores.pairs.is_empty() || s.reference.is_some();
-    let mut header = vec!["model", "S", "pos0_share", "strong_sink_frac"];
+    let mut header = vec![
+        "model",
+        "S",
+        "pos0_share",
+        "pos0_trailing [95% CI]",
+        "strong_sink_frac",
+    ];
     if with_ref {
         header.extend(["b_gap_median", "margin"]);
     }
@@ -497,6 +735,12 @@ fn render_text(report: &Report) -> String {
             },
             opt(m.sink_strength),
             opt(m.pos0_share),
+            match (m.pos0_trailing, m.pos0_trailing_ci) {
+                (Some(p), Some([lo, hi])) => {
+                    format!("{} [{}, {}]", fmt_num(p), fmt_num(lo), fmt_num(hi))
+                }
+                (p, _) => opt(p),
+            },
             opt(m.strong_sink_frac),
         ];
         if with_ref {
@@ -512,6 +756,15 @@ fn render_text(report: &Report) -> String {
         table.row(row);
     }
     out.push_str(&table.render());
+    out.push_str(&format!(
+        "pos0_share: mean A[q,0] over the window's valid queries; pos0_trailing: the paper's \
+         measure (last {} queries, mean per prompt, {} bootstrap resamples over prompts)\n",
+        s.trailing_queries, s.bootstrap
+    ));
+    out.push_str(&band_tables(scores));
+    if let Some(rows) = &report.sweep {
+        out.push_str(&sweep_table(scores, rows));
+    }
 
     // Per-layer median G, one column per model.
     let layers = scores
@@ -554,6 +807,117 @@ fn render_text(report: &Report) -> String {
         ));
     }
     out
+}
+
+/// `--bands` and `--k-sweep`: S per model, then each pair's margin, by band or window.
+fn band_tables(scores: &Scores) -> String {
+    let mut out = String::new();
+    let labels = |with_pairs: bool| {
+        let mut header = vec!["".to_string()];
+        header.extend(
+            scores
+                .models
+                .iter()
+                .map(|m| format!("S {}", short(&m.model))),
+        );
+        if with_pairs {
+            header.extend(
+                scores
+                    .pairs
+                    .iter()
+                    .map(|p| format!("margin {}", short(&p.target))),
+            );
+        }
+        header
+    };
+    let bands: Vec<_> = scores
+        .models
+        .iter()
+        .map(|m| m.sink_strength_bands)
+        .collect();
+    if bands.iter().all(Option::is_some) && !bands.is_empty() {
+        let mut table = Table::new(labels(true));
+        for (name, pick) in [
+            (
+                "early third",
+                (|b: &BandValues| b.early) as fn(&BandValues) -> Option<f64>,
+            ),
+            ("middle third", |b| b.middle),
+            ("late third", |b| b.late),
+        ] {
+            let mut row = vec![name.to_string()];
+            row.extend(bands.iter().map(|b| opt(b.as_ref().and_then(pick))));
+            row.extend((scores.pairs.iter()).map(|p| opt(p.margin_bands.as_ref().and_then(pick))));
+            table.row(row);
+        }
+        out.push_str("\nby depth band (S, margin):\n");
+        out.push_str(&table.render());
+    }
+    if let Some(first) = scores
+        .models
+        .first()
+        .and_then(|m| m.sink_strength_by_last.as_ref())
+    {
+        let mut header = labels(true);
+        header[0] = "last K".to_string();
+        let mut table = Table::new(header);
+        for (i, at) in first.iter().enumerate() {
+            let mut row = vec![at.last.to_string()];
+            row.extend(scores.models.iter().map(|m| {
+                opt(m
+                    .sink_strength_by_last
+                    .as_ref()
+                    .and_then(|v| v[i].sink_strength))
+            }));
+            row.extend(
+                (scores.pairs.iter())
+                    .map(|p| opt(p.margin_by_last.as_ref().and_then(|v| v[i].margin))),
+            );
+            table.row(row);
+        }
+        out.push_str("\nby window (S, margin over the last K layers):\n");
+        out.push_str(&table.render());
+    }
+    out
+}
+
+/// `--sweep`: mean ± sample standard deviation of S and the margin per N.
+fn sweep_table(scores: &Scores, rows: &[SweepRow]) -> String {
+    let pm = |m: Option<f64>, s: Option<f64>| match (m, s) {
+        (Some(m), Some(s)) => format!("{} ± {}", fmt_num(m), fmt_num(s)),
+        (m, _) => opt(m),
+    };
+    let mut header = vec!["N".to_string(), "draws".to_string()];
+    header.extend(
+        scores
+            .models
+            .iter()
+            .map(|m| format!("S {}", short(&m.model))),
+    );
+    header.extend(
+        scores
+            .pairs
+            .iter()
+            .map(|p| format!("margin {}", short(&p.target))),
+    );
+    let mut table = Table::new(header);
+    for r in rows {
+        let mut row = vec![r.n.to_string(), r.draws.len().to_string()];
+        row.extend(
+            (0..r.sink_strength_mean.len())
+                .map(|j| pm(r.sink_strength_mean[j], r.sink_strength_std[j])),
+        );
+        row.extend((0..r.margin_mean.len()).map(|j| pm(r.margin_mean[j], r.margin_std[j])));
+        table.row(row);
+    }
+    format!(
+        "\nN-sweep (mean ± sample std over the draws; one pass over {} distinct prompts):\n{}",
+        (rows.iter())
+            .flat_map(|r| r.draws.iter().flat_map(|d| d.prompts.iter()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        table.render()
+    )
 }
 
 /// The last path component of a model label, for column headers.

@@ -162,6 +162,29 @@ pub fn observe(view: &HeadView, mode: SinkPosition) -> HeadObservations {
     obs
 }
 
+/// The paper's position-0 probe for one head (Section 4.3, Appendix C.3): the sum of `A[q, 0]`
+/// over the trailing `trailing` query positions `q >= max(1, len - trailing)`, and their count.
+/// Every such query counts, sink or not; `A[q, 0]` is 0 where key 0 has left a sliding window.
+pub fn trailing_pos0(view: &HeadView, trailing: usize) -> (f64, usize) {
+    let len = view.len;
+    let first = len.saturating_sub(trailing).max(1);
+    let mut sum = 0f64;
+    for q in first..len {
+        let lo = view.first_key(q);
+        if lo == 0 {
+            let row = &view.scores[q * len..q * len + q + 1];
+            sum += (row[0] as f64 - log_sum_exp(row)).exp();
+        }
+    }
+    (sum, len.saturating_sub(first))
+}
+
+/// `log Σ exp(row)` in f64, about the row's maximum.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln()
+}
+
 impl ReferenceHead {
     /// Keep what B needs from a reference head: its scores and its valid queries and sinks.
     pub fn new(view: &HeadView, obs: &HeadObservations) -> ReferenceHead {
@@ -227,6 +250,28 @@ pub fn mean(values: &[f64]) -> f64 {
     }
 }
 
+/// numpy's default percentile (linear interpolation between closest ranks) of sorted values, for
+/// `p` in `[0, 100]`; NaN for no values.
+pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let h = (sorted.len() - 1) as f64 * p / 100.0;
+    let lo = h.floor() as usize;
+    let hi = (lo + 1).min(sorted.len() - 1);
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Sample standard deviation (n - 1 in the denominator); `None` below two values.
+pub fn sample_std(values: &[f64]) -> Option<f64> {
+    if values.len() < 2 {
+        return None;
+    }
+    let m = mean(values);
+    let ss: f64 = values.iter().map(|v| (v - m) * (v - m)).sum();
+    Some((ss / (values.len() - 1) as f64).sqrt())
+}
+
 /// The most frequent value, lowest on ties; `None` for no values.
 pub fn mode(values: &[u32]) -> Option<u32> {
     let mut sorted = values.to_vec();
@@ -282,6 +327,11 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
         assert!(median(&mut []).is_nan());
+        // numpy.percentile([1, 2, 3, 4], [2.5, 97.5]) = [1.075, 3.925]
+        assert!((percentile_sorted(&[1.0, 2.0, 3.0, 4.0], 2.5) - 1.075).abs() < 1e-12);
+        assert!((percentile_sorted(&[1.0, 2.0, 3.0, 4.0], 97.5) - 3.925).abs() < 1e-12);
+        assert_eq!(sample_std(&[1.0]), None);
+        assert!((sample_std(&[1.0, 2.0, 3.0]).unwrap() - 1.0).abs() < 1e-12);
         assert_eq!(mode(&[3, 1, 3, 1, 2]), Some(1));
     }
 
@@ -305,6 +355,27 @@ mod tests {
             assert!((obs.g[i] - (share / (1.0 - share)).ln()).abs() < 1e-5);
             assert!((obs.pos0[i] - share).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn trailing_pos0_averages_the_last_queries_only() {
+        let len = 5;
+        let mut s = vec![0f32; len * len];
+        for q in 0..len {
+            s[q * len] = 1.0;
+        }
+        let a = softmax(&s, len);
+        let v = view(&s, &a, len, None);
+        // The last 2 queries are 3 and 4: A[3,0] = e/(e+3), A[4,0] = e/(e+4).
+        let e = std::f64::consts::E;
+        let (sum, n) = trailing_pos0(&v, 2);
+        assert_eq!(n, 2);
+        assert!((sum - (e / (e + 3.0) + e / (e + 4.0))).abs() < 1e-6);
+        // More trailing queries than the prompt has: every query but 0.
+        assert_eq!(trailing_pos0(&v, 8).1, 4);
+        // Key 0 out of a window of 2 for queries 2..: they count, with A[q,0] = 0.
+        let (sum, n) = trailing_pos0(&view(&s, &a, len, Some(2)), 2);
+        assert_eq!((sum, n), (0.0, 2));
     }
 
     #[test]

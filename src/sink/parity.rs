@@ -8,7 +8,6 @@ use serde::Serialize;
 use super::backend::cpu::CpuBackend;
 use super::backend::{Backend, Precision};
 use super::forward::{trace_on, Trace};
-use super::metrics::{SinkPosition, Stat};
 use super::score::{score, Input, Scores, Settings};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
@@ -170,12 +169,11 @@ pub fn check<B: Backend>(
         .collect();
     let settings = Settings {
         last: usize::MAX,
-        stat: Stat::Median,
-        sink_position: SinkPosition::Column,
+        ..Settings::default()
     };
     let reference = with_ref.then_some(0);
-    let cpu = score(&cpu_backend, &inputs, reference, settings, &|| {})?;
-    let other = score(backend, &inputs, reference, settings, &|| {})?;
+    let cpu = score(&cpu_backend, &inputs, reference, settings, &|| {})?.scores;
+    let other = score(backend, &inputs, reference, settings, &|| {})?.scores;
     Ok(Parity {
         precision: backend.precision(),
         tolerances: Tolerances::of(backend.precision()),

@@ -1,20 +1,25 @@
 //! Calibration prompts: the project's own short instruction-following prompts with verifiable
 //! format constraints (IFEval-style, written for sinkmerge, disjoint from IFEval), shipped in the
 //! binary. `assets/prompts/default.txt` holds the 15 default prompts; `assets/prompts/pool.txt`
-//! holds those 15 followed by 108 more, for seeded draws (the paper's N-sweep, Appendix D.1).
-//! Prompt files have one prompt per line; blank lines are skipped.
+//! holds 100 others, disjoint from them, for seeded draws: the paper's N-sweep (Appendix D.1)
+//! draws from a pool of 100 kept apart from the fixed 15. Prompt files have one prompt per line;
+//! blank lines are skipped.
+//!
+//! Draws and bootstrap resamples use SplitMix64 (Steele, Lea and Flood, OOPSLA 2014) with a
+//! multiply-shift index, so a few lines of any language reproduce them
+//! (`docs/reference/sink-metrics.md`, "Seeded draws").
 
 use std::path::Path;
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use rand::{RngCore, SeedableRng};
+use rand_xoshiro::SplitMix64;
 
 use crate::bail;
 use crate::error::{Error, Result};
 
 /// The 15 default prompts.
 pub const DEFAULT: &str = include_str!("../../assets/prompts/default.txt");
-/// The pool `--n` draws from (the 15 defaults first).
+/// The pool `--n` and `--sweep` draw from (disjoint from the defaults).
 pub const POOL: &str = include_str!("../../assets/prompts/pool.txt");
 
 /// Which prompts were used, for reports.
@@ -25,6 +30,8 @@ pub enum PromptSource {
     Default,
     /// `n` prompts drawn from the built-in pool with `seed`.
     Pool { n: usize, seed: u64 },
+    /// The union of the `--sweep` draws: `seeds` draws of each size in `n`.
+    Sweep { n: Vec<usize>, seeds: usize },
     /// A user file.
     File { path: String },
 }
@@ -53,20 +60,45 @@ pub fn pool() -> Vec<String> {
     parse(POOL, "assets/prompts/pool.txt").expect("the built-in pool is not empty")
 }
 
-/// `n` distinct prompts of the pool drawn with `seed` (ChaCha8), in pool order. Deterministic
-/// for a given (n, seed) on every platform.
+/// A seeded stream of indices: SplitMix64 with `state = seed`, and `index(n) = (x · n) >> 64` for
+/// each 64-bit output `x` (Lemire's multiply-shift, without rejection: the bias is below
+/// n / 2^64).
+pub struct IndexStream(SplitMix64);
+
+impl IndexStream {
+    pub fn new(seed: u64) -> IndexStream {
+        IndexStream(SplitMix64::from_seed(seed.to_le_bytes()))
+    }
+
+    /// An index in `0..n`.
+    pub fn index(&mut self, n: usize) -> usize {
+        ((self.0.next_u64() as u128 * n as u128) >> 64) as usize
+    }
+}
+
+/// Pool indices of the `n` prompts drawn with `seed`, ascending: a partial Fisher-Yates shuffle
+/// of `0..pool_len` (for each `i < n`, swap `i` with `i + index(pool_len - i)`), whose first `n`
+/// entries are then sorted.
+pub fn draw_indices(n: usize, seed: u64, pool_len: usize) -> Result<Vec<usize>> {
+    if n == 0 || n > pool_len {
+        bail!("--n {n}: the built-in pool holds {pool_len} prompts; choose 1 to {pool_len}");
+    }
+    let mut stream = IndexStream::new(seed);
+    let mut order: Vec<usize> = (0..pool_len).collect();
+    for i in 0..n {
+        let j = i + stream.index(pool_len - i);
+        order.swap(i, j);
+    }
+    order.truncate(n);
+    order.sort_unstable();
+    Ok(order)
+}
+
+/// `n` distinct prompts of the pool drawn with `seed` ([`draw_indices`]), in pool order.
+/// Deterministic for a given (n, seed) on every platform.
 pub fn draw(n: usize, seed: u64) -> Result<Vec<String>> {
     let pool = pool();
-    if n == 0 || n > pool.len() {
-        bail!(
-            "--n {n}: the built-in pool holds {} prompts; choose 1 to {}",
-            pool.len(),
-            pool.len()
-        );
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut picked = rand::seq::index::sample(&mut rng, pool.len(), n).into_vec();
-    picked.sort_unstable();
+    let picked = draw_indices(n, seed, pool.len())?;
     Ok(picked.into_iter().map(|i| pool[i].clone()).collect())
 }
 
@@ -91,11 +123,10 @@ mod tests {
         let default = default_prompts();
         let pool = pool();
         assert_eq!(default.len(), 15);
-        assert!(pool.len() >= 100);
-        assert_eq!(
-            &pool[..15],
-            &default[..],
-            "the pool starts with the defaults"
+        assert_eq!(pool.len(), 100, "--n 100 takes the whole pool");
+        assert!(
+            default.iter().all(|d| !pool.contains(d)),
+            "the pool is disjoint from the defaults"
         );
         let mut unique = pool.clone();
         unique.sort();
@@ -116,6 +147,21 @@ mod tests {
         assert!(positions.windows(2).all(|w| w[0] < w[1]));
         assert!(draw(0, 0).is_err());
         assert!(draw(pool.len() + 1, 0).is_err());
+        assert_eq!(draw(pool.len(), 5).unwrap(), pool);
+    }
+
+    #[test]
+    fn the_index_stream_is_splitmix64() {
+        // SplitMix64's first outputs for seed 0 (Vigna's reference splitmix64.c).
+        let mut raw = SplitMix64::from_seed(0u64.to_le_bytes());
+        assert_eq!(raw.next_u64(), 0xe220a8397b1dcdaf);
+        assert_eq!(raw.next_u64(), 0x6e789e6aa1b965f4);
+        // index(n) keeps the top bits: (0xe220a8397b1dcdaf * 10) >> 64 = 8.
+        assert_eq!(IndexStream::new(0).index(10), 8);
+        assert_eq!(
+            draw_indices(3, 0, 10).unwrap(),
+            draw_indices(3, 0, 10).unwrap()
+        );
     }
 
     #[test]

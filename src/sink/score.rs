@@ -6,13 +6,17 @@
 //! layer's scores (`heads x prompts x len²` floats) for its targets' B, then drops them, so no
 //! model ever holds more than one layer's weights and one layer's attention.
 
+use std::ops::Range;
+
 use serde::Serialize;
 
 use super::backend::Backend;
 use super::forward::{HeadView, Model, QkNormStats, State};
 use super::metrics::{
-    mean, median, mode, observe, HeadObservations, ReferenceHead, SinkPosition, Stat, STRONG_SINK_G,
+    mean, median, mode, observe, percentile_sorted, trailing_pos0, HeadObservations, ReferenceHead,
+    SinkPosition, Stat, STRONG_SINK_G,
 };
+use super::prompts::IndexStream;
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
@@ -25,6 +29,40 @@ pub struct Settings {
     pub last: usize,
     pub stat: Stat,
     pub sink_position: SinkPosition,
+    /// The paper's position-0 probe reads the last this many queries of each prompt.
+    pub trailing_queries: usize,
+    /// Bootstrap of that probe's mean over prompts.
+    pub bootstrap: Bootstrap,
+    /// Also report S and the margin over the early, middle and late thirds of the layers.
+    pub bands: bool,
+    /// Also report S and the margin for every window `last` in `lo..=hi`.
+    pub k_sweep: Option<(usize, usize)>,
+}
+
+/// A seeded percentile bootstrap over prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bootstrap {
+    pub resamples: usize,
+    pub seed: u64,
+}
+
+impl Default for Settings {
+    /// The paper's measurement (Sections 3.2 and 4.3): the last 10 layers, median G, column sinks,
+    /// the last 8 queries for position 0 with 1000 bootstrap resamples.
+    fn default() -> Settings {
+        Settings {
+            last: 10,
+            stat: Stat::Median,
+            sink_position: SinkPosition::Column,
+            trailing_queries: 8,
+            bootstrap: Bootstrap {
+                resamples: 1000,
+                seed: 0,
+            },
+            bands: false,
+            k_sweep: None,
+        }
+    }
 }
 
 /// One model to score: its checkpoint and the token ids of every prompt.
@@ -76,12 +114,45 @@ pub struct ModelReport {
     pub sink_strength: Option<f64>,
     /// Median of G over the window (equals S under the default `--stat median`).
     pub median_g: Option<f64>,
+    /// Mean of `A[q, 0]` pooled over the window's valid observations (sinkmerge's own measure).
     pub pos0_share: Option<f64>,
+    /// The paper's position-0 measure (Section 4.3, Appendix C.3): per prompt, the mean of
+    /// `A[q, 0]` over the window's layers, every head and the trailing queries; then the mean
+    /// over prompts.
+    pub pos0_trailing: Option<f64>,
+    /// Percentile bootstrap 95% interval of `pos0_trailing` over prompts.
+    pub pos0_trailing_ci: Option<[f64; 2]>,
     pub strong_sink_frac: Option<f64>,
     pub n_observations: usize,
     pub n_tokens: usize,
+    /// S over the early, middle and late thirds of the layers (`--bands thirds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink_strength_bands: Option<BandValues>,
+    /// S for each window of the K sweep (`--k-sweep`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sink_strength_by_last: Option<Vec<SinkStrengthAt>>,
     pub per_layer: Vec<LayerReport>,
     pub per_head: Vec<HeadReport>,
+}
+
+/// One value per third of the layers (Appendix E.4, Table 13).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BandValues {
+    pub early: Option<f64>,
+    pub middle: Option<f64>,
+    pub late: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SinkStrengthAt {
+    pub last: usize,
+    pub sink_strength: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MarginAt {
+    pub last: usize,
+    pub margin: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +167,12 @@ pub struct PairReport {
     /// `g_base_median - b_gap_median` (Table 5's marginal proxy).
     pub margin: Option<f64>,
     pub n_observations: usize,
+    /// The margin over each third of the layers (`--bands thirds`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub margin_bands: Option<BandValues>,
+    /// The margin for each window of the K sweep (`--k-sweep`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub margin_by_last: Option<Vec<MarginAt>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -108,25 +185,35 @@ fn finite(x: f64) -> Option<f64> {
     x.is_finite().then_some(x)
 }
 
+/// What one layer of one model observed, per prompt (so that any subset of prompts and layers
+/// can be summarised later without another forward pass).
+#[derive(Debug, Clone, Default)]
+struct LayerObservations {
+    /// G of each prompt, heads then queries in order.
+    g: Vec<Vec<f64>>,
+    /// B of each prompt against the reference, in the same order (empty where not computed).
+    b: Vec<Vec<f64>>,
+    /// Σ A[q, 0] over the trailing queries of every head, and their count, per prompt.
+    trailing: Vec<(f64, usize)>,
+}
+
 /// Observations of one model, accumulated layer by layer.
 struct Accumulator {
     window_start: usize,
-    window_g: Vec<f64>,
     window_pos0: Vec<f64>,
     per_layer: Vec<LayerReport>,
     per_head: Vec<HeadReport>,
-    b: Vec<f64>,
+    layers: Vec<LayerObservations>,
 }
 
 impl Accumulator {
     fn new(window_start: usize) -> Accumulator {
         Accumulator {
             window_start,
-            window_g: Vec::new(),
             window_pos0: Vec::new(),
             per_layer: Vec::new(),
             per_head: Vec::new(),
-            b: Vec::new(),
+            layers: Vec::new(),
         }
     }
 
@@ -134,15 +221,30 @@ impl Accumulator {
         &mut self,
         layer: usize,
         heads: usize,
-        obs: &[HeadObservations],
+        results: Vec<HeadResult>,
         qk: Option<QkNormStats>,
     ) {
-        let mut g: Vec<f64> = obs.iter().flat_map(|o| o.g.iter().copied()).collect();
+        let prompts = results.len() / heads.max(1);
+        let mut observed = LayerObservations {
+            g: vec![Vec::new(); prompts],
+            b: vec![Vec::new(); prompts],
+            trailing: vec![(0.0, 0); prompts],
+        };
+        // results are prompt-major: head h of prompt p is at p * heads + h.
+        for (i, r) in results.iter().enumerate() {
+            let p = i / heads;
+            observed.g[p].extend_from_slice(&r.obs.g);
+            if let Some(b) = &r.b {
+                observed.b[p].extend_from_slice(b);
+            }
+            observed.trailing[p].0 += r.trailing.0;
+            observed.trailing[p].1 += r.trailing.1;
+        }
+        let obs: Vec<&HeadObservations> = results.iter().map(|r| &r.obs).collect();
+        let mut g: Vec<f64> = observed.g.concat();
         let pos0: Vec<f64> = obs.iter().flat_map(|o| o.pos0.iter().copied()).collect();
-        let in_window = layer >= self.window_start;
-        if in_window {
+        if layer >= self.window_start {
             for head in 0..heads {
-                // obs is prompt-major: head h of prompt p is at p * heads + h.
                 let of_head = obs.iter().skip(head).step_by(heads);
                 let mut hg: Vec<f64> = of_head.clone().flat_map(|o| o.g.iter().copied()).collect();
                 let hp: Vec<f64> = of_head
@@ -158,7 +260,6 @@ impl Accumulator {
                     pos0_share: finite(mean(&hp)),
                 });
             }
-            self.window_g.extend_from_slice(&g);
             self.window_pos0.extend_from_slice(&pos0);
         }
         let n = g.len();
@@ -182,7 +283,137 @@ impl Accumulator {
             m_q,
             m_k,
         });
+        self.layers.push(observed);
     }
+
+    /// G over `layers`, of every prompt or of `prompts`, layer-major then prompt order.
+    fn g(&self, layers: Range<usize>, prompts: Option<&[usize]>) -> Vec<f64> {
+        gather(&self.layers, layers, prompts, |l| &l.g)
+    }
+
+    /// B over `layers`, as [`Accumulator::g`].
+    fn b(&self, layers: Range<usize>, prompts: Option<&[usize]>) -> Vec<f64> {
+        gather(&self.layers, layers, prompts, |l| &l.b)
+    }
+
+    /// The paper's position-0 value of each prompt with at least one trailing query, over the
+    /// window (`None` for prompts of one token).
+    fn trailing_per_prompt(&self) -> Vec<f64> {
+        let Some(first) = self.layers.get(self.window_start) else {
+            return Vec::new();
+        };
+        (0..first.trailing.len())
+            .filter_map(|p| {
+                let (sum, n) = self.layers[self.window_start..]
+                    .iter()
+                    .fold((0.0, 0), |(s, n), l| {
+                        (s + l.trailing[p].0, n + l.trailing[p].1)
+                    });
+                (n > 0).then(|| sum / n as f64)
+            })
+            .collect()
+    }
+}
+
+fn gather(
+    layers: &[LayerObservations],
+    range: Range<usize>,
+    prompts: Option<&[usize]>,
+    field: impl Fn(&LayerObservations) -> &Vec<Vec<f64>>,
+) -> Vec<f64> {
+    let mut out = Vec::new();
+    for layer in &layers[range] {
+        let per_prompt = field(layer);
+        match prompts {
+            None => per_prompt.iter().for_each(|v| out.extend_from_slice(v)),
+            Some(ps) => ps
+                .iter()
+                .for_each(|&p| out.extend_from_slice(&per_prompt[p])),
+        }
+    }
+    out
+}
+
+/// The layer ranges of the early, middle and late thirds of `n` layers, split as
+/// `numpy.array_split(range(n), 3)`: the first `n % 3` thirds take one layer more.
+pub fn thirds(n: usize) -> [Range<usize>; 3] {
+    let size = |i: usize| n / 3 + usize::from(i < n % 3);
+    let (a, b) = (size(0), size(0) + size(1));
+    [0..a, a..b, b..n]
+}
+
+/// S of `g` under `stat`.
+fn statistic(stat: Stat, g: &mut [f64]) -> f64 {
+    match stat {
+        Stat::Median => median(g),
+        Stat::Mean => mean(g),
+    }
+}
+
+/// The percentile bootstrap 95% interval of the mean of `values` (numpy's linear percentiles of
+/// the resample means; resample indices from [`IndexStream`]).
+pub fn bootstrap_ci(values: &[f64], bootstrap: Bootstrap) -> Option<[f64; 2]> {
+    if values.is_empty() || bootstrap.resamples == 0 {
+        return None;
+    }
+    let mut stream = IndexStream::new(bootstrap.seed);
+    let n = values.len();
+    let mut means: Vec<f64> = (0..bootstrap.resamples)
+        .map(|_| (0..n).map(|_| values[stream.index(n)]).sum::<f64>() / n as f64)
+        .collect();
+    means.sort_unstable_by(f64::total_cmp);
+    Some([
+        percentile_sorted(&means, 2.5),
+        percentile_sorted(&means, 97.5),
+    ])
+}
+
+/// Everything a scoring pass observed, kept so that subsets of its prompts (the N-sweep's
+/// draws) can be summarised without running the models again.
+pub struct Observations {
+    models: Vec<Accumulator>,
+    reference: Option<usize>,
+    stat: Stat,
+}
+
+/// S of every model and the margin of every pair over one subset of the prompts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubsetScores {
+    pub sink_strength: Vec<Option<f64>>,
+    pub margin: Vec<Option<f64>>,
+}
+
+impl Observations {
+    /// S and margins over the window, on the prompts of index `prompts` only.
+    pub fn subset(&self, prompts: &[usize]) -> SubsetScores {
+        let window = |a: &Accumulator| a.window_start..a.layers.len();
+        let sink_strength = self
+            .models
+            .iter()
+            .map(|a| finite(statistic(self.stat, &mut a.g(window(a), Some(prompts)))))
+            .collect();
+        let margin = match self.reference {
+            None => Vec::new(),
+            Some(r) => {
+                let r_acc = &self.models[r];
+                let g_base = median(&mut r_acc.g(window(r_acc), Some(prompts)));
+                (self.models.iter().enumerate())
+                    .filter(|&(i, _)| i != r)
+                    .map(|(_, a)| finite(g_base - median(&mut a.b(window(a), Some(prompts)))))
+                    .collect()
+            }
+        };
+        SubsetScores {
+            sink_strength,
+            margin,
+        }
+    }
+}
+
+/// What a scoring pass returns: the reports, and the observations behind them.
+pub struct Scored {
+    pub scores: Scores,
+    pub observations: Observations,
 }
 
 /// B compares scores position by position: every target must run the reference's token ids
@@ -238,6 +469,20 @@ struct HeadResult {
     obs: HeadObservations,
     reference: Option<ReferenceHead>,
     b: Option<Vec<f64>>,
+    trailing: (f64, usize),
+}
+
+/// The first layer whose B (and reference scores) a model's reports need: the window's, or
+/// earlier for the bands and the K sweep.
+fn first_b_layer(num_layers: usize, settings: &Settings) -> usize {
+    let mut first = num_layers.saturating_sub(settings.last);
+    if let Some((_, hi)) = settings.k_sweep {
+        first = first.min(num_layers.saturating_sub(hi));
+    }
+    if settings.bands {
+        first = 0;
+    }
+    first
 }
 
 /// Score `inputs` on `backend`; with `reference = Some(i)`, `inputs[i]` is the reference and every
@@ -249,7 +494,7 @@ pub fn score<B: Backend>(
     reference: Option<usize>,
     settings: Settings,
     on_layer: &dyn Fn(),
-) -> Result<Scores> {
+) -> Result<Scored> {
     let models: Vec<Model> = inputs
         .iter()
         .map(|i| Model::new(i.ckpt))
@@ -284,38 +529,35 @@ pub fn score<B: Backend>(
             if layer >= spec.num_layers() {
                 continue;
             }
+            let with_b = layer >= first_b_layer(spec.num_layers(), &settings);
             let in_window = layer >= accs[mi].window_start;
             let is_ref = reference == Some(mi);
-            let keep_ref = is_ref && in_window && inputs.len() > 1;
-            let against = (!is_ref && in_window)
-                .then_some(ref_heads.as_ref())
-                .flatten();
+            let keep_ref = is_ref && with_b && inputs.len() > 1;
+            let against = (!is_ref && with_b).then_some(ref_heads.as_ref()).flatten();
             let heads = spec.num_heads;
             let visit = |view: &HeadView| {
                 let obs = observe(view, settings.sink_position);
                 HeadResult {
                     reference: keep_ref.then(|| ReferenceHead::new(view, &obs)),
                     b: against.map(|r| r[view.prompt * heads + view.head].gap_perturbation(view)),
+                    trailing: if in_window {
+                        trailing_pos0(view, settings.trailing_queries)
+                    } else {
+                        (0.0, 0)
+                    },
                     obs,
                 }
             };
             let last = layer + 1 == spec.num_layers();
-            let out = states[mi].attention(layer, &visit, !last)?;
-            let mut obs = Vec::with_capacity(out.heads.len());
-            let mut refs = Vec::new();
-            for r in out.heads {
-                if let Some(b) = r.b {
-                    accs[mi].b.extend(b);
-                }
-                if let Some(rh) = r.reference {
-                    refs.push(rh);
-                }
-                obs.push(r.obs);
-            }
+            let mut out = states[mi].attention(layer, &visit, !last)?;
             if keep_ref {
-                ref_heads = Some(refs);
+                ref_heads = Some(
+                    (out.heads.iter_mut())
+                        .filter_map(|r| r.reference.take())
+                        .collect(),
+                );
             }
-            accs[mi].add_layer(layer, heads, &obs, out.qk_norm);
+            accs[mi].add_layer(layer, heads, out.heads, out.qk_norm);
             // Nothing after the last layer's attention scores can change any attention.
             if !last {
                 states[mi].mlp(layer)?;
@@ -324,55 +566,156 @@ pub fn score<B: Backend>(
         }
     }
 
-    let mut reports = Vec::with_capacity(inputs.len());
-    let mut pairs = Vec::new();
-    let ref_median = reference.map(|r| median(&mut accs[r].window_g.clone()));
-    for (mi, (input, acc)) in inputs.iter().zip(accs).enumerate() {
-        let spec = &models[mi].spec;
-        let mut g = acc.window_g;
-        let n = g.len();
-        let strong = g.iter().filter(|&&v| v > STRONG_SINK_G).count();
-        let mean_g = mean(&g);
-        let median_g = median(&mut g);
-        let s = match settings.stat {
-            Stat::Median => median_g,
-            Stat::Mean => mean_g,
-        };
-        if let (Some(r), Some(g_base)) = (reference, ref_median) {
-            if r != mi {
-                let mut b = acc.b;
-                let nb = b.len();
-                let b_med = median(&mut b);
-                pairs.push(PairReport {
-                    reference: inputs[r].label.clone(),
-                    target: input.label.clone(),
-                    g_base_median: finite(g_base),
-                    b_gap_median: finite(b_med),
-                    margin: finite(g_base - b_med),
-                    n_observations: nb,
-                });
-            }
-        }
-        reports.push(ModelReport {
-            model: input.label.clone(),
-            path: input.ckpt.dir.display().to_string(),
-            reference: reference == Some(mi),
-            model_type: spec.model_type.clone(),
-            qk_norm: spec.qk_norm,
-            num_layers: spec.num_layers(),
-            window: [acc.window_start, spec.num_layers().saturating_sub(1)],
-            sink_strength: finite(s),
-            median_g: finite(median_g),
-            pos0_share: finite(mean(&acc.window_pos0)),
-            strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
-            n_observations: n,
-            n_tokens: input.tokens.iter().map(Vec::len).sum(),
-            per_layer: acc.per_layer,
-            per_head: acc.per_head,
-        });
-    }
-    Ok(Scores {
-        models: reports,
-        pairs,
+    let reports = (inputs.iter().zip(&accs).enumerate())
+        .map(|(mi, (input, acc))| model_report(input, &models[mi], acc, mi, reference, &settings))
+        .collect();
+    let pairs = match reference {
+        None => Vec::new(),
+        Some(r) => (inputs.iter().zip(&accs).enumerate())
+            .filter(|&(mi, _)| mi != r)
+            .map(|(_, (input, acc))| pair_report(&inputs[r], &accs[r], input, acc, &settings))
+            .collect(),
+    };
+    Ok(Scored {
+        scores: Scores {
+            models: reports,
+            pairs,
+        },
+        observations: Observations {
+            models: accs,
+            reference,
+            stat: settings.stat,
+        },
     })
+}
+
+fn model_report(
+    input: &Input,
+    model: &Model,
+    acc: &Accumulator,
+    mi: usize,
+    reference: Option<usize>,
+    settings: &Settings,
+) -> ModelReport {
+    let spec = &model.spec;
+    let layers = acc.layers.len();
+    let mut g = acc.g(acc.window_start..layers, None);
+    let n = g.len();
+    let strong = g.iter().filter(|&&v| v > STRONG_SINK_G).count();
+    let mean_g = mean(&g);
+    let median_g = median(&mut g);
+    let s = match settings.stat {
+        Stat::Median => median_g,
+        Stat::Mean => mean_g,
+    };
+    let trailing = acc.trailing_per_prompt();
+    let s_over = |range: Range<usize>| finite(statistic(settings.stat, &mut acc.g(range, None)));
+    ModelReport {
+        model: input.label.clone(),
+        path: input.ckpt.dir.display().to_string(),
+        reference: reference == Some(mi),
+        model_type: spec.model_type.clone(),
+        qk_norm: spec.qk_norm,
+        num_layers: spec.num_layers(),
+        window: [acc.window_start, spec.num_layers().saturating_sub(1)],
+        sink_strength: finite(s),
+        median_g: finite(median_g),
+        pos0_share: finite(mean(&acc.window_pos0)),
+        pos0_trailing: finite(mean(&trailing)),
+        pos0_trailing_ci: bootstrap_ci(&trailing, settings.bootstrap),
+        strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
+        n_observations: n,
+        n_tokens: input.tokens.iter().map(Vec::len).sum(),
+        sink_strength_bands: settings.bands.then(|| {
+            let [early, middle, late] = thirds(layers).map(s_over);
+            BandValues {
+                early,
+                middle,
+                late,
+            }
+        }),
+        sink_strength_by_last: settings.k_sweep.map(|(lo, hi)| {
+            (lo..=hi)
+                .map(|last| SinkStrengthAt {
+                    last,
+                    sink_strength: s_over(layers.saturating_sub(last)..layers),
+                })
+                .collect()
+        }),
+        per_layer: acc.per_layer.clone(),
+        per_head: acc.per_head.clone(),
+    }
+}
+
+fn pair_report(
+    r_input: &Input,
+    r_acc: &Accumulator,
+    input: &Input,
+    acc: &Accumulator,
+    settings: &Settings,
+) -> PairReport {
+    let layers = acc.layers.len();
+    // The pair's margin over a layer range: the reference's median G minus the median B.
+    let over = |range: Range<usize>| {
+        let g_base = median(&mut r_acc.g(range.clone(), None));
+        let mut b = acc.b(range, None);
+        let n = b.len();
+        (g_base, median(&mut b), n)
+    };
+    let margin_over = |range: Range<usize>| {
+        let (g_base, b, _) = over(range);
+        finite(g_base - b)
+    };
+    let (g_base, b_med, nb) = over(acc.window_start..layers);
+    PairReport {
+        reference: r_input.label.clone(),
+        target: input.label.clone(),
+        g_base_median: finite(g_base),
+        b_gap_median: finite(b_med),
+        margin: finite(g_base - b_med),
+        n_observations: nb,
+        margin_bands: settings.bands.then(|| {
+            let [early, middle, late] = thirds(layers).map(margin_over);
+            BandValues {
+                early,
+                middle,
+                late,
+            }
+        }),
+        margin_by_last: settings.k_sweep.map(|(lo, hi)| {
+            (lo..=hi)
+                .map(|last| MarginAt {
+                    last,
+                    margin: margin_over(layers.saturating_sub(last)..layers),
+                })
+                .collect()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thirds_split_as_numpy_array_split() {
+        assert_eq!(thirds(28), [0..10, 10..19, 19..28]);
+        assert_eq!(thirds(6), [0..2, 2..4, 4..6]);
+        assert_eq!(thirds(2), [0..1, 1..2, 2..2]);
+    }
+
+    #[test]
+    fn bootstrap_intervals_are_seeded_and_bracket_the_mean() {
+        let v = [0.1, 0.5, 0.2, 0.9, 0.4];
+        let b = Bootstrap {
+            resamples: 200,
+            seed: 3,
+        };
+        let ci = bootstrap_ci(&v, b).unwrap();
+        assert_eq!(Some(ci), bootstrap_ci(&v, b));
+        assert_ne!(Some(ci), bootstrap_ci(&v, Bootstrap { seed: 4, ..b }));
+        let m = mean(&v);
+        assert!(ci[0] < m && m < ci[1], "{ci:?} around {m}");
+        assert_eq!(bootstrap_ci(&[], b), None);
+    }
 }
