@@ -402,3 +402,49 @@ fn nothing_is_written_on_error_and_inputs_are_protected() {
     );
     assert!(!inside.exists());
 }
+
+#[test]
+fn chat_templates_follow_the_reference_unless_told_otherwise() {
+    // A VLM-LM whose template adds a default system prompt, as Qwen2.5-VL's does.
+    let reference = root().join("assets/models/tiny-qwen3/ref");
+    let config = reference.join("tokenizer_config.json");
+    let vl = variant(
+        &root().join("assets/models/tiny-qwen3/vl"),
+        &[(
+            "tokenizer_config.json",
+            Some(edited_json(&config, |c| {
+                let t = c["chat_template"].as_str().unwrap().to_string();
+                let system =
+                    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}";
+                c["chat_template"] =
+                    Value::String(t.replacen("{%- for", &format!("{system}{{%- for"), 1));
+            })),
+        )],
+    );
+    let args = ["--ref", s(&reference), "--chat-template"];
+    let report = json_report(vl.path(), &args);
+    assert_eq!(report["settings"]["chat_template_from"], "ref");
+    assert!(report["pairs"][0]["margin"].is_f64());
+    let mut own = args.to_vec();
+    own.extend(["--template-from", "own"]);
+    own.insert(0, s(vl.path()));
+    fails_with(&own, &["other token ids", "--template-from ref"]);
+    // Its own template, scored alone, renders more tokens than the reference's.
+    let alone = |extra: &[&str]| {
+        let mut a = vec!["--chat-template"];
+        a.extend_from_slice(extra);
+        json_report(vl.path(), &a)["models"][0]["n_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        alone(&[])
+            > json_report(&reference, &["--chat-template"])["models"][0]["n_tokens"]
+                .as_u64()
+                .unwrap()
+    );
+    fails_with(
+        &[s(vl.path()), "--chat-template", "--template-from", "ref"],
+        &["needs --ref"],
+    );
+}

@@ -73,7 +73,7 @@ pub fn run(args: Args) -> Result<()> {
         let prompts = prompts::default_prompts();
         let own = ckpts
             .iter()
-            .map(|c| tokenize(c, &prompts, false))
+            .map(|c| tokenize(c, &prompts, None))
             .collect::<Result<Vec<_>>>()?;
         let tokens = match args.reference {
             Some(_) => vec![own[0].clone(); ckpts.len()],

@@ -188,6 +188,12 @@ pub struct Args {
     #[arg(long)]
     pub chat_template: bool,
 
+    /// Whose chat template renders the prompts: `ref` = the reference's, for every model (the
+    /// default with --ref: B needs the same token ids, and a VLM's template may differ, e.g. in
+    /// its default system prompt), or `own` = each model its own (the default without --ref)
+    #[arg(long, value_enum, value_name = "WHOSE", requires = "chat_template")]
+    pub template_from: Option<TemplateFrom>,
+
     /// Print one JSON object: models, pairs, settings
     #[arg(long)]
     pub json: bool,
@@ -212,6 +218,16 @@ pub struct Args {
     /// through, so any model size fits)
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: Device,
+}
+
+/// Whose chat template `--template-from` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum TemplateFrom {
+    /// The reference's template, for every model.
+    Ref,
+    /// Each model's own template.
+    Own,
 }
 
 /// Depth bands of `--bands`.
@@ -262,6 +278,9 @@ struct ReportSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     k_sweep: Option<[usize; 2]>,
     chat_template: bool,
+    /// Whose chat template rendered the prompts (with --chat-template).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chat_template_from: Option<TemplateFrom>,
     device: Device,
     /// Only when it is not f32, so f32 reports keep their keys.
     #[serde(skip_serializing_if = "Precision::is_f32")]
@@ -366,18 +385,34 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     for out in [&args.plot, &args.heatmap].into_iter().flatten() {
         refuse_inside_inputs(out, &ckpts)?;
     }
+    // With --ref, every model renders with the reference's template unless told otherwise: B
+    // compares the same token ids, and a VLM's template often differs (a default system prompt).
+    let template_from = match (args.chat_template, args.template_from) {
+        (false, _) => None,
+        (true, Some(from)) => Some(from),
+        (true, None) if args.reference.is_some() => Some(TemplateFrom::Ref),
+        (true, None) => Some(TemplateFrom::Own),
+    };
+    if template_from == Some(TemplateFrom::Ref) && args.reference.is_none() {
+        bail!("--template-from ref needs --ref: there is no reference whose template to use");
+    }
+    let template_of = |i: usize| match template_from {
+        None => None,
+        Some(TemplateFrom::Own) => Some(ckpts[i].dir.as_path()),
+        Some(TemplateFrom::Ref) => Some(ckpts[0].dir.as_path()),
+    };
     let mut inputs = Vec::with_capacity(ckpts.len());
-    for ckpt in &ckpts {
+    for (i, ckpt) in ckpts.iter().enumerate() {
         inputs.push(Input {
             label: ckpt.label.clone(),
             ckpt,
-            tokens: tokenize(ckpt, &prompts, args.chat_template)?,
+            tokens: tokenize(ckpt, &prompts, template_of(i))?,
         });
     }
     let reference = args.reference.as_ref().map(|_| 0);
     if reference.is_some() {
         for input in &inputs[1..] {
-            same_tokens(&inputs[0], input)?;
+            same_tokens(&inputs[0], input, template_from)?;
         }
     }
 
@@ -445,6 +480,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             bands: args.bands,
             k_sweep: args.k_sweep.map(|(lo, hi)| [lo, hi]),
             chat_template: args.chat_template,
+            chat_template_from: template_from,
             device: args.device,
             precision: args.precision,
             reference: args.reference.clone(),
@@ -557,7 +593,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
     let input = Input {
         label: ckpt.label.clone(),
         ckpt: &ckpt,
-        tokens: tokenize(&ckpt, &prompts::default_prompts(), false)?,
+        tokens: tokenize(&ckpt, &prompts::default_prompts(), None)?,
     };
     let scored = score_with_progress(
         &CpuBackend::default(),
@@ -576,11 +612,16 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
 }
 
 /// Token ids of every prompt for one model, checked against its context length.
-pub(crate) fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Result<Vec<Vec<u32>>> {
+/// With `template = Some(dir)`, prompts are rendered with the chat template of the model in `dir`.
+pub(crate) fn tokenize(
+    ckpt: &Checkpoint,
+    prompts: &[String],
+    template: Option<&Path>,
+) -> Result<Vec<Vec<u32>>> {
     let config = ckpt.dir.join("config.json");
     let spec = DecoderSpec::from_model_config(&ckpt.config)
         .map_err(|e| bad!("{}: {e}", config.display()))?;
-    let encoder = TextEncoder::load(&ckpt.dir, chat)?;
+    let encoder = TextEncoder::with_template_of(&ckpt.dir, template)?;
     // Dynamic NTK RoPE exists to run past max_position_embeddings; every other rope does not.
     let extends = spec
         .layers
@@ -613,7 +654,7 @@ pub(crate) fn tokenize(ckpt: &Checkpoint, prompts: &[String], chat: bool) -> Res
 }
 
 /// B compares the reference and a model on the same token ids: their tokenizers must agree.
-fn same_tokens(reference: &Input, model: &Input) -> Result<()> {
+fn same_tokens(reference: &Input, model: &Input, template: Option<TemplateFrom>) -> Result<()> {
     for (i, (a, b)) in reference.tokens.iter().zip(&model.tokens).enumerate() {
         if a != b {
             let at = a
@@ -622,10 +663,16 @@ fn same_tokens(reference: &Input, model: &Input) -> Result<()> {
                 .position(|(x, y)| x != y)
                 .unwrap_or(a.len().min(b.len()));
             let show = |v: &[u32]| v.get(at).map_or("end".to_string(), |x| x.to_string());
+            let why = if template == Some(TemplateFrom::Own) {
+                "each model rendered the prompts with its own chat template; drop \
+                 --template-from own (or give --template-from ref) to render every model with \
+                 the reference's"
+            } else {
+                "the models have different vocabularies"
+            };
             bail!(
-                "{}: its tokenizer.json gives other token ids than the reference {} (prompt {}, \
-                 token {}: {} vs {}); the models have different vocabularies, and B needs the \
-                 same tokens in both",
+                "{}: it gives other token ids than the reference {} (prompt {}, token {}: {} vs \
+                 {}); {why}, and B needs the same tokens in both",
                 model.label,
                 reference.label,
                 i + 1,
@@ -697,10 +744,10 @@ fn render_text(report: &Report) -> String {
     out.push_str(&format!(
         "{} prompts ({source}){}; window: {}; S = {} G; sink position: {}\n\n",
         s.n_prompts,
-        if s.chat_template {
-            ", chat template"
-        } else {
-            ""
+        match s.chat_template_from {
+            Some(TemplateFrom::Ref) => ", the reference's chat template for every model",
+            Some(TemplateFrom::Own) => ", each model's own chat template",
+            None => "",
         },
         window_text(scores, s.last),
         match s.stat {

@@ -44,6 +44,13 @@ struct ChatTemplate {
 impl TextEncoder {
     /// Load `dir/tokenizer.json`, and the chat template too when `chat_template` is set.
     pub fn load(dir: &Path, chat_template: bool) -> Result<TextEncoder> {
+        TextEncoder::with_template_of(dir, chat_template.then_some(dir))
+    }
+
+    /// Load `dir/tokenizer.json`, and with `template = Some(t)` the chat template (and the special
+    /// tokens it sees) of the model in `t`: a VLM's language model can render prompts with its
+    /// reference's template, so that both get the same token ids.
+    pub fn with_template_of(dir: &Path, template: Option<&Path>) -> Result<TextEncoder> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             bail!(
@@ -54,11 +61,7 @@ impl TextEncoder {
         }
         let tokenizer = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| bad!("{}: not a valid tokenizer: {e}", path.display()))?;
-        let chat = if chat_template {
-            Some(ChatTemplate::load(dir)?)
-        } else {
-            None
-        };
+        let chat = template.map(ChatTemplate::load).transpose()?;
         Ok(TextEncoder {
             tokenizer,
             path,
