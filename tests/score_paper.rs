@@ -289,3 +289,39 @@ fn paper_flags_refuse_bad_values() {
     fails(&[model, "--k-sweep", "5-3"], "LO <= HI");
     fails(&[model, "--seeds", "2"], "--sweep");
 }
+
+#[test]
+fn layerwise_qk_norms_report_per_head_energy_shares_and_scales() {
+    let layerwise = score(&["tests/fixtures/score/models/olmo3_sw".to_string()]);
+    let model = &layerwise["models"][0];
+    assert_eq!(model["qk_norm"], "layerwise");
+    let list = |v: &Value, key: &str| -> Vec<f64> {
+        v[key].as_array().unwrap().iter().map(number).collect()
+    };
+    for layer in model["per_layer"].as_array().unwrap() {
+        let heads = &layer["layerwise_heads"];
+        for (side, gamma) in [("q", "gamma_q_inf"), ("k", "gamma_k_inf")] {
+            let (rho, rho_max) = (
+                list(heads, &format!("rho_{side}")),
+                list(heads, &format!("rho_{side}_max")),
+            );
+            // Each token's shares sum to 1, so their means do too.
+            assert!(
+                (rho.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+                "{layer}: {rho:?}"
+            );
+            assert!(rho.iter().zip(&rho_max).all(|(m, x)| m <= x && *x <= 1.0));
+            let per_head = list(heads, &format!("gamma_{side}_head_inf"));
+            assert_eq!(per_head.len(), rho.len());
+            let max = per_head.iter().copied().fold(0f64, f64::max);
+            assert_eq!(
+                max,
+                number(&layer[gamma]),
+                "the largest head scale is the layer's"
+            );
+        }
+    }
+    let per_head = score(&["tests/fixtures/score/models/qwen3_bias".to_string()]);
+    let layer = &per_head["models"][0]["per_layer"][0];
+    assert!(layer.get("gamma_q_inf").is_some() && layer.get("layerwise_heads").is_none());
+}

@@ -195,6 +195,56 @@ pub struct QkNormStats {
     pub m_q: Vec<f64>,
     /// The same for the key projection (groups: key/value heads, or one).
     pub m_k: Vec<f64>,
+    /// Per-head diagnostics of layerwise norms (OLMo-2/3, Molmo), `None` for per-head norms.
+    pub layerwise: Option<LayerwiseHeads>,
+}
+
+/// How a layerwise QK norm (one RMSNorm over all heads' projections) treats each head (paper
+/// Remark 1, Appendix A.5). Head h's normalized slice is `γ_h ⊙ q_h / RMS(q)`, so its norm is at
+/// most `||γ_h||_∞ · sqrt(ρ_h · n)` for the projection width n: a head that carries little of
+/// the layer's energy `ρ_h = ||q_h||² / ||q||²` is scaled down with it, unlike under per-head
+/// norms.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LayerwiseHeads {
+    /// Per query head: the mean over calibration tokens of `ρ_h`, and its maximum.
+    pub rho_q: Vec<f64>,
+    pub rho_q_max: Vec<f64>,
+    /// Per query head: `max |γ|` over its slice of `q_norm.weight`.
+    pub gamma_q_head_inf: Vec<f64>,
+    /// The same for the key/value heads and `k_norm`.
+    pub rho_k: Vec<f64>,
+    pub rho_k_max: Vec<f64>,
+    pub gamma_k_head_inf: Vec<f64>,
+}
+
+/// Per head: the mean and the maximum over rows (tokens) of the head's share of the row's
+/// squared norm; rows of zero norm are skipped.
+fn energy_shares(rows: &[f32], width: usize, head_dim: usize) -> (Vec<f64>, Vec<f64>) {
+    let heads = width / head_dim;
+    let (mut sum, mut max, mut n) = (vec![0f64; heads], vec![0f64; heads], 0usize);
+    for row in rows.chunks(width) {
+        let energy: Vec<f64> = row
+            .chunks(head_dim)
+            .map(|h| h.iter().map(|&v| v as f64 * v as f64).sum())
+            .collect();
+        let total: f64 = energy.iter().sum();
+        if total > 0.0 {
+            n += 1;
+            for (h, e) in energy.iter().enumerate() {
+                sum[h] += e / total;
+                max[h] = max[h].max(e / total);
+            }
+        }
+    }
+    (sum.iter().map(|s| s / n.max(1) as f64).collect(), max)
+}
+
+/// `max |γ|` over each head's slice of a norm weight.
+fn head_inf_norms(weight: &[f32], head_dim: usize) -> Vec<f64> {
+    weight
+        .chunks(head_dim)
+        .map(|h| h.iter().fold(0f64, |m, &v| m.max(v.abs() as f64)))
+        .collect()
 }
 
 /// What [`State::attention`] returns: each visited head's result, in prompt-major order
@@ -436,18 +486,38 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         }
         be.round(&mut q)?;
         be.round(&mut k)?;
+        // Energy shares of what the layerwise norm normalizes: the projections with their bias.
+        let shares = if spec.qk_norm == QkNorm::Layerwise {
+            Some((
+                energy_shares(&be.to_host(&q)?, qd, hd),
+                energy_shares(&be.to_host(&k)?, kd, hd),
+            ))
+        } else {
+            None
+        };
         let qk_stats = match qk_stats {
             Some((m_q, m_k)) => {
                 let wq = self.weight(&format!("{p}.self_attn.q_norm.weight"), &[q_norm_len])?;
                 let wk = self.weight(&format!("{p}.self_attn.k_norm.weight"), &[k_norm_len])?;
                 be.rms_norm_rows(&mut q, q_norm_len, &wq, eps, style)?;
                 be.rms_norm_rows(&mut k, k_norm_len, &wk, eps, style)?;
+                let (wq, wk) = (be.to_host(&wq)?, be.to_host(&wk)?);
                 let inf_norm = |w: &[f32]| w.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
                 Some(QkNormStats {
-                    gamma_q_inf: inf_norm(&be.to_host(&wq)?),
-                    gamma_k_inf: inf_norm(&be.to_host(&wk)?),
+                    gamma_q_inf: inf_norm(&wq),
+                    gamma_k_inf: inf_norm(&wk),
                     m_q,
                     m_k,
+                    layerwise: shares.map(|((rho_q, rho_q_max), (rho_k, rho_k_max))| {
+                        LayerwiseHeads {
+                            rho_q,
+                            rho_q_max,
+                            gamma_q_head_inf: head_inf_norms(&wq, hd),
+                            rho_k,
+                            rho_k_max,
+                            gamma_k_head_inf: head_inf_norms(&wk, hd),
+                        }
+                    }),
                 })
             }
             None => None,

@@ -11,7 +11,7 @@ use std::ops::Range;
 use serde::Serialize;
 
 use super::backend::Backend;
-use super::forward::{HeadView, Model, QkNormStats, State};
+use super::forward::{HeadView, LayerwiseHeads, Model, QkNormStats, State};
 use super::metrics::{
     mean, median, mode, observe, percentile_sorted, trailing_pos0, HeadObservations, ReferenceHead,
     SinkPosition, Stat, STRONG_SINK_G,
@@ -88,6 +88,9 @@ pub struct LayerReport {
     pub m_q: Option<Vec<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub m_k: Option<Vec<f64>>,
+    /// Per-head energy shares and `||γ_h||_∞` of layerwise QK norms (Remark 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layerwise_heads: Option<LayerwiseHeads>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -263,14 +266,15 @@ impl Accumulator {
             self.window_pos0.extend_from_slice(&pos0);
         }
         let n = g.len();
-        let (gamma_q_inf, gamma_k_inf, m_q, m_k) = match qk {
+        let (gamma_q_inf, gamma_k_inf, m_q, m_k, layerwise_heads) = match qk {
             Some(s) => (
                 Some(s.gamma_q_inf),
                 Some(s.gamma_k_inf),
                 Some(s.m_q),
                 Some(s.m_k),
+                s.layerwise,
             ),
-            None => (None, None, None, None),
+            None => (None, None, None, None, None),
         };
         self.per_layer.push(LayerReport {
             layer,
@@ -282,6 +286,7 @@ impl Accumulator {
             gamma_k_inf,
             m_q,
             m_k,
+            layerwise_heads,
         });
         self.layers.push(observed);
     }
