@@ -234,6 +234,30 @@ fn bf16_case(name: &str) {
         let d = (number(&ours_bf16["pairs"][j]["margin"]) - number(&want["margin"])).abs();
         assert!(d <= 0.02, "{name} pair {j}: bf16 margin differs by {d}");
     }
+    // G from the stored bf16 probabilities, as a probe on transformers' attention weights sees it.
+    let mut args = cli(tf_bf16);
+    args.extend(["--gap-from".to_string(), "probabilities".to_string()]);
+    let ours_probs = score(&args);
+    assert_eq!(ours_probs["settings"]["gap_from"], "probabilities");
+    for (i, want) in tf_bf16["models"].as_array().unwrap().iter().enumerate() {
+        let (o, w) = (&ours_probs["models"][i], &want["from_weights"]);
+        let d = (number(&o["median_g"]) - number(&w["median_g"])).abs();
+        assert!(
+            d <= 0.02,
+            "{name} model {i}: S from bf16 probabilities differs by {d}"
+        );
+        let infinite = w["n_pos_inf"].as_u64().unwrap() + w["n_neg_inf"].as_u64().unwrap();
+        assert_eq!(
+            o["n_infinite_g"].as_u64().unwrap(),
+            infinite,
+            "{name} model {i}"
+        );
+        eprintln!(
+            "{name} model {i}: S from bf16 probabilities {:.6}, transformers {:.6}",
+            number(&o["median_g"]),
+            number(&w["median_g"])
+        );
+    }
     let (entries, equal, worst) = probability_agreement(&case);
     let share = equal as f64 / entries as f64;
     eprintln!(

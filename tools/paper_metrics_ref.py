@@ -33,8 +33,9 @@ Definitions (on top of sink_metrics_ref.py's G, B, validity and S):
   sweep: draw n of P pool prompts with seed s: SplitMix64(s), idx = [0..P), for i < n:
       j = i + ((next() * (P - i)) >> 64), swap idx[i], idx[j]; prompts = sorted(idx[:n]).
       mean and sample std (ddof=1, null for one seed) of S and margin per n. Every pool prompt runs once.
-  bf16 extras (`from_weights`): the same p_sink and valid queries, but G_w = log a[q,ps] - log sum_{p != ps} a[q,p]
-      and A[q,0] read from the bf16 weights eager returns (cast to float64); G_w may be +-inf.
+  bf16 extras (`from_weights`): the same p_sink and valid queries, but G_w = log(a / (1 - a)) with a = a[q,ps]
+      and A[q,0] read from the bf16 weights eager returns (cast to float64), as the paper's probe on attention
+      weights computes it; every a that bf16 rounds to 1 gives G_w = +inf (issue 16: a > ~0.998).
 """
 import argparse
 import hashlib
@@ -134,13 +135,12 @@ def pos0_rows(s, visible, qs):
 
 
 def weight_g(a, visible, obs):
-    """G from the returned attention weights (float64 of bf16): log a_ps - log sum of the other visible a."""
+    """G from the returned attention weights (float64 of bf16): log(a / (1 - a)) at the sink."""
     out = []
     with np.errstate(divide="ignore"):
         for q, ps, _, _ in obs:
-            keys = np.nonzero(visible[q])[0]
-            others = keys[keys != ps]
-            out.append(float(np.log(a[q, ps]) - np.log(np.sum(a[q, others]))))
+            x = float(a[q, ps])
+            out.append(float(np.log(x) - np.log(1.0 - x)))
     return out
 
 

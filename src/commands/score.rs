@@ -19,7 +19,7 @@ use crate::sink::backend::cuda::driver::{Driver, Timings};
 use crate::sink::backend::cuda::{CudaBackend, Device as _};
 use crate::sink::backend::{Backend, Precision};
 use crate::sink::metrics::{mean, sample_std};
-use crate::sink::metrics::{SinkPosition, Stat};
+use crate::sink::metrics::{GapFrom, SinkPosition, Stat};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::{self, PromptSource};
 use crate::sink::score::{
@@ -145,6 +145,13 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = SinkPosition::Column)]
     pub sink_position: SinkPosition,
 
+    /// What G is computed from: `scores` (log-odds from the scores with a stable log-sum-exp;
+    /// never infinite) or `probabilities` (log(a/(1-a)) from the stored attention weights, as a
+    /// probe on transformers' `output_attentions` computes it; under --precision bf16 every
+    /// a > 1 - 2^-9 rounds to 1 and gives G = +inf, which the reports count as n_infinite_g)
+    #[arg(long, value_enum, value_name = "FROM", default_value_t = GapFrom::Scores)]
+    pub gap_from: GapFrom,
+
     /// The paper's position-0 measure (`pos0_trailing`, Section 4.3 and Appendix C.3; its 0.70,
     /// 0.50, 0.25 and 5e-5 figures are this measure): per prompt, the mean of A[q,0] over the
     /// window's layers, every head and the last T queries; then the mean over prompts.
@@ -238,6 +245,10 @@ pub enum Bands {
     Thirds,
 }
 
+fn is_scores(g: &GapFrom) -> bool {
+    *g == GapFrom::Scores
+}
+
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<i64>() {
         Ok(n) if n >= 1 => Ok(n as usize),
@@ -270,6 +281,9 @@ struct ReportSettings {
     last: usize,
     stat: Stat,
     sink_position: SinkPosition,
+    /// Only when it is not `scores`, so default reports keep their keys.
+    #[serde(skip_serializing_if = "is_scores")]
+    gap_from: GapFrom,
     trailing_queries: usize,
     bootstrap: usize,
     bootstrap_seed: u64,
@@ -420,6 +434,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         last: args.last,
         stat: args.stat,
         sink_position: args.sink_position,
+        gap_from: args.gap_from,
         trailing_queries: args.trailing_queries,
         bootstrap: Bootstrap {
             resamples: args.bootstrap,
@@ -474,6 +489,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             last: args.last,
             stat: args.stat,
             sink_position: args.sink_position,
+            gap_from: args.gap_from,
             trailing_queries: args.trailing_queries,
             bootstrap: args.bootstrap,
             bootstrap_seed: args.bootstrap_seed,
@@ -742,7 +758,7 @@ fn render_text(report: &Report) -> String {
         ),
     };
     out.push_str(&format!(
-        "{} prompts ({source}){}; window: {}; S = {} G; sink position: {}\n\n",
+        "{} prompts ({source}){}; window: {}; S = {} G{}; sink position: {}; {} forward pass\n\n",
         s.n_prompts,
         match s.chat_template_from {
             Some(TemplateFrom::Ref) => ", the reference's chat template for every model",
@@ -754,10 +770,15 @@ fn render_text(report: &Report) -> String {
             Stat::Median => "median",
             Stat::Mean => "mean",
         },
+        match s.gap_from {
+            GapFrom::Scores => "",
+            GapFrom::Probabilities => " (G from the attention probabilities)",
+        },
         match s.sink_position {
             SinkPosition::Column => "column mass",
             SinkPosition::PerQuery => "per query",
         },
+        s.precision,
     ));
     let with_ref = !scores.pairs.is_empty() || s.reference.is_some();
     let mut header = vec![
@@ -808,6 +829,13 @@ fn render_text(report: &Report) -> String {
          measure (last {} queries, mean per prompt, {} bootstrap resamples over prompts)\n",
         s.trailing_queries, s.bootstrap
     ));
+    for m in scores.models.iter().filter(|m| m.n_infinite_g > 0) {
+        out.push_str(&format!(
+            "{}: {} of {} G are infinite (saturated sinks: a = 1 in the stored probabilities); \
+             medians count them, means are undefined\n",
+            m.model, m.n_infinite_g, m.n_observations
+        ));
+    }
     out.push_str(&band_tables(scores));
     if let Some(rows) = &report.sweep {
         out.push_str(&sweep_table(scores, rows));

@@ -31,6 +31,18 @@ pub enum SinkPosition {
     PerQuery,
 }
 
+/// What the sink gap G is computed from (`--gap-from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum GapFrom {
+    /// The scores, with a stable log-sum-exp in f64: never infinite (sink-metrics.md default).
+    Scores,
+    /// The attention probability a of the sink as the forward pass stored it (bf16-rounded under
+    /// `--precision bf16`), as `log(a / (1 - a))`: what a probe on transformers' attention
+    /// weights computes. In bf16 every a above 1 - 2^-9 is 1, and G = +inf.
+    Probabilities,
+}
+
 /// The statistic Sink Strength S reports (`--stat`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -135,7 +147,7 @@ fn sink_rows(view: &HeadView, mode: SinkPosition) -> Vec<Option<u32>> {
 }
 
 /// G and pos0 for every valid query of one head.
-pub fn observe(view: &HeadView, mode: SinkPosition) -> HeadObservations {
+pub fn observe(view: &HeadView, mode: SinkPosition, gap_from: GapFrom) -> HeadObservations {
     let len = view.len;
     let mut obs = HeadObservations {
         queries: Vec::new(),
@@ -149,6 +161,13 @@ pub fn observe(view: &HeadView, mode: SinkPosition) -> HeadObservations {
         let lo = view.first_key(q);
         let row = &view.scores[q * len..q * len + q + 1];
         let (g, lse_all) = sink_gap(&row[lo..], sink - lo);
+        let g = match gap_from {
+            GapFrom::Scores => g,
+            GapFrom::Probabilities => {
+                let a = view.probs[q * len + sink] as f64;
+                a.ln() - (1.0 - a).ln()
+            }
+        };
         let pos0 = if lo == 0 {
             (row[0] as f64 - lse_all).exp()
         } else {
@@ -347,7 +366,11 @@ mod tests {
             }
         }
         let a = softmax(&s, len);
-        let obs = observe(&view(&s, &a, len, None), SinkPosition::Column);
+        let obs = observe(
+            &view(&s, &a, len, None),
+            SinkPosition::Column,
+            GapFrom::Scores,
+        );
         assert_eq!(obs.queries, vec![1, 2, 3]);
         assert!(obs.sinks.iter().all(|&p| p == 0));
         for (i, &q) in obs.queries.iter().enumerate() {
@@ -355,6 +378,30 @@ mod tests {
             assert!((obs.g[i] - (share / (1.0 - share)).ln()).abs() < 1e-5);
             assert!((obs.pos0[i] - share).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn gaps_from_saturated_probabilities_are_infinite() {
+        let len = 3;
+        let s = vec![0f32, 0.0, 0.0, 9.0, 0.0, 0.0, 9.0, 0.0, 0.0];
+        let mut a = softmax(&s, len);
+        // bf16 rounds 0.99988 up to 1: the probe on the rounded weights sees a saturated sink.
+        a[len] = 1.0;
+        let obs = observe(
+            &view(&s, &a, len, None),
+            SinkPosition::Column,
+            GapFrom::Probabilities,
+        );
+        assert_eq!(obs.g[0], f64::INFINITY);
+        let from_scores = observe(
+            &view(&s, &a, len, None),
+            SinkPosition::Column,
+            GapFrom::Scores,
+        );
+        assert!((from_scores.g[0] - 9.0).abs() < 1e-6);
+        let share = a[2 * len] as f64;
+        assert!((obs.g[1] - (share / (1.0 - share)).ln()).abs() < 1e-9);
+        assert!((from_scores.g[1] - obs.g[1]).abs() < 1e-4);
     }
 
     #[test]
@@ -384,7 +431,7 @@ mod tests {
         let s = vec![2.0f32, 0.0, 0.0, 2.0, 0.5, 0.0, 2.0, 0.1, 0.3];
         let a = softmax(&s, len);
         let v = view(&s, &a, len, None);
-        let obs = observe(&v, SinkPosition::Column);
+        let obs = observe(&v, SinkPosition::Column, GapFrom::Scores);
         let r = ReferenceHead::new(&v, &obs);
         assert!(r.gap_perturbation(&v).iter().all(|&b| b == 0.0));
         let mut t = s.clone();
@@ -414,10 +461,18 @@ mod tests {
                 };
             }
         }
-        let obs = observe(&view(&s, &a, len, Some(2)), SinkPosition::Column);
+        let obs = observe(
+            &view(&s, &a, len, Some(2)),
+            SinkPosition::Column,
+            GapFrom::Scores,
+        );
         // column 0 holds 1.5 of mass, column 1 holds 1.0: sink 0, visible to queries 0 and 1 only.
         assert_eq!(obs.queries, vec![1]);
-        let per_query = observe(&view(&s, &a, len, Some(2)), SinkPosition::PerQuery);
+        let per_query = observe(
+            &view(&s, &a, len, Some(2)),
+            SinkPosition::PerQuery,
+            GapFrom::Scores,
+        );
         assert_eq!(per_query.queries, vec![1, 2, 3]);
         assert_eq!(per_query.sinks, vec![0, 1, 2]);
     }

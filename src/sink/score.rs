@@ -13,8 +13,8 @@ use serde::Serialize;
 use super::backend::Backend;
 use super::forward::{HeadView, LayerwiseHeads, Model, QkNormStats, State};
 use super::metrics::{
-    mean, median, mode, observe, percentile_sorted, trailing_pos0, HeadObservations, ReferenceHead,
-    SinkPosition, Stat, STRONG_SINK_G,
+    mean, median, mode, observe, percentile_sorted, trailing_pos0, GapFrom, HeadObservations,
+    ReferenceHead, SinkPosition, Stat, STRONG_SINK_G,
 };
 use super::prompts::IndexStream;
 use crate::arch::QkNorm;
@@ -29,6 +29,7 @@ pub struct Settings {
     pub last: usize,
     pub stat: Stat,
     pub sink_position: SinkPosition,
+    pub gap_from: GapFrom,
     /// The paper's position-0 probe reads the last this many queries of each prompt.
     pub trailing_queries: usize,
     /// Bootstrap of that probe's mean over prompts.
@@ -54,6 +55,7 @@ impl Default for Settings {
             last: 10,
             stat: Stat::Median,
             sink_position: SinkPosition::Column,
+            gap_from: GapFrom::Scores,
             trailing_queries: 8,
             bootstrap: Bootstrap {
                 resamples: 1000,
@@ -80,6 +82,10 @@ pub struct LayerReport {
     pub mean_g: Option<f64>,
     pub pos0_share: Option<f64>,
     pub n_observations: usize,
+    /// Infinite G among the observations (`--gap-from probabilities` only): the mean is then
+    /// undefined (null), the median stays defined.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub n_infinite_g: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gamma_q_inf: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,6 +107,16 @@ pub struct HeadReport {
     /// The most frequent sink position over prompts (and queries, per-query mode); lowest on ties.
     pub sink_position: Option<u32>,
     pub pos0_share: Option<f64>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub n_infinite_g: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn count_infinite(g: &[f64]) -> usize {
+    g.iter().filter(|v| v.is_infinite()).count()
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -127,6 +143,9 @@ pub struct ModelReport {
     pub pos0_trailing_ci: Option<[f64; 2]>,
     pub strong_sink_frac: Option<f64>,
     pub n_observations: usize,
+    /// Infinite G in the window (`--gap-from probabilities`: saturated sinks, a = 1). The median
+    /// S stays defined; a mean S is then null.
+    pub n_infinite_g: usize,
     pub n_tokens: usize,
     /// S over the early, middle and late thirds of the layers (`--bands thirds`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,6 +277,7 @@ impl Accumulator {
                 self.per_head.push(HeadReport {
                     layer,
                     head,
+                    n_infinite_g: count_infinite(&hg),
                     median_g: finite(median(&mut hg)),
                     sink_position: mode(&sinks),
                     pos0_share: finite(mean(&hp)),
@@ -282,6 +302,7 @@ impl Accumulator {
             median_g: finite(median(&mut g)),
             pos0_share: finite(mean(&pos0)),
             n_observations: n,
+            n_infinite_g: count_infinite(&g),
             gamma_q_inf,
             gamma_k_inf,
             m_q,
@@ -541,7 +562,7 @@ pub fn score<B: Backend>(
             let against = (!is_ref && with_b).then_some(ref_heads.as_ref()).flatten();
             let heads = spec.num_heads;
             let visit = |view: &HeadView| {
-                let obs = observe(view, settings.sink_position);
+                let obs = observe(view, settings.sink_position, settings.gap_from);
                 HeadResult {
                     reference: keep_ref.then(|| ReferenceHead::new(view, &obs)),
                     b: against.map(|r| r[view.prompt * heads + view.head].gap_perturbation(view)),
@@ -630,6 +651,7 @@ fn model_report(
         pos0_trailing_ci: bootstrap_ci(&trailing, settings.bootstrap),
         strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
         n_observations: n,
+        n_infinite_g: count_infinite(&g),
         n_tokens: input.tokens.iter().map(Vec::len).sum(),
         sink_strength_bands: settings.bands.then(|| {
             let [early, middle, late] = thirds(layers).map(s_over);
