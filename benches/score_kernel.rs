@@ -10,7 +10,7 @@ use faer::MatRef;
 use sinkmerge::sink::backend::cpu::attend_head;
 use sinkmerge::sink::backend::Precision;
 use sinkmerge::sink::forward::HeadView;
-use sinkmerge::sink::metrics::{observe, ReferenceHead, SinkPosition};
+use sinkmerge::sink::metrics::{observe, GapFrom, ReferenceHead, SinkPosition};
 
 const HEAD_DIM: usize = 128;
 
@@ -52,7 +52,9 @@ fn kernel(c: &mut Criterion) {
             None,
             Precision::F32,
             (0, 0),
-            &|h: &HeadView| ReferenceHead::new(h, &observe(h, SinkPosition::Column)),
+            &|h: &HeadView| {
+                ReferenceHead::new(h, &observe(h, SinkPosition::Column, GapFrom::Scores))
+            },
         );
         g.throughput(Throughput::Elements((len * len) as u64));
         g.bench_with_input(BenchmarkId::new("scores_only", len), &len, |b, _| {
@@ -82,7 +84,7 @@ fn kernel(c: &mut Criterion) {
                         None,
                         Precision::F32,
                         (0, 0),
-                        &|h| black_box(observe(h, SinkPosition::Column)),
+                        &|h| black_box(observe(h, SinkPosition::Column, GapFrom::Scores)),
                     )
                 })
             })
@@ -100,7 +102,7 @@ fn kernel(c: &mut Criterion) {
                         (0, 0),
                         &|h| {
                             (
-                                black_box(observe(h, SinkPosition::Column)),
+                                black_box(observe(h, SinkPosition::Column, GapFrom::Scores)),
                                 black_box(reference.gap_perturbation(h)),
                             )
                         },
