@@ -1,4 +1,4 @@
-//! The attention-sink metrics, exactly as `shared/reference/sink-metrics.md` defines them
+//! The attention-sink metrics, exactly as `docs/reference/sink-metrics.md` defines them
 //! (paper Sections 3.2, 4.1-4.3, Appendices A, D, E).
 //!
 //! Per prompt x, layer l, head h, with scores `s[q,p]` (after scaling and the causal / sliding

@@ -1,6 +1,6 @@
 //! The sink scorer: a layer-streaming f32 decoder forward pass that matches transformers' eager
 //! attention, and the attention-sink metrics of the paper (Sink Strength S, G_base, B_gap,
-//! margin, pos0 share; `shared/reference/sink-metrics.md`).
+//! margin, pos0 share; `docs/reference/sink-metrics.md`).
 //!
 //! - [`model`]: the supported architectures, one file each, as switches over one skeleton.
 //! - [`rope`]: rotary embeddings (default, linear, dynamic, llama3, yarn) as transformers computes them.
