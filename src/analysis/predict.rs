@@ -3,7 +3,8 @@
 //!
 //! Rank mode is Spearman's rho with average ranks on ties; magnitude mode is the least-squares
 //! line `delta = a + b*S`, judged by leave-one-pair-out held-out predictions against a
-//! constant-mean baseline under the same leave-one-out.
+//! constant-mean baseline under the same leave-one-out. A panel with a `margin` column
+//! (G_base - B_gap per pair) also gets the margin-vs-delta correlation of Section 3.4.
 
 use std::path::Path;
 
@@ -44,6 +45,8 @@ pub struct Panel {
     pub source: String,
     /// The `delta_*` column names, in file order.
     pub tasks: Vec<String>,
+    /// Whether the header has a `margin` column.
+    pub has_margin: bool,
     pub rows: Vec<PanelRow>,
 }
 
@@ -51,6 +54,8 @@ pub struct Panel {
 pub struct PanelRow {
     pub pair: String,
     pub sink_strength: f64,
+    /// The margin G_base - B_gap (Section 3.4); `None` without the column or where it is empty.
+    pub margin: Option<f64>,
     /// One value per task column; `None` where the cell is empty.
     pub deltas: Vec<Option<f64>>,
 }
@@ -74,7 +79,7 @@ impl Panel {
     }
 
     /// Parse CSV text with a header naming `pair`, `sink_strength` and at least one `delta_*`
-    /// column (other columns are ignored). `source` names the file in errors.
+    /// column, optionally `margin` (other columns are ignored). `source` names the file in errors.
     pub fn parse(text: &str, source: &str) -> Result<Panel> {
         let mut lines = text
             .lines()
@@ -90,6 +95,7 @@ impl Panel {
             col("pair").ok_or_else(|| bad!("{source}: the header has no `pair` column"))?;
         let s_col = col("sink_strength")
             .ok_or_else(|| bad!("{source}: the header has no `sink_strength` column"))?;
+        let margin_col = col("margin");
         let task_cols: Vec<(usize, String)> = header
             .iter()
             .enumerate()
@@ -119,6 +125,10 @@ impl Panel {
             }
             let sink_strength = number(&cells[s_col], source, line, "sink_strength")?
                 .ok_or_else(|| bad!("{source}:{line}: `sink_strength` is empty for `{pair}`"))?;
+            let margin = match margin_col {
+                Some(i) => number(&cells[i], source, line, "margin")?,
+                None => None,
+            };
             let deltas = task_cols
                 .iter()
                 .map(|(i, name)| number(&cells[*i], source, line, name))
@@ -126,12 +136,14 @@ impl Panel {
             rows.push(PanelRow {
                 pair,
                 sink_strength,
+                margin,
                 deltas,
             });
         }
         Ok(Panel {
             source: source.to_string(),
             tasks: task_cols.into_iter().map(|(_, n)| n).collect(),
+            has_margin: margin_col.is_some(),
             rows,
         })
     }
@@ -196,6 +208,49 @@ impl Panel {
         }
         (points, skipped)
     }
+}
+
+/// Section 3.4's check: how the margin G_base - B_gap of each pair tracks its delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct MarginCorrelation {
+    /// Pairs with both a margin and a value for the task.
+    pub n: usize,
+    pub spearman: f64,
+    pub pearson: f64,
+    /// Pairs with a value for the task but an empty `margin` cell, left out.
+    pub skipped: Vec<String>,
+}
+
+/// Spearman's rho and Pearson's r of margin against the task's delta over the pairs that have
+/// both; `None` when the panel has no `margin` column.
+pub fn margin_correlation(panel: &Panel, task: usize) -> Result<Option<MarginCorrelation>> {
+    if !panel.has_margin {
+        return Ok(None);
+    }
+    let (mut margin, mut delta, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+    for r in &panel.rows {
+        match (r.margin, r.deltas[task]) {
+            (Some(m), Some(d)) => {
+                margin.push(m);
+                delta.push(d);
+            }
+            (None, Some(_)) => skipped.push(r.pair.clone()),
+            (_, None) => {}
+        }
+    }
+    let n = margin.len();
+    if n < 3 {
+        bail!(
+            "the margin correlation needs at least 3 pairs with a margin and a task value, got {n}"
+        );
+    }
+    let constant = || bad!("margin or delta is constant across the pairs that have both");
+    Ok(Some(MarginCorrelation {
+        n,
+        spearman: spearman(&margin, &delta).ok_or_else(constant)?,
+        pearson: pearson(&margin, &delta).ok_or_else(constant)?,
+        skipped,
+    }))
 }
 
 /// Split one CSV line (RFC 4180 quoting: `"a, b"` and `""` inside quotes).
@@ -466,5 +521,81 @@ mod tests {
         assert!(err.to_string().contains("not a finite number"), "{err}");
         let err = Panel::parse("pair,s,delta_a\n", "t.csv").unwrap_err();
         assert!(err.to_string().contains("sink_strength"), "{err}");
+    }
+
+    /// The six-pair panel's unrounded IFEval deltas are its net counts over IFEval's 541 prompts,
+    /// Delta = -(Lost - Gained) / 541 (arXiv 2609.00746 Section 3.3), and round to the
+    /// one-decimal deltas that Table 11 (the 17-pair panel) prints, with the same S.
+    #[test]
+    fn six_pair_deltas_are_net_counts_over_541_rounding_to_table_11() {
+        let text = BUILTIN_PANELS.iter().find(|p| p.0 == "paper-6").unwrap().2;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let header = split_csv(lines[0], "paper-6", 1).unwrap();
+        let net_col = header
+            .iter()
+            .position(|h| h == "ifeval_lost_minus_gained")
+            .unwrap();
+        let six = Panel::load("paper-6").unwrap();
+        let seventeen = Panel::load("paper-17").unwrap();
+        let (task6, task17) = (
+            six.task_index(None).unwrap(),
+            seventeen.task_index(None).unwrap(),
+        );
+        assert_eq!((six.rows.len(), lines.len()), (6, 7));
+        for (row, line) in six.rows.iter().zip(&lines[1..]) {
+            let net: i32 = split_csv(line, "paper-6", 0).unwrap()[net_col]
+                .parse()
+                .unwrap();
+            let delta = row.deltas[task6].unwrap();
+            assert_eq!(delta, -f64::from(net) / 541.0 * 100.0, "{}", row.pair);
+            let printed = seventeen.rows.iter().find(|r| r.pair == row.pair).unwrap();
+            assert_eq!(row.sink_strength, printed.sink_strength, "{}", row.pair);
+            let table_11 = printed.deltas[task17].unwrap();
+            assert_eq!(
+                format!("{delta:.1}"),
+                format!("{table_11:.1}"),
+                "{}",
+                row.pair
+            );
+            assert_ne!(
+                delta, table_11,
+                "{}: the panel should be unrounded",
+                row.pair
+            );
+        }
+    }
+
+    #[test]
+    fn margin_column_is_optional_and_correlated_with_the_delta() {
+        let p = Panel::parse(
+            "pair,sink_strength,margin,delta_a\nA,0,0,-9\nB,1,1,-6\nC,2,2,-5\nD,3,4,-2\nE,4,3,-2\nF,5,,-1\nG,6,1,\n",
+            "t.csv",
+        )
+        .unwrap();
+        let m = margin_correlation(&p, 0).unwrap().unwrap();
+        // Ranks (1, 2, 3, 5, 4) against (1, 2, 3, 4.5, 4.5); F has no margin, G no delta.
+        assert_eq!((m.n, m.skipped), (5, vec!["F".to_string()]));
+        assert!(
+            (m.spearman - 0.9746794344808964).abs() < 1e-12,
+            "{}",
+            m.spearman
+        );
+        assert!(
+            (m.pearson - 0.9649012813540153).abs() < 1e-12,
+            "{}",
+            m.pearson
+        );
+
+        let without = Panel::parse("pair,sink_strength,delta_a\nA,0,1\nB,1,2\nC,2,4\n", "t.csv");
+        assert!(margin_correlation(&without.unwrap(), 0).unwrap().is_none());
+        let few = Panel::parse(
+            "pair,sink_strength,margin,delta_a\nA,0,1,1\nB,1,,2\nC,2,3,4\n",
+            "t.csv",
+        );
+        let err = margin_correlation(&few.unwrap(), 0).unwrap_err();
+        assert!(err.to_string().contains("at least 3"), "{err}");
+        let err =
+            Panel::parse("pair,sink_strength,margin,delta_a\nA,0,x,1\n", "t.csv").unwrap_err();
+        assert!(err.to_string().contains("`margin`"), "{err}");
     }
 }

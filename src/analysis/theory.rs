@@ -285,6 +285,106 @@ mod tests {
         assert!(tightest > 0.05, "B / bound peaked at {tightest}");
     }
 
+    /// Appendix A.6's own setup for Theorem 1 (RoPE-free, no QK norm): d = 16, d_h = 4, N = 8
+    /// key positions with i.i.d. Gaussian backgrounds normalized to unit norm; the sink (position
+    /// 0) is its background plus 10 in channel 3; Gaussian dW_q, dW_k scaled to
+    /// ||dW||_op = 0.1. The query is the last position, which sees all N keys.
+    fn paper_synthetic(seed: u64) -> (HeadWeights, Vec<Vec<f64>>) {
+        let (d, d_h, n) = (16, 4, 8);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut x: Vec<Vec<f64>> = (0..n)
+            .map(|_| {
+                let b: Vec<f64> = (0..d).map(|_| rng.sample(StandardNormal)).collect();
+                let norm = vec_norm(&b);
+                b.into_iter().map(|v| v / norm).collect()
+            })
+            .collect();
+        x[0][3] += 10.0;
+        let std = 1.0 / (d as f64).sqrt();
+        let scaled = |rng: &mut ChaCha8Rng| {
+            let m = gaussian(rng, d_h, d, 1.0);
+            let s = 0.1 / op_norm(&m);
+            Mat::from_fn(d_h, d, |i, j| m[(i, j)] * s)
+        };
+        let h = HeadWeights {
+            w_q: gaussian(&mut rng, d_h, d, std),
+            w_k: gaussian(&mut rng, d_h, d, std),
+            dw_q: scaled(&mut rng),
+            dw_k: scaled(&mut rng),
+        };
+        (h, x)
+    }
+
+    /// Linear interpolation between order statistics (numpy's default) of sorted `v`.
+    fn percentile(v: &[f64], pct: f64) -> f64 {
+        let pos = pct / 100.0 * (v.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+    }
+
+    /// Percent of the sorted draws `v` strictly below `x`.
+    fn rank_of(v: &[f64], x: f64) -> f64 {
+        100.0 * v.partition_point(|&a| a < x) as f64 / v.len() as f64
+    }
+
+    /// The paper's single unseeded draw gave sup_p |delta_p - delta_sink| = 0.169 against the
+    /// bound 0.197 (ratio 0.86). Over ChaCha8 seeds 0..999 the bound holds for every query of every
+    /// draw; the distribution for the last query, and where the paper's sample falls in it,
+    /// prints with `cargo test --lib theorem1_paper_setup -- --nocapture`.
+    #[test]
+    fn theorem1_paper_setup_holds_the_bound_on_1000_seeded_draws() {
+        let sink = 0;
+        let (mut measured, mut bound, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for seed in 0..1000 {
+            let (h, x) = paper_synthetic(seed);
+            assert!(
+                (op_norm(&h.dw_q) - 0.1).abs() < 1e-12 && (op_norm(&h.dw_k) - 0.1).abs() < 1e-12
+            );
+            assert!((vec_norm(&x[1]) - 1.0).abs() < 1e-12);
+            for q in 1..x.len() {
+                let before = h.scores(&x, q, false, false);
+                let after = h.scores(&x, q, true, false);
+                let b = gap_perturbation(&before, &after, sink);
+                let limit = gap_bound_without_qk_norm(&h, &x, q, sink);
+                assert!(
+                    b > 0.0 && b <= limit,
+                    "seed {seed}, query {q}: B = {b} exceeds the bound {limit}"
+                );
+                if q == x.len() - 1 {
+                    measured.push(b);
+                    bound.push(limit);
+                    ratio.push(b / limit);
+                }
+            }
+        }
+        println!("Theorem 1, Appendix A.6 setup, 1000 draws (ChaCha8 seeds 0..999), last query:");
+        println!(
+            "{:8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}   paper  its rank",
+            "", "min", "p5", "p25", "median", "p75", "p95", "max"
+        );
+        for (name, v, paper) in [
+            ("measured", &mut measured, 0.169),
+            ("bound", &mut bound, 0.197),
+            ("ratio", &mut ratio, 0.86),
+        ] {
+            v.sort_by(f64::total_cmp);
+            let cols: Vec<String> = [0.0, 5.0, 25.0, 50.0, 75.0, 95.0, 100.0]
+                .iter()
+                .map(|&p| format!("{:7.3}", percentile(v, p)))
+                .collect();
+            println!(
+                "{name:8} {}   {paper:5.3}  {:5.1}%",
+                cols.join(" "),
+                rank_of(v, paper)
+            );
+        }
+        // This general bound (the triangle inequality over dW_q and dW_k, operator norms) is
+        // several times the paper's specialised 0.197, so the paper's ratio 0.86 lies beyond
+        // every draw; it is still within a factor of 20 of B on the top 5% of draws.
+        let p95 = percentile(&ratio, 95.0);
+        assert!(p95 > 0.05, "95th percentile of B / bound: {p95}");
+    }
+
     #[test]
     fn qk_norm_caps_the_gap_change_a_massive_activation_inflates() {
         let worst_b = |massive: f64, qk_norm: bool| {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use crate::analysis::predict::{self, Analysis, Panel, Query};
+use crate::analysis::predict::{self, Analysis, MarginCorrelation, Panel, Query};
 use crate::checkpoint::output::write_file_atomic;
 use crate::error::{Error, Result};
 use crate::report::plot::Scatter;
@@ -19,7 +19,9 @@ reference-LLM pairs (arXiv 2609.00746, Sections 3.2-3.3 and Appendix E).\n\n\
 Prints Spearman's rho between S and the task delta (average ranks on ties, as scipy), Pearson's r, \
 the least-squares line delta = a + b*S, every pair's leave-one-pair-out held-out prediction, their \
 mean absolute error (LOO MAE), and the LOO error of a constant baseline that predicts the mean of \
-the other pairs. With --s VALUE (or --model MODEL, which runs the scorer to get S), also places a \
+the other pairs. A panel with a `margin` column (G_base - B_gap per pair, as `sinkmerge score \
+--ref` reports it) also gets Spearman's rho and Pearson's r of margin against the delta \
+(Section 3.4). With --s VALUE (or --model MODEL, which runs the scorer to get S), also places a \
 new backbone on the panel.",
     after_help = "Examples:\n  \
 sinkmerge predict                                  # the paper's 17 pairs, IFEval\n  \
@@ -30,7 +32,8 @@ sinkmerge predict --model Qwen/Qwen3-8B            # measure its S first, then p
 )]
 pub struct Args {
     /// Panel: a built-in name (paper-17 = Table 11, paper-9 = Table 12, paper-6 = Table 10) or a
-    /// CSV file with `pair`, `sink_strength` and one or more `delta_*` columns
+    /// CSV file with `pair`, `sink_strength`, one or more `delta_*` columns and optionally
+    /// `margin` (G_base - B_gap per pair: then the margin-vs-delta correlation is reported too)
     #[arg(long, value_name = "CSV|NAME", default_value = predict::DEFAULT_PANEL)]
     pub panel: String,
 
@@ -92,6 +95,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let (points, skipped) = panel.points(task);
     let analysis = predict::analyze(&points)
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
+    let margin = predict::margin_correlation(&panel, task)
+        .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
     let query =
         (args.s.or(measured)).map(|s| predict::query(&points, &analysis, s, args.similar_within));
 
@@ -124,6 +129,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         if let serde_json::Value::Object(a) = serde_json::to_value(&analysis).expect("JSON") {
             map.extend(a);
         }
+        map.insert(
+            "margin_correlation".into(),
+            serde_json::to_value(&margin).expect("JSON"),
+        );
         if let Some(q) = &query {
             map.insert("query".into(), serde_json::to_value(q).expect("JSON"));
         }
@@ -147,6 +156,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 &task_name,
                 &analysis,
                 &skipped,
+                margin.as_ref(),
                 query.as_ref()
             )
         );
@@ -162,6 +172,7 @@ fn render(
     task: &str,
     a: &Analysis,
     skipped: &[String],
+    margin: Option<&MarginCorrelation>,
     query: Option<&Query>,
 ) -> String {
     let mut s = format!(
@@ -197,6 +208,15 @@ fn render(
         a.loo_mae,
         a.constant_mae
     );
+    if let Some(m) = margin {
+        s += &format!(
+            "margin rho    {:.3}   (Spearman, margin G_base - B_gap vs {task}, {} pairs; Pearson r {:.3})\n",
+            m.spearman, m.n, m.pearson
+        );
+        if !m.skipped.is_empty() {
+            s += &format!("no margin     {}\n", m.skipped.join(", "));
+        }
+    }
     if let Some(q) = query {
         s += &format!(
             "\nnew backbone  S = {}\npredicted     {task} = {:.2}   (full-panel fit)\n",
