@@ -3,10 +3,12 @@
 //! text on transformers' eager attention, and transformers' bf16 eager path against
 //! `--precision bf16`.
 //!
-//! Tolerances: the position-0 probe and its bootstrap interval are means of probabilities and
-//! agree to 1e-7. S, G_base, B_gap and the margin by band, window and draw are medians of single
-//! observations, whose f32 scores differ from torch's by their rounding (about 1e-6 at |s| ~ 8),
-//! so they agree to 1e-5. Draws and token ids agree exactly.
+//! Tolerances. On the same scores (transformers' own, dumped by the reference and fed to the
+//! scorer's observation code) every statistic agrees to 1e-9. Through the whole forward pass, the
+//! position-0 probe and its bootstrap interval are means of probabilities and agree to 1e-7;
+//! S, G_base, B_gap and the margin by band, window and draw are medians of single observations,
+//! whose f32 scores differ from torch's by rounding (about 1e-6 at |s| ~ 8), so they agree to
+//! 1e-5. Draws agree exactly.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -348,4 +350,208 @@ fn layerwise_qk_norms_report_per_head_energy_shares_and_scales() {
     let per_head = score(&["tests/fixtures/score/models/qwen3_bias".to_string()]);
     let layer = &per_head["models"][0]["per_layer"][0];
     assert!(layer.get("gamma_q_inf").is_some() && layer.get("layerwise_heads").is_none());
+}
+
+/// One model's dumped scores: per layer, per prompt, per head, the causal triangle.
+fn read_scores(file: &std::path::Path, layers: usize, heads: usize, lengths: &[usize]) -> Vec<f32> {
+    let bytes = std::fs::read(file).unwrap();
+    let values: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let per_layer: usize = lengths.iter().map(|t| heads * t * (t + 1) / 2).sum();
+    assert_eq!(values.len(), layers * per_layer, "{}", file.display());
+    values
+}
+
+/// `[len, len]` scores from the causal triangle, and their f32 softmax (as the forward stores it).
+fn square(triangle: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
+    let (mut s, mut a) = (vec![0f32; len * len], vec![0f32; len * len]);
+    let mut at = 0;
+    for q in 0..len {
+        let row = &triangle[at..at + q + 1];
+        at += q + 1;
+        s[q * len..q * len + q + 1].copy_from_slice(row);
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = row.iter().map(|&v| (v - m).exp()).sum();
+        for (p, &v) in row.iter().enumerate() {
+            a[q * len + p] = (v - m).exp() / z;
+        }
+    }
+    (s, a)
+}
+
+#[test]
+fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
+    use sinkmerge::sink::forward::HeadView;
+    use sinkmerge::sink::score::{HeadResult, ModelObservations, Observations, Settings};
+    let dir = root().join("tests/fixtures/score/paper/replay");
+    let want = golden("replay/replay.json");
+    let lengths: Vec<usize> = serde_json::from_value(want["prompts"]["lengths"].clone()).unwrap();
+    let (layers, heads) = (
+        want["models"][0]["num_layers"].as_u64().unwrap() as usize,
+        want["models"][0]["num_heads"].as_u64().unwrap() as usize,
+    );
+    let settings = Settings {
+        bands: true,
+        k_sweep: Some((3, 8)),
+        ..Settings::default()
+    };
+    let scores: Vec<Vec<f32>> = (want["models"].as_array().unwrap().iter())
+        .map(|m| {
+            read_scores(
+                &dir.join(m["scores_file"].as_str().unwrap()),
+                layers,
+                heads,
+                &lengths,
+            )
+        })
+        .collect();
+    let mut models = vec![
+        ModelObservations::new(layers, &settings),
+        ModelObservations::new(layers, &settings),
+    ];
+    let mut at = 0;
+    for layer in 0..layers {
+        let start = at;
+        let mut references = Vec::new();
+        for (mi, model) in models.iter_mut().enumerate() {
+            at = start;
+            let in_window = model.in_window(layer);
+            let mut results = Vec::new();
+            for (prompt, &len) in lengths.iter().enumerate() {
+                for head in 0..heads {
+                    let n = len * (len + 1) / 2;
+                    let (s, a) = square(&scores[mi][at..at + n], len);
+                    at += n;
+                    let view = HeadView {
+                        prompt,
+                        head,
+                        len,
+                        scores: &s,
+                        probs: &a,
+                        window: None,
+                    };
+                    let against = (mi == 1).then(|| &references[prompt * heads + head]);
+                    results.push(HeadResult::observe(
+                        &view,
+                        &settings,
+                        mi == 0,
+                        against,
+                        in_window,
+                    ));
+                }
+            }
+            if mi == 0 {
+                references = results
+                    .iter_mut()
+                    .filter_map(HeadResult::take_reference)
+                    .collect();
+            }
+            model.add_layer(layer, heads, results, None);
+        }
+    }
+    let ours = Value::Array(
+        models
+            .iter()
+            .map(|m| serde_json::to_value(m.statistics(&settings)).unwrap())
+            .collect(),
+    );
+    let pair = serde_json::to_value(models[1].against(&models[0], &settings)).unwrap();
+    let observations = Observations::new(models, Some(0), settings.stat);
+    let mut worst = [0f64; 2];
+    let strict = |o: &Value, w: &Value, path: &str, worst: &mut [f64; 2]| {
+        let d = (o.as_f64().unwrap() - w.as_f64().unwrap()).abs();
+        assert!(
+            d <= 1e-9,
+            "{path}: {o} but the reference says {w} ({d:.2e})"
+        );
+        worst[0] = worst[0].max(d);
+    };
+    for (i, w) in want["models"].as_array().unwrap().iter().enumerate() {
+        for key in [
+            "sink_strength",
+            "median_g",
+            "pos0_trailing",
+            "strong_sink_frac",
+        ] {
+            strict(&ours[i][key], &w[key], key, &mut worst);
+        }
+        assert_eq!(ours[i]["n_observations"], w["n_observations"]);
+        for k in 0..2 {
+            strict(
+                &ours[i]["pos0_trailing_ci"][k],
+                &w["pos0_trailing_ci"][k],
+                "ci",
+                &mut worst,
+            );
+        }
+        for band in ["early", "middle", "late"] {
+            strict(
+                &ours[i]["sink_strength_bands"][band],
+                &w["sink_strength_bands"][band],
+                band,
+                &mut worst,
+            );
+        }
+        for (o, x) in ours[i]["sink_strength_by_last"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(w["sink_strength_by_last"].as_array().unwrap())
+        {
+            assert_eq!(o["last"], x["last"]);
+            strict(
+                &o["sink_strength"],
+                &x["sink_strength"],
+                "by_last",
+                &mut worst,
+            );
+        }
+    }
+    let wp = &want["pairs"][0];
+    for key in ["g_base_median", "b_gap_median", "margin"] {
+        strict(&pair[key], &wp[key], key, &mut worst);
+    }
+    assert_eq!(pair["n_observations"], wp["n_observations"]);
+    for band in ["early", "middle", "late"] {
+        strict(
+            &pair["margin_bands"][band],
+            &wp["margin_bands"][band],
+            band,
+            &mut worst,
+        );
+    }
+    for (o, x) in pair["margin_by_last"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(wp["margin_by_last"].as_array().unwrap())
+    {
+        strict(&o["margin"], &x["margin"], "margin_by_last", &mut worst);
+    }
+    for subset in want["subsets"].as_array().unwrap() {
+        let n = subset["n"].as_u64().unwrap() as usize;
+        let seed = subset["seed"].as_u64().unwrap();
+        let prompts = sinkmerge::sink::prompts::draw_indices(n, seed, lengths.len()).unwrap();
+        assert_eq!(serde_json::to_value(&prompts).unwrap(), subset["prompts"]);
+        let sub = observations.subset(&prompts);
+        for (o, w) in sub
+            .sink_strength
+            .iter()
+            .zip(subset["sink_strength"].as_array().unwrap())
+        {
+            strict(&serde_json::to_value(o).unwrap(), w, "subset S", &mut worst);
+        }
+        strict(
+            &serde_json::to_value(sub.margin[0]).unwrap(),
+            &subset["margin"][0],
+            "subset margin",
+            &mut worst,
+        );
+    }
+    eprintln!(
+        "same scores: largest difference from the reference {:.1e}",
+        worst[0]
+    );
 }

@@ -18,6 +18,7 @@ float64 from the captured scores.
     # regenerate the committed goldens
     nice -n 10 tools/.venv/bin/python tools/paper_metrics_ref.py --goldens        # tests/fixtures/score/paper/*.json
     nice -n 10 tools/.venv/bin/python tools/paper_metrics_ref.py --bf16-goldens   # tests/fixtures/score/paper/bf16/
+    nice -n 10 tools/.venv/bin/python tools/paper_metrics_ref.py --replay-golden  # tests/fixtures/score/paper/replay/
 
 Definitions (on top of sink_metrics_ref.py's G, B, validity and S):
   pos0_trailing: prompt x of length T, Q_x = {q : max(1, T-t) <= q <= T-1} (T == 1: prompt left out);
@@ -33,6 +34,9 @@ Definitions (on top of sink_metrics_ref.py's G, B, validity and S):
   sweep: draw n of P pool prompts with seed s: SplitMix64(s), idx = [0..P), for i < n:
       j = i + ((next() * (P - i)) >> 64), swap idx[i], idx[j]; prompts = sorted(idx[:n]).
       mean and sample std (ddof=1, null for one seed) of S and margin per n. Every pool prompt runs once.
+  replay golden: the f32 pre-mask scores q.kT * scaling of the tiny-qwen3 pair on the first 5 default prompts are
+      dumped (float32 LE; layer, prompt, head, query q, keys 0..=q) and every metric is computed from the values
+      read back from those files, so a consumer that feeds the same f32 scores must match to rounding of float64.
   bf16 extras (`from_weights`): the same p_sink and valid queries, but G_w = log(a / (1 - a)) with a = a[q,ps]
       and A[q,0] read from the bf16 weights eager returns (cast to float64), as the paper's probe on attention
       weights computes it; every a that bf16 rounds to 1 gives G_w = +inf (issue 16: a > ~0.998).
@@ -79,6 +83,7 @@ def install_capture():
                     **kwargs):
             key_states = _mod.repeat_kv(key, module.num_key_value_groups)
             scores = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+            raw = scores  # before the mask (the replay golden dumps these)
             t = query.shape[2]
             if attention_mask is not None:
                 scores = scores + attention_mask
@@ -87,7 +92,7 @@ def install_capture():
                 visible = torch.ones(t, t, dtype=torch.bool).tril()
             out, weights = _orig(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
             CAPTURED.append((module.layer_idx, scores[0].detach().clone(), visible.clone(),
-                             weights[0].detach().clone()))
+                             weights[0].detach().clone(), raw[0].detach().clone()))
             return out, weights
 
         wrapped._paper_capture = True
@@ -109,7 +114,7 @@ def forward(model, ids):
         model(input_ids=torch.tensor([ids]), use_cache=False)
     layers = sorted(CAPTURED, key=lambda c: c[0])
     assert [c[0] for c in layers] == list(range(model.config.num_hidden_layers)), "one capture per layer"
-    return [(s.double().numpy(), v.numpy(), w) for _, s, v, w in layers]
+    return [(s.double().numpy(), v.numpy(), w) for _, s, v, w, _ in layers]
 
 
 # ----------------------------------------------------------------------------------------------- per prompt stats
@@ -545,6 +550,156 @@ def write_bf16_goldens():
         write(name, case, out_dir)
 
 
+# ----------------------------------------------------------------------------------------------- replay golden
+REPLAY_DIR = OUT_DIR / "replay"
+REPLAY_PAIR = {"ref": "assets/models/tiny-qwen3/ref", "vl": "assets/models/tiny-qwen3/vl"}
+REPLAY_PROMPTS = 5
+REPLAY_LAYOUT = "layer, prompt, head, query, keys 0..=q; float32 LE"
+
+
+def replay_capture(model, ids):
+    """Pre-mask f32 scores per layer, [H, T, T]; asserts a plain causal mask (no sliding window)."""
+    CAPTURED.clear()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([ids]), use_cache=False)
+    layers = sorted(CAPTURED, key=lambda c: c[0])
+    assert [c[0] for c in layers] == list(range(model.config.num_hidden_layers)), "one capture per layer"
+    t = len(ids)
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    out = []
+    for _, masked, visible, _, raw in layers:
+        assert raw.dtype == torch.float32
+        assert np.array_equal(visible.numpy(), causal), "replay golden needs a causal mask without a window"
+        m, r = masked.numpy(), raw.numpy()
+        assert np.array_equal(m[:, causal], r[:, causal]), "the mask changed a visible score"
+        out.append(r)
+    return out
+
+
+def tril_flat(s):
+    """[H, T, T] -> [H, T(T+1)/2]: rows q = 0..T-1, keys p = 0..=q."""
+    t = s.shape[-1]
+    qi, pi = np.tril_indices(t)  # row-major: (0,0), (1,0), (1,1), (2,0), ...
+    return s[:, qi, pi]
+
+
+def replay_read(path, n_layers, n_heads, lengths):
+    """Read a scores file back: [layer][prompt] -> float64 [H, T, T] (upper triangle -inf)."""
+    flat = np.fromfile(path, dtype="<f4")
+    assert flat.size == n_layers * n_heads * sum(t * (t + 1) // 2 for t in lengths), f"{path}: size"
+    out, off = [], 0
+    for _ in range(n_layers):
+        row = []
+        for t in lengths:
+            n = t * (t + 1) // 2
+            block = flat[off:off + n_heads * n].reshape(n_heads, n).astype(np.float64)
+            off += n_heads * n
+            s = np.full((n_heads, t, t), -np.inf)
+            qi, pi = np.tril_indices(t)
+            s[:, qi, pi] = block
+            row.append(s)
+        out.append(row)
+    return out
+
+
+def column_sink_ties(s, visible):
+    """The column-mass sink of one head and its lead over the runner-up (absolute, in column-mass units)."""
+    t = s.shape[0]
+    probs = np.zeros_like(s)
+    for q in range(t):
+        keys = np.nonzero(visible[q])[0]
+        probs[q, keys] = np.exp(s[q, keys] - logsumexp(s[q, keys]))
+    col = probs.sum(axis=0)
+    order = np.argsort(-col, kind="stable")
+    return int(order[0]), float(col[order[0]] - col[order[1]]) if t > 1 else float("inf")
+
+
+def write_replay_golden():
+    cfg = base_cfg(bands="thirds", k_sweep=(3, 8))
+    prompts_file = "assets/prompts/default.txt"
+    prompts = read_prompts(ROOT / prompts_file)[:REPLAY_PROMPTS]
+    install_capture()
+    labels = list(REPLAY_PAIR)
+    reference = labels[0]
+    tokens = {m: smr.tokenize(str(ROOT / p), prompts, cfg["chat"]) for m, p in REPLAY_PAIR.items()}
+    for m in labels:
+        assert tokens[m] == tokens[reference], f"{m}: other token ids than the reference"
+    lengths = [len(ids) for ids in tokens[reference]]
+    REPLAY_DIR.mkdir(parents=True, exist_ok=True)
+    shape, files = {}, {}
+    for m, p in REPLAY_PAIR.items():
+        model = load_model(str(ROOT / p), "f32")
+        c = model.config
+        assert all(lt == "full_attention" for lt in (getattr(c, "layer_types", None) or ["full_attention"]))
+        assert not getattr(c, "use_sliding_window", False) and getattr(c, "sliding_window", None) is None
+        per_prompt = [replay_capture(model, ids) for ids in tokens[m]]  # [prompt][layer] -> [H, T, T] f32
+        n_layers, n_heads = len(per_prompt[0]), per_prompt[0][0].shape[0]
+        chunks = [tril_flat(per_prompt[pi][l]).astype("<f4").ravel()
+                  for l in range(n_layers) for pi in range(len(prompts))]
+        raw = np.concatenate(chunks).tobytes()
+        files[m] = REPLAY_DIR / f"{m}.scores.bin"
+        files[m].write_bytes(raw)
+        shape[m] = (n_layers, n_heads, hashlib.sha256(raw).hexdigest(), len(raw))
+        print(f"{files[m].relative_to(ROOT)}: {len(raw)} bytes", flush=True)
+        del model
+    # everything below reads only the dumped float32 values
+    causal = {t: np.tril(np.ones((t, t), dtype=bool)) for t in lengths}
+    scores = {m: replay_read(files[m], shape[m][0], shape[m][1], lengths) for m in labels}
+    per, sinks, ties = {}, {}, {}
+    for m in labels:
+        n_layers = shape[m][0]
+        per[m] = [summarize([(scores[m][l][pi], causal[t], None) for l in range(n_layers)], cfg["mode"], cfg["trail"],
+                            False) for pi, t in enumerate(lengths)]
+        sinks[m], ties[m] = [], []
+        for l in range(n_layers):
+            for pi, t in enumerate(lengths):
+                for h in range(shape[m][1]):
+                    ps, lead = column_sink_ties(scores[m][l][pi][h], causal[t])
+                    sinks[m].append(ps)
+                    ties[m].append({"layer": l, "prompt": pi, "head": h, "sink": ps, "lead": lead})
+    bpp = {}
+    for m in labels[1:]:
+        bpp[m] = [{"B": gap_b([(scores[reference][l][pi], causal[t], None) for l in range(shape[reference][0])],
+                              [(scores[m][l][pi], causal[t], None) for l in range(shape[m][0])],
+                              per[reference][pi]["obs"])} for pi, t in enumerate(lengths)]
+    for m in labels:
+        for pp in per[m]:
+            pp.pop("obs")
+    models_out = []
+    for m in labels:
+        n_layers, n_heads, sha, nbytes = shape[m]
+        rep = model_report(m, per[m], n_layers, cfg, m == reference)
+        closest = min(ties[m], key=lambda d: d["lead"])
+        rep.update({"path": REPLAY_PAIR[m], "scores_file": files[m].name, "scores_sha256": sha,
+                    "scores_bytes": nbytes, "num_layers": n_layers, "num_heads": n_heads,
+                    "sink_positions": sinks[m], "column_mass_closest_lead": closest})
+        models_out.append(rep)
+    pairs_out = [pair_report(reference, m, per, bpp, shape[reference][0], cfg) for m in labels[1:]]
+    subsets = []
+    for n in (2, 3):
+        for seed in (0, 1, 2):
+            idx = draw(len(prompts), n, seed)
+            ss = [stat_of(cat(per[m], "G", idx, last_k(shape[m][0], cfg["last"])), cfg["stat"]) for m in labels]
+            mg = [margin_of(per[reference], bpp[m], idx, last_k(shape[reference][0], cfg["last"])) for m in labels[1:]]
+            subsets.append({"n": n, "seed": seed, "prompts": idx, "sink_strength": ss, "margin": mg})
+    settings = settings_of(cfg, len(prompts))
+    settings.update({"band_layers": {m: bands_of(shape[m][0]) for m in labels}, "models": labels,
+                     "pairs": [{"ref": reference, "target": m} for m in labels[1:]],
+                     "scores": "pre-mask q.kT * scaling, float32 (eager, f32 weights); metrics in float64 from the "
+                               "dumped float32 values; A = float64 softmax of those scores",
+                     "subset_draw": "SplitMix64(seed) partial Fisher-Yates of n from P = 5 prompts, sorted"})
+    block = prompt_block(ROOT / prompts_file, prompts, tokens[reference])
+    block.update({"lengths": lengths, "first_n": REPLAY_PROMPTS})
+    rep = {"models": models_out, "pairs": pairs_out, "subsets": subsets, "prompts": block, "settings": settings,
+           "layout": REPLAY_LAYOUT, "cli": ["--replay-golden"]}
+    write("replay", rep, REPLAY_DIR)
+    summary_line("replay", rep)
+    for d in subsets:
+        print(f"  n={d['n']} seed={d['seed']} prompts={d['prompts']} S={d['sink_strength']} margin={d['margin']}")
+    for m in models_out:
+        print(f"  {m['model']}: closest column-mass lead {m['column_mass_closest_lead']}")
+
+
 def parse_range(text):
     m = re.fullmatch(r"(\d+)-(\d+)", text)
     if not m or int(m.group(1)) < 1 or int(m.group(1)) > int(m.group(2)):
@@ -589,7 +744,12 @@ def main():
     ap.add_argument("--pool", default=str(DEFAULT_POOL))
     ap.add_argument("--goldens", action="store_true", help="regenerate tests/fixtures/score/paper/*.json")
     ap.add_argument("--bf16-goldens", action="store_true", help="regenerate tests/fixtures/score/paper/bf16/")
+    ap.add_argument("--replay-golden", action="store_true",
+                    help="regenerate tests/fixtures/score/paper/replay/ (f32 scores of the tiny-qwen3 pair + metrics)")
     a = ap.parse_args()
+    if a.replay_golden:
+        write_replay_golden()
+        return 0
     if a.goldens:
         write_goldens(Path(a.pool))
         return 0
@@ -597,7 +757,7 @@ def main():
         write_bf16_goldens()
         return 0
     if not a.models:
-        ap.error("give at least one MODEL (or --goldens / --bf16-goldens)")
+        ap.error("give at least one MODEL (or --goldens / --bf16-goldens / --replay-golden)")
     paths = ([a.ref] if a.ref else []) + a.models
     cfg = base_cfg(last=a.last, stat=a.stat, mode=a.sink_position, chat=a.chat_template, precision=a.precision,
                    trail=a.trailing_queries, bootstrap=a.bootstrap, bootstrap_seed=a.bootstrap_seed, bands=a.bands,

@@ -619,7 +619,7 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
         progress,
     )?;
     let scores = scored.scores;
-    scores.models[0].sink_strength.ok_or_else(|| {
+    scores.models[0].statistics.sink_strength.ok_or_else(|| {
         bad!(
             "{}: no valid observation in the last 10 layers, so S is undefined",
             ckpt.label
@@ -801,26 +801,28 @@ fn render_text(report: &Report) -> String {
             } else {
                 m.model.clone()
             },
-            opt(m.sink_strength),
-            opt(m.pos0_share),
-            match (m.pos0_trailing, m.pos0_trailing_ci) {
+            opt(m.statistics.sink_strength),
+            opt(m.statistics.pos0_share),
+            match (m.statistics.pos0_trailing, m.statistics.pos0_trailing_ci) {
                 (Some(p), Some([lo, hi])) => {
                     format!("{} [{}, {}]", fmt_num(p), fmt_num(lo), fmt_num(hi))
                 }
                 (p, _) => opt(p),
             },
-            opt(m.strong_sink_frac),
+            opt(m.statistics.strong_sink_frac),
         ];
         if with_ref {
             match (
                 m.reference,
                 i.checked_sub(1).and_then(|j| scores.pairs.get(j)),
             ) {
-                (false, Some(p)) => row.extend([opt(p.b_gap_median), opt(p.margin)]),
+                (false, Some(p)) => {
+                    row.extend([opt(p.statistics.b_gap_median), opt(p.statistics.margin)])
+                }
                 _ => row.extend(["-".to_string(), "-".to_string()]),
             }
         }
-        row.push(m.n_observations.to_string());
+        row.push(m.statistics.n_observations.to_string());
         table.row(row);
     }
     out.push_str(&table.render());
@@ -829,11 +831,15 @@ fn render_text(report: &Report) -> String {
          measure (last {} queries, mean per prompt, {} bootstrap resamples over prompts)\n",
         s.trailing_queries, s.bootstrap
     ));
-    for m in scores.models.iter().filter(|m| m.n_infinite_g > 0) {
+    for m in scores
+        .models
+        .iter()
+        .filter(|m| m.statistics.n_infinite_g > 0)
+    {
         out.push_str(&format!(
             "{}: {} of {} G are infinite (saturated sinks: a = 1 in the stored probabilities); \
              medians count them, means are undefined\n",
-            m.model, m.n_infinite_g, m.n_observations
+            m.model, m.statistics.n_infinite_g, m.statistics.n_observations
         ));
     }
     out.push_str(&band_tables(scores));
@@ -908,7 +914,7 @@ fn band_tables(scores: &Scores) -> String {
     let bands: Vec<_> = scores
         .models
         .iter()
-        .map(|m| m.sink_strength_bands)
+        .map(|m| m.statistics.sink_strength_bands)
         .collect();
     if bands.iter().all(Option::is_some) && !bands.is_empty() {
         let mut table = Table::new(labels(true));
@@ -922,7 +928,10 @@ fn band_tables(scores: &Scores) -> String {
         ] {
             let mut row = vec![name.to_string()];
             row.extend(bands.iter().map(|b| opt(b.as_ref().and_then(pick))));
-            row.extend((scores.pairs.iter()).map(|p| opt(p.margin_bands.as_ref().and_then(pick))));
+            row.extend(
+                (scores.pairs.iter())
+                    .map(|p| opt(p.statistics.margin_bands.as_ref().and_then(pick))),
+            );
             table.row(row);
         }
         out.push_str("\nby depth band (S, margin):\n");
@@ -931,7 +940,7 @@ fn band_tables(scores: &Scores) -> String {
     if let Some(first) = scores
         .models
         .first()
-        .and_then(|m| m.sink_strength_by_last.as_ref())
+        .and_then(|m| m.statistics.sink_strength_by_last.as_ref())
     {
         let mut header = labels(true);
         header[0] = "last K".to_string();
@@ -940,14 +949,18 @@ fn band_tables(scores: &Scores) -> String {
             let mut row = vec![at.last.to_string()];
             row.extend(scores.models.iter().map(|m| {
                 opt(m
+                    .statistics
                     .sink_strength_by_last
                     .as_ref()
                     .and_then(|v| v[i].sink_strength))
             }));
-            row.extend(
-                (scores.pairs.iter())
-                    .map(|p| opt(p.margin_by_last.as_ref().and_then(|v| v[i].margin))),
-            );
+            row.extend((scores.pairs.iter()).map(|p| {
+                opt(p
+                    .statistics
+                    .margin_by_last
+                    .as_ref()
+                    .and_then(|v| v[i].margin))
+            }));
             table.row(row);
         }
         out.push_str("\nby window (S, margin over the last K layers):\n");

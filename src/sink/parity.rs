@@ -117,15 +117,23 @@ pub fn metric_diffs(cpu: &Scores, other: &Scores) -> Vec<MetricParity> {
     for (a, b) in cpu.models.iter().zip(&other.models) {
         out.push(MetricParity {
             metric: format!("S of {}", a.model),
-            cpu: a.sink_strength,
-            other: b.sink_strength,
+            cpu: a.statistics.sink_strength,
+            other: b.statistics.sink_strength,
         });
     }
     for (a, b) in cpu.pairs.iter().zip(&other.pairs) {
         for (name, x, y) in [
-            ("G_base", a.g_base_median, b.g_base_median),
-            ("B_gap", a.b_gap_median, b.b_gap_median),
-            ("margin", a.margin, b.margin),
+            (
+                "G_base",
+                a.statistics.g_base_median,
+                b.statistics.g_base_median,
+            ),
+            (
+                "B_gap",
+                a.statistics.b_gap_median,
+                b.statistics.b_gap_median,
+            ),
+            ("margin", a.statistics.margin, b.statistics.margin),
         ] {
             out.push(MetricParity {
                 metric: format!("{name} of {}", a.target),

@@ -129,6 +129,16 @@ pub struct ModelReport {
     pub num_layers: usize,
     /// First and last layer of the window.
     pub window: [usize; 2],
+    pub n_tokens: usize,
+    #[serde(flatten)]
+    pub statistics: ModelStatistics,
+    pub per_layer: Vec<LayerReport>,
+    pub per_head: Vec<HeadReport>,
+}
+
+/// One model's statistics over the window, and over the bands and windows asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelStatistics {
     /// S: the median (or mean, `--stat mean`) of G over the window's valid observations.
     pub sink_strength: Option<f64>,
     /// Median of G over the window (equals S under the default `--stat median`).
@@ -146,15 +156,12 @@ pub struct ModelReport {
     /// Infinite G in the window (`--gap-from probabilities`: saturated sinks, a = 1). The median
     /// S stays defined; a mean S is then null.
     pub n_infinite_g: usize,
-    pub n_tokens: usize,
     /// S over the early, middle and late thirds of the layers (`--bands thirds`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sink_strength_bands: Option<BandValues>,
     /// S for each window of the K sweep (`--k-sweep`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sink_strength_by_last: Option<Vec<SinkStrengthAt>>,
-    pub per_layer: Vec<LayerReport>,
-    pub per_head: Vec<HeadReport>,
 }
 
 /// One value per third of the layers (Appendix E.4, Table 13).
@@ -182,6 +189,13 @@ pub struct PairReport {
     #[serde(rename = "ref")]
     pub reference: String,
     pub target: String,
+    #[serde(flatten)]
+    pub statistics: PairStatistics,
+}
+
+/// A target against the reference over the window, and over the bands and windows asked for.
+#[derive(Debug, Clone, Serialize)]
+pub struct PairStatistics {
     /// Median G of the reference over the window.
     pub g_base_median: Option<f64>,
     /// Median B of the target against the reference over the window.
@@ -219,8 +233,9 @@ struct LayerObservations {
     trailing: Vec<(f64, usize)>,
 }
 
-/// Observations of one model, accumulated layer by layer.
-struct Accumulator {
+/// Observations of one model, accumulated layer by layer; the scorer feeds it from the forward
+/// pass, and anything else that has attention scores can feed it too.
+pub struct ModelObservations {
     window_start: usize,
     window_pos0: Vec<f64>,
     per_layer: Vec<LayerReport>,
@@ -228,10 +243,11 @@ struct Accumulator {
     layers: Vec<LayerObservations>,
 }
 
-impl Accumulator {
-    fn new(window_start: usize) -> Accumulator {
-        Accumulator {
-            window_start,
+impl ModelObservations {
+    /// For a model of `num_layers` layers scored with `settings`.
+    pub fn new(num_layers: usize, settings: &Settings) -> ModelObservations {
+        ModelObservations {
+            window_start: num_layers.saturating_sub(settings.last),
             window_pos0: Vec::new(),
             per_layer: Vec::new(),
             per_head: Vec::new(),
@@ -239,7 +255,13 @@ impl Accumulator {
         }
     }
 
-    fn add_layer(
+    /// Whether `layer` is in the window.
+    pub fn in_window(&self, layer: usize) -> bool {
+        layer >= self.window_start
+    }
+
+    /// Add the next layer: each head's result in prompt-major order (`prompt * heads + head`).
+    pub fn add_layer(
         &mut self,
         layer: usize,
         heads: usize,
@@ -317,7 +339,7 @@ impl Accumulator {
         gather(&self.layers, layers, prompts, |l| &l.g)
     }
 
-    /// B over `layers`, as [`Accumulator::g`].
+    /// B over `layers`, as [`ModelObservations::g`].
     fn b(&self, layers: Range<usize>, prompts: Option<&[usize]>) -> Vec<f64> {
         gather(&self.layers, layers, prompts, |l| &l.b)
     }
@@ -397,7 +419,7 @@ pub fn bootstrap_ci(values: &[f64], bootstrap: Bootstrap) -> Option<[f64; 2]> {
 /// Everything a scoring pass observed, kept so that subsets of its prompts (the N-sweep's
 /// draws) can be summarised without running the models again.
 pub struct Observations {
-    models: Vec<Accumulator>,
+    models: Vec<ModelObservations>,
     reference: Option<usize>,
     stat: Stat,
 }
@@ -410,9 +432,23 @@ pub struct SubsetScores {
 }
 
 impl Observations {
+    /// The observations of each model; with `reference = Some(i)`, model i is the reference of
+    /// the others, whose B it holds.
+    pub fn new(
+        models: Vec<ModelObservations>,
+        reference: Option<usize>,
+        stat: Stat,
+    ) -> Observations {
+        Observations {
+            models,
+            reference,
+            stat,
+        }
+    }
+
     /// S and margins over the window, on the prompts of index `prompts` only.
     pub fn subset(&self, prompts: &[usize]) -> SubsetScores {
-        let window = |a: &Accumulator| a.window_start..a.layers.len();
+        let window = |a: &ModelObservations| a.window_start..a.layers.len();
         let sink_strength = self
             .models
             .iter()
@@ -490,12 +526,42 @@ fn check_pairable(inputs: &[Input], models: &[Model], r: usize) -> Result<()> {
     Ok(())
 }
 
-/// What the visitor returns for each head.
-struct HeadResult {
+/// What the scorer keeps of one head of one prompt in one layer.
+pub struct HeadResult {
     obs: HeadObservations,
     reference: Option<ReferenceHead>,
     b: Option<Vec<f64>>,
     trailing: (f64, usize),
+}
+
+impl HeadResult {
+    /// Observe one head: G and pos0 always; what a reference keeps for B when `keep_reference`;
+    /// B against `against`, the same head of the reference; the position-0 probe when
+    /// `in_window`.
+    pub fn observe(
+        view: &HeadView,
+        settings: &Settings,
+        keep_reference: bool,
+        against: Option<&ReferenceHead>,
+        in_window: bool,
+    ) -> HeadResult {
+        let obs = observe(view, settings.sink_position, settings.gap_from);
+        HeadResult {
+            reference: keep_reference.then(|| ReferenceHead::new(view, &obs)),
+            b: against.map(|r| r.gap_perturbation(view)),
+            trailing: if in_window {
+                trailing_pos0(view, settings.trailing_queries)
+            } else {
+                (0.0, 0)
+            },
+            obs,
+        }
+    }
+
+    /// What a reference head keeps for its targets' B (taken once).
+    pub fn take_reference(&mut self) -> Option<ReferenceHead> {
+        self.reference.take()
+    }
 }
 
 /// The first layer whose B (and reference scores) a model's reports need: the window's, or
@@ -533,9 +599,9 @@ pub fn score<B: Backend>(
         .zip(inputs)
         .map(|(m, i)| State::new(m, backend, &i.tokens))
         .collect::<Result<_>>()?;
-    let mut accs: Vec<Accumulator> = models
+    let mut accs: Vec<ModelObservations> = models
         .iter()
-        .map(|m| Accumulator::new(m.spec.num_layers().saturating_sub(settings.last)))
+        .map(|m| ModelObservations::new(m.spec.num_layers(), &settings))
         .collect();
     // The reference runs first in every layer, so its scores are there for the targets.
     let mut order: Vec<usize> = (0..inputs.len()).collect();
@@ -556,30 +622,21 @@ pub fn score<B: Backend>(
                 continue;
             }
             let with_b = layer >= first_b_layer(spec.num_layers(), &settings);
-            let in_window = layer >= accs[mi].window_start;
+            let in_window = accs[mi].in_window(layer);
             let is_ref = reference == Some(mi);
             let keep_ref = is_ref && with_b && inputs.len() > 1;
             let against = (!is_ref && with_b).then_some(ref_heads.as_ref()).flatten();
             let heads = spec.num_heads;
             let visit = |view: &HeadView| {
-                let obs = observe(view, settings.sink_position, settings.gap_from);
-                HeadResult {
-                    reference: keep_ref.then(|| ReferenceHead::new(view, &obs)),
-                    b: against.map(|r| r[view.prompt * heads + view.head].gap_perturbation(view)),
-                    trailing: if in_window {
-                        trailing_pos0(view, settings.trailing_queries)
-                    } else {
-                        (0.0, 0)
-                    },
-                    obs,
-                }
+                let r = against.map(|r| &r[view.prompt * heads + view.head]);
+                HeadResult::observe(view, &settings, keep_ref, r, in_window)
             };
             let last = layer + 1 == spec.num_layers();
             let mut out = states[mi].attention(layer, &visit, !last)?;
             if keep_ref {
                 ref_heads = Some(
                     (out.heads.iter_mut())
-                        .filter_map(|r| r.reference.take())
+                        .filter_map(HeadResult::take_reference)
                         .collect(),
                 );
             }
@@ -593,13 +650,19 @@ pub fn score<B: Backend>(
     }
 
     let reports = (inputs.iter().zip(&accs).enumerate())
-        .map(|(mi, (input, acc))| model_report(input, &models[mi], acc, mi, reference, &settings))
+        .map(|(mi, (input, acc))| {
+            model_report(input, &models[mi], acc, reference == Some(mi), &settings)
+        })
         .collect();
     let pairs = match reference {
         None => Vec::new(),
         Some(r) => (inputs.iter().zip(&accs).enumerate())
             .filter(|&(mi, _)| mi != r)
-            .map(|(_, (input, acc))| pair_report(&inputs[r], &accs[r], input, acc, &settings))
+            .map(|(_, (input, acc))| PairReport {
+                reference: inputs[r].label.clone(),
+                target: input.label.clone(),
+                statistics: acc.against(&accs[r], &settings),
+            })
             .collect(),
     };
     Ok(Scored {
@@ -615,108 +678,111 @@ pub fn score<B: Backend>(
     })
 }
 
+impl ModelObservations {
+    /// The model's statistics over the window, and over the bands and windows `settings` asks
+    /// for.
+    pub fn statistics(&self, settings: &Settings) -> ModelStatistics {
+        let layers = self.layers.len();
+        let mut g = self.g(self.window_start..layers, None);
+        let n = g.len();
+        let strong = g.iter().filter(|&&v| v > STRONG_SINK_G).count();
+        let mean_g = mean(&g);
+        let median_g = median(&mut g);
+        let s = match settings.stat {
+            Stat::Median => median_g,
+            Stat::Mean => mean_g,
+        };
+        let trailing = self.trailing_per_prompt();
+        let s_over =
+            |range: Range<usize>| finite(statistic(settings.stat, &mut self.g(range, None)));
+        ModelStatistics {
+            sink_strength: finite(s),
+            median_g: finite(median_g),
+            pos0_share: finite(mean(&self.window_pos0)),
+            pos0_trailing: finite(mean(&trailing)),
+            pos0_trailing_ci: bootstrap_ci(&trailing, settings.bootstrap),
+            strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
+            n_observations: n,
+            n_infinite_g: count_infinite(&g),
+            sink_strength_bands: settings.bands.then(|| {
+                let [early, middle, late] = thirds(layers).map(s_over);
+                BandValues {
+                    early,
+                    middle,
+                    late,
+                }
+            }),
+            sink_strength_by_last: settings.k_sweep.map(|(lo, hi)| {
+                (lo..=hi)
+                    .map(|last| SinkStrengthAt {
+                        last,
+                        sink_strength: s_over(layers.saturating_sub(last)..layers),
+                    })
+                    .collect()
+            }),
+        }
+    }
+
+    /// This model (a target, holding B) against `reference`.
+    pub fn against(&self, reference: &ModelObservations, settings: &Settings) -> PairStatistics {
+        let layers = self.layers.len();
+        // The margin over a layer range: the reference's median G minus the median B.
+        let over = |range: Range<usize>| {
+            let g_base = median(&mut reference.g(range.clone(), None));
+            let mut b = self.b(range, None);
+            let n = b.len();
+            (g_base, median(&mut b), n)
+        };
+        let margin_over = |range: Range<usize>| {
+            let (g_base, b, _) = over(range);
+            finite(g_base - b)
+        };
+        let (g_base, b_med, nb) = over(self.window_start..layers);
+        PairStatistics {
+            g_base_median: finite(g_base),
+            b_gap_median: finite(b_med),
+            margin: finite(g_base - b_med),
+            n_observations: nb,
+            margin_bands: settings.bands.then(|| {
+                let [early, middle, late] = thirds(layers).map(margin_over);
+                BandValues {
+                    early,
+                    middle,
+                    late,
+                }
+            }),
+            margin_by_last: settings.k_sweep.map(|(lo, hi)| {
+                (lo..=hi)
+                    .map(|last| MarginAt {
+                        last,
+                        margin: margin_over(layers.saturating_sub(last)..layers),
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
 fn model_report(
     input: &Input,
     model: &Model,
-    acc: &Accumulator,
-    mi: usize,
-    reference: Option<usize>,
+    acc: &ModelObservations,
+    is_reference: bool,
     settings: &Settings,
 ) -> ModelReport {
     let spec = &model.spec;
-    let layers = acc.layers.len();
-    let mut g = acc.g(acc.window_start..layers, None);
-    let n = g.len();
-    let strong = g.iter().filter(|&&v| v > STRONG_SINK_G).count();
-    let mean_g = mean(&g);
-    let median_g = median(&mut g);
-    let s = match settings.stat {
-        Stat::Median => median_g,
-        Stat::Mean => mean_g,
-    };
-    let trailing = acc.trailing_per_prompt();
-    let s_over = |range: Range<usize>| finite(statistic(settings.stat, &mut acc.g(range, None)));
     ModelReport {
         model: input.label.clone(),
         path: input.ckpt.dir.display().to_string(),
-        reference: reference == Some(mi),
+        reference: is_reference,
         model_type: spec.model_type.clone(),
         qk_norm: spec.qk_norm,
         num_layers: spec.num_layers(),
         window: [acc.window_start, spec.num_layers().saturating_sub(1)],
-        sink_strength: finite(s),
-        median_g: finite(median_g),
-        pos0_share: finite(mean(&acc.window_pos0)),
-        pos0_trailing: finite(mean(&trailing)),
-        pos0_trailing_ci: bootstrap_ci(&trailing, settings.bootstrap),
-        strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
-        n_observations: n,
-        n_infinite_g: count_infinite(&g),
         n_tokens: input.tokens.iter().map(Vec::len).sum(),
-        sink_strength_bands: settings.bands.then(|| {
-            let [early, middle, late] = thirds(layers).map(s_over);
-            BandValues {
-                early,
-                middle,
-                late,
-            }
-        }),
-        sink_strength_by_last: settings.k_sweep.map(|(lo, hi)| {
-            (lo..=hi)
-                .map(|last| SinkStrengthAt {
-                    last,
-                    sink_strength: s_over(layers.saturating_sub(last)..layers),
-                })
-                .collect()
-        }),
+        statistics: acc.statistics(settings),
         per_layer: acc.per_layer.clone(),
         per_head: acc.per_head.clone(),
-    }
-}
-
-fn pair_report(
-    r_input: &Input,
-    r_acc: &Accumulator,
-    input: &Input,
-    acc: &Accumulator,
-    settings: &Settings,
-) -> PairReport {
-    let layers = acc.layers.len();
-    // The pair's margin over a layer range: the reference's median G minus the median B.
-    let over = |range: Range<usize>| {
-        let g_base = median(&mut r_acc.g(range.clone(), None));
-        let mut b = acc.b(range, None);
-        let n = b.len();
-        (g_base, median(&mut b), n)
-    };
-    let margin_over = |range: Range<usize>| {
-        let (g_base, b, _) = over(range);
-        finite(g_base - b)
-    };
-    let (g_base, b_med, nb) = over(acc.window_start..layers);
-    PairReport {
-        reference: r_input.label.clone(),
-        target: input.label.clone(),
-        g_base_median: finite(g_base),
-        b_gap_median: finite(b_med),
-        margin: finite(g_base - b_med),
-        n_observations: nb,
-        margin_bands: settings.bands.then(|| {
-            let [early, middle, late] = thirds(layers).map(margin_over);
-            BandValues {
-                early,
-                middle,
-                late,
-            }
-        }),
-        margin_by_last: settings.k_sweep.map(|(lo, hi)| {
-            (lo..=hi)
-                .map(|last| MarginAt {
-                    last,
-                    margin: margin_over(layers.saturating_sub(last)..layers),
-                })
-                .collect()
-        }),
     }
 }
 
