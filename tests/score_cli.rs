@@ -339,12 +339,12 @@ fn non_finite_weights_are_named() {
 }
 
 #[test]
-fn bf16_precision_is_reported_and_f32_reports_keep_their_keys() {
+fn the_precision_is_always_reported() {
     let model = fixture("qwen2");
     let run = |extra: &[&str]| json_report(&model, extra);
     let f32 = run(&[]);
     let bf16 = run(&["--precision", "bf16"]);
-    assert!(f32["settings"].get("precision").is_none());
+    assert_eq!(f32["settings"]["precision"], "f32");
     assert_eq!(bf16["settings"]["precision"], "bf16");
     let s_of = |v: &Value| v["models"][0]["sink_strength"].as_f64().unwrap();
     assert_ne!(s_of(&f32), s_of(&bf16));

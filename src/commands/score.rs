@@ -296,8 +296,7 @@ struct ReportSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     chat_template_from: Option<TemplateFrom>,
     device: Device,
-    /// Only when it is not f32, so f32 reports keep their keys.
-    #[serde(skip_serializing_if = "Precision::is_f32")]
+    /// Always named: the paper's figures are bf16, sinkmerge's default is f32.
     precision: Precision,
     reference: Option<String>,
 }
