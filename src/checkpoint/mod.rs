@@ -82,6 +82,8 @@ pub struct Checkpoint {
     pub dir: PathBuf,
     /// How the user named the model (alias, repo id or path), for messages and reports.
     pub label: String,
+    /// The Hub repo and commit, for models from the HF cache.
+    pub hub: Option<resolve::HubRef>,
     /// `config.json` as written.
     pub config: Value,
     pub shards: Vec<Shard>,
@@ -95,7 +97,9 @@ impl Checkpoint {
     /// Resolve `reference` (a directory, an HF-cache repo id or an alias) and open it.
     pub fn open_ref(reference: &str) -> Result<Checkpoint> {
         let model = resolve::resolve(reference)?;
-        Self::open_dir(&model.dir, &model.label)
+        let mut ckpt = Self::open_dir(&model.dir, &model.label)?;
+        ckpt.hub = model.hub;
+        Ok(ckpt)
     }
 
     /// Open the model directory `dir`; every shard header is validated before this returns.
@@ -162,6 +166,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             label: label.to_string(),
+            hub: None,
             config,
             shards,
             index,

@@ -15,6 +15,18 @@ pub struct ModelRef {
     pub label: String,
     /// The alias, when one was used (used for default output names).
     pub alias: Option<String>,
+    /// Where it came from on the Hugging Face Hub, for models found in (or fetched into) the HF
+    /// cache.
+    pub hub: Option<HubRef>,
+}
+
+/// A model on the Hub at one commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubRef {
+    /// `ORG/NAME`.
+    pub repo: String,
+    /// The resolved commit hash (the snapshot's directory name).
+    pub commit: String,
 }
 
 /// One row of the paper's pair table (Appendix B.4; `shared/reference/paper-pairs.md`).
@@ -195,6 +207,7 @@ pub fn resolve(reference: &str) -> Result<ModelRef> {
             dir: path.to_path_buf(),
             label: reference.to_string(),
             alias: None,
+            hub: None,
         });
     }
     if let Some(repo) = alias_repo(reference) {
@@ -267,6 +280,10 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
             None => repo.to_string(),
         },
         alias: None,
+        hub: Some(HubRef {
+            repo: repo.to_string(),
+            commit,
+        }),
     })
 }
 
