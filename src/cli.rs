@@ -15,10 +15,12 @@ use crate::commands;
     about = "Weight-space analysis and merging of LLM and VLM checkpoints",
     long_about = "Weight-space analysis and merging of LLM and vision-language checkpoints, after \
 \"Text Capability Loss in Vision-Language Adaptation: An Attention-Sink Diagnosis\" (arXiv 2609.00746).\n\n\
-MODEL arguments accept a directory, a Hugging Face repo id found in the local HF cache \
-(ORG/NAME[@revision]; $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), or one of \
-the paper's aliases (`qwen2.5-vl` is the VLM, `qwen2.5-vl:ref` its reference LLM; see `sinkmerge aliases`). \
-Nothing is ever downloaded.\n\n\
+MODEL arguments accept a directory, a Hugging Face repo id (ORG/NAME[@revision]) or one of the \
+paper's aliases (`qwen2.5-vl` is the VLM, `qwen2.5-vl:ref` its reference LLM; see `sinkmerge aliases`). \
+Repo ids are looked up in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else \
+~/.cache/huggingface/hub); one missing from it is downloaded there from the Hub (config, tokenizer \
+and safetensors files only), honouring HF_ENDPOINT, HF_TOKEN (or the token file) and \
+HF_HUB_OFFLINE=1. --no-download never downloads.\n\n\
 Exit codes: 0 success, 1 failure while writing or an internal error, 2 bad input or usage, \
 3 `inspect --check` found NaN/Inf.",
     after_help = "Run `sinkmerge <COMMAND> --help` for each command's options."
@@ -34,6 +36,11 @@ pub struct Cli {
     /// Never draw progress bars (they are already hidden when output is not a terminal).
     #[arg(long, short, global = true)]
     pub quiet: bool,
+
+    /// Never download: a repo id missing from the Hugging Face cache is an error (as with
+    /// HF_HUB_OFFLINE=1)
+    #[arg(long, global = true)]
+    pub no_download: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -42,6 +49,8 @@ pub enum Command {
     Inspect(commands::inspect::Args),
     /// List the paper's model aliases and whether each is in the local Hugging Face cache
     Aliases(commands::aliases::Args),
+    /// Download models into the Hugging Face cache ahead of time (what sinkmerge reads only)
+    Fetch(commands::fetch::Args),
     /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
     Extract(commands::extract::Args),
     // The controls' help texts (about and long_about) live on their Args.

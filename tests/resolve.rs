@@ -27,8 +27,17 @@ fn cache_repo(hub: &Path, repo: &str, commit: &str, refs: &[&str], from: &Path) 
 }
 
 fn inspect(reference: &str, env: &[(&str, &Path)]) -> (Option<i32>, String, String) {
+    inspect_with(&[], reference, env)
+}
+
+fn inspect_with(
+    flags: &[&str],
+    reference: &str,
+    env: &[(&str, &Path)],
+) -> (Option<i32>, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
     cmd.args(["inspect", "--json", reference])
+        .args(flags)
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_HOME");
     for (k, v) in env {
@@ -104,6 +113,8 @@ fn aliases_resolve_to_the_paper_pairs() {
 
 #[test]
 fn models_missing_from_the_cache_name_the_download_command() {
+    // --no-download keeps the cache-only behaviour (tests/hub.rs covers downloading).
+    let inspect = |r: &str, env: &[(&str, &Path)]| inspect_with(&["--no-download"], r, env);
     let tmp = tempfile::tempdir().unwrap();
     let (code, out, err) = inspect("qwen3-vl", &[("HF_HUB_CACHE", tmp.path())]);
     assert_eq!(code, Some(2));

@@ -3,6 +3,7 @@
 
 pub mod dtype;
 pub mod header;
+pub mod hub;
 pub mod output;
 mod residency;
 pub mod resolve;

@@ -1,8 +1,10 @@
 //! Turning what the user typed into a model directory: a path, a Hugging Face repo id found in
 //! the local HF cache (`ORG/NAME[@revision]`), or one of the paper's aliases (`qwen2.5-vl`, and
-//! `qwen2.5-vl:ref` for its reference LLM). Nothing is ever downloaded.
+//! `qwen2.5-vl:ref` for its reference LLM). A repo id missing from the cache is fetched from
+//! the Hub ([`super::hub`]) unless downloads are off (`--no-download`, `HF_HUB_OFFLINE=1`).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bail;
 use crate::error::Result;
@@ -21,7 +23,7 @@ pub struct ModelRef {
 }
 
 /// A model on the Hub at one commit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HubRef {
     /// `ORG/NAME`.
     pub repo: String,
@@ -242,8 +244,39 @@ fn is_repo_id(s: &str) -> bool {
     ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
 }
 
-/// Find `repo` (at `revision`, default `main`) in the HF cache.
+/// Whether a repo missing from the cache may be downloaded (`--no-download` turns it off).
+static DOWNLOADS: AtomicBool = AtomicBool::new(true);
+/// Whether downloads draw progress bars (`--quiet` and non-terminals turn it off).
+static DOWNLOAD_PROGRESS: AtomicBool = AtomicBool::new(false);
+
+/// Allow or forbid downloads for the rest of the process, with or without progress bars.
+pub fn allow_downloads(allowed: bool, progress: bool) {
+    DOWNLOADS.store(allowed, Ordering::Relaxed);
+    DOWNLOAD_PROGRESS.store(progress, Ordering::Relaxed);
+}
+
+/// Find `repo` (at `revision`, default `main`) in the HF cache, fetching it first when it is
+/// missing and downloads are allowed.
 fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
+    match find_cached(repo, revision) {
+        Err(_) if DOWNLOADS.load(Ordering::Relaxed) => {
+            let cache = hub_cache_dir();
+            let mut hub = super::hub::Hub::from_env(&cache);
+            hub.progress = DOWNLOAD_PROGRESS.load(Ordering::Relaxed);
+            let fetched = super::hub::fetch(repo, revision, &cache, &hub)?;
+            let mut model = find_cached(repo, Some(&fetched.commit))?;
+            model.label = match revision {
+                Some(r) => format!("{repo}@{r}"),
+                None => repo.to_string(),
+            };
+            Ok(model)
+        }
+        found => found,
+    }
+}
+
+/// Find `repo` (at `revision`, default `main`) in the HF cache, never downloading.
+pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     let cache = hub_cache_dir();
     let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
     let rev = revision.unwrap_or("main");
@@ -253,7 +286,7 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     };
     if !repo_dir.is_dir() {
         bail!(
-            "{repo} is not in the Hugging Face cache ({}); download it with `{download}` (or `huggingface-cli download` with the same arguments), or set HF_HUB_CACHE / HF_HOME if your cache lives elsewhere",
+            "{repo} is not in the Hugging Face cache ({}), and --no-download forbids fetching it; run without --no-download, or download it with `{download}`, or set HF_HUB_CACHE / HF_HOME if your cache lives elsewhere",
             cache.display()
         );
     }

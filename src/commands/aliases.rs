@@ -14,21 +14,32 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let cached = |repo: &str| resolve::resolve(repo).is_ok();
+    // The cache only: listing aliases never downloads. The commit names what is cached.
+    let cached = |repo: &str| {
+        resolve::find_cached(repo, None)
+            .ok()
+            .and_then(|m| m.hub)
+            .map(|h| h.commit)
+    };
     if args.json {
         let rows: Vec<_> = PAPER_PAIRS
             .iter()
             .map(|p| {
+                let (vlm, reference) = (cached(p.vlm), cached(p.reference));
                 json!({
                     "alias": p.alias, "vlm": p.vlm, "reference": p.reference, "family": p.family,
-                    "qk_norm": p.qk_norm, "vlm_cached": cached(p.vlm), "reference_cached": cached(p.reference),
+                    "qk_norm": p.qk_norm, "vlm_cached": vlm.is_some(), "reference_cached": reference.is_some(),
+                    "vlm_commit": vlm, "reference_commit": reference,
                 })
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows).expect("JSON"));
         return Ok(());
     }
-    let mark = |b: bool| if b { "cached" } else { "-" };
+    let mark = |c: Option<String>| match c {
+        Some(commit) => format!("cached @{}", &commit[..commit.len().min(10)]),
+        None => "-".to_string(),
+    };
     let mut table = Table::new([
         "alias",
         "VLM",
@@ -40,13 +51,13 @@ pub fn run(args: Args) -> Result<()> {
     ]);
     for p in PAPER_PAIRS {
         table.row([
-            p.alias,
-            p.vlm,
+            p.alias.to_string(),
+            p.vlm.to_string(),
             mark(cached(p.vlm)),
-            p.reference,
+            p.reference.to_string(),
             mark(cached(p.reference)),
-            p.family,
-            p.qk_norm,
+            p.family.to_string(),
+            p.qk_norm.to_string(),
         ]);
     }
     print!("{}", table.render());

@@ -3,6 +3,7 @@
 pub mod ablate;
 pub mod aliases;
 pub mod extract;
+pub mod fetch;
 pub mod inject_qknorm;
 pub mod inspect;
 pub mod merge;
@@ -26,9 +27,11 @@ pub fn run(cli: Cli) -> Result<()> {
     }
     crate::checkpoint::output::remove_partial_outputs_on_interrupt();
     let progress = crate::progress::enabled(cli.quiet);
+    crate::checkpoint::resolve::allow_downloads(!cli.no_download, progress);
     match cli.command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
+        Command::Fetch(args) => fetch::run(args),
         Command::Extract(args) => extract::run(args, progress),
         Command::Predict(args) => predict::run(args, progress),
         Command::Perturb(args) => perturb::run(args, progress),

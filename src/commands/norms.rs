@@ -388,6 +388,12 @@ fn pair_json(pair: &PairReport) -> Map<String, Value> {
     let mut out = Map::new();
     out.insert("reference".into(), json!(pair.reference));
     out.insert("target".into(), json!(pair.target));
+    // The resolved commits of Hub models (absent for directories).
+    for (key, hub) in [("reference_hub", &pair.hub.0), ("target_hub", &pair.hub.1)] {
+        if let Some(h) = hub {
+            out.insert(key.into(), json!(h));
+        }
+    }
     out.insert(
         "ignored".into(),
         json!({"reference": pair.ignored.0, "target": pair.ignored.1}),

@@ -37,6 +37,9 @@ pub struct Options {
 pub struct Summary {
     pub source: String,
     pub source_dir: String,
+    /// The source's Hub repo and resolved commit, for models from the Hugging Face cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_hub: Option<crate::checkpoint::resolve::HubRef>,
     pub family: &'static str,
     pub architecture: &'static str,
     pub output: String,
@@ -104,6 +107,7 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
     let mut summary = Summary {
         source: ckpt.label.clone(),
         source_dir: ckpt.dir.display().to_string(),
+        source_hub: ckpt.hub.clone(),
         family: plan.family,
         architecture: plan.target.architecture(),
         output: out.dest().display().to_string(),

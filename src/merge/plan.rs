@@ -31,7 +31,7 @@ use crate::arch::config::{set_dtype, text_section};
 use crate::arch::{family, names, TextConfig};
 use crate::checkpoint::dtype::{is_float, torch_name};
 use crate::checkpoint::output::OutputDir;
-use crate::checkpoint::resolve::{alias_repo, resolve};
+use crate::checkpoint::resolve::{resolve, HubRef};
 use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
 use crate::error::Result;
@@ -198,7 +198,10 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
             .iter()
             .find(|i| i.reference == reference)
             .map(|i| i.recorded.clone())
-            .unwrap_or_else(|| recorded_reference(reference))
+            .unwrap_or_else(|| match resolve(reference) {
+                Ok(m) => recorded_reference(reference, &m.dir, m.hub.as_ref()),
+                Err(_) => reference.to_string(),
+            })
     });
     out.write_file("sinkmerge_config.yml", record.as_bytes())?;
     let dest = out.commit()?;
@@ -227,28 +230,19 @@ fn open(reference: &str) -> Result<Input> {
     let ckpt = Checkpoint::open_ref(reference)?;
     Ok(Input {
         reference: reference.to_string(),
-        recorded: recorded_reference(reference),
+        recorded: recorded_reference(reference, &ckpt.dir, ckpt.hub.as_ref()),
         ckpt,
     })
 }
 
-/// The exact form of a model reference for the record: an existing directory becomes its
-/// absolute path; an alias or repo id becomes `ORG/NAME@commit` of the cached snapshot.
-fn recorded_reference(reference: &str) -> String {
-    let path = Path::new(reference);
-    if path.exists() {
-        return std::fs::canonicalize(path)
+/// The exact form of a model reference for the record: a Hub model becomes `ORG/NAME@commit`
+/// of its snapshot, a directory its absolute path.
+fn recorded_reference(reference: &str, dir: &Path, hub: Option<&HubRef>) -> String {
+    match hub {
+        Some(hub) => format!("{}@{}", hub.repo, hub.commit),
+        None => std::fs::canonicalize(dir)
             .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| reference.to_string());
-    }
-    let Ok(model) = resolve(reference) else {
-        return reference.to_string();
-    };
-    let repo =
-        alias_repo(reference).unwrap_or_else(|| reference.split('@').next().unwrap_or(reference));
-    match model.dir.file_name() {
-        Some(commit) => format!("{repo}@{}", commit.to_string_lossy()),
-        None => reference.to_string(),
+            .unwrap_or_else(|_| reference.to_string()),
     }
 }
 

@@ -401,7 +401,8 @@ mod tests {
         assert!((from_scores.g[0] - 9.0).abs() < 1e-6);
         let share = a[2 * len] as f64;
         assert!((obs.g[1] - (share / (1.0 - share)).ln()).abs() < 1e-9);
-        assert!((from_scores.g[1] - obs.g[1]).abs() < 1e-4);
+        // An f32 share 2.5e-4 below 1 holds 1 - a to about 2.4e-4 of itself, and so G.
+        assert!((from_scores.g[1] - obs.g[1]).abs() < 2e-3);
     }
 
     #[test]

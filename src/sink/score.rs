@@ -127,6 +127,9 @@ pub struct ModelReport {
     pub model_type: String,
     pub qk_norm: QkNorm,
     pub num_layers: usize,
+    /// The Hub repo and resolved commit, for models from the Hugging Face cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub: Option<crate::checkpoint::resolve::HubRef>,
     /// First and last layer of the window.
     pub window: [usize; 2],
     pub n_tokens: usize,
@@ -778,6 +781,7 @@ fn model_report(
         model_type: spec.model_type.clone(),
         qk_norm: spec.qk_norm,
         num_layers: spec.num_layers(),
+        hub: input.ckpt.hub.clone(),
         window: [acc.window_start, spec.num_layers().saturating_sub(1)],
         n_tokens: input.tokens.iter().map(Vec::len).sum(),
         statistics: acc.statistics(settings),

@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use crate::arch::config::check_compatible;
 use crate::arch::Module;
+use crate::checkpoint::resolve::HubRef;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 pub use compute::{MatrixMetrics, Metrics, Row, VectorMetrics};
@@ -35,6 +36,8 @@ pub struct Options {
 pub struct PairReport {
     pub reference: String,
     pub target: String,
+    /// The Hub repos and resolved commits, for models from the Hugging Face cache.
+    pub hub: (Option<HubRef>, Option<HubRef>),
     pub rows: Vec<Row>,
     pub summary: Summary,
     /// Tensors outside the language model, in REF and TARGET.
@@ -93,6 +96,7 @@ pub fn run(
     let pair = PairReport {
         reference: reference.label.clone(),
         target: target.label.clone(),
+        hub: (reference.hub.clone(), target.hub.clone()),
         summary: summary::summarize(&rows, window.clone()),
         rows,
         ignored: first.ignored,
@@ -114,6 +118,7 @@ pub fn run(
             let report = PairReport {
                 reference: r2.label.clone(),
                 target: t2.label.clone(),
+                hub: (r2.hub.clone(), t2.hub.clone()),
                 summary: summary::summarize(&rows, window.clone()),
                 rows,
                 ignored: m.ignored,
