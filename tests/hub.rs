@@ -176,11 +176,22 @@ fn serve(
             let Some((id, rev)) = joined.split_once("/revision/") else {
                 return not_found(&mut stream);
             };
+            // As huggingface.co: an unknown repository is a 401 to an anonymous user.
             let Some(repo) = repos.get(id) else {
-                return not_found(&mut stream);
+                return respond(
+                    &mut stream,
+                    "401 Unauthorized",
+                    &[("X-Error-Code", "RepoNotFound".into())],
+                    b"{}",
+                );
             };
             if !authorized(repo) {
-                return respond(&mut stream, "401 Unauthorized", &[], b"{}");
+                return respond(
+                    &mut stream,
+                    "401 Unauthorized",
+                    &[("X-Error-Code", "GatedRepo".into())],
+                    b"{}",
+                );
             }
             let rev = rev.replace("%2F", "/");
             let Some((commit, files)) = repo.revisions.get(&rev) else {
@@ -579,6 +590,34 @@ fn a_dropped_connection_resumes_where_it_stopped() {
 }
 
 #[test]
+fn a_part_left_by_a_killed_run_is_resumed() {
+    let server = Server::start(repos(), Faults::default());
+    let user = User::new(server.endpoint());
+    let weights =
+        std::fs::read(root().join("tests/fixtures/models/qwen2/model.safetensors")).unwrap();
+    let blobs = user
+        .cache()
+        .join(".sinkmerge-staging/models--test-org--tiny-qwen2/blobs");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let third = weights.len() / 3;
+    std::fs::write(
+        blobs.join(format!("{}.part", sha256(&weights))),
+        &weights[..third],
+    )
+    .unwrap();
+    ok(&user.run(&["fetch", "test-org/tiny-qwen2"], &[]));
+    let ranges: Vec<String> = (server.requests().iter())
+        .filter(|r| r.path.starts_with("/lfs/"))
+        .filter_map(|r| r.range.clone())
+        .collect();
+    assert!(ranges.contains(&format!("bytes={third}-")), "{ranges:?}");
+    let cached = user.cache().join(format!(
+        "models--test-org--tiny-qwen2/snapshots/{COMMIT_A}/model.safetensors"
+    ));
+    assert_eq!(std::fs::read(cached).unwrap(), weights);
+}
+
+#[test]
 fn a_corrupted_body_is_refused_and_nothing_is_cached() {
     let faults = Faults {
         corrupt: vec!["model.safetensors".to_string()],
@@ -635,7 +674,7 @@ fn missing_repos_revisions_and_weights_get_one_clear_error() {
     );
     refused(
         &user.run(&["fetch", "test-org/tiny-qwen2@no-such-branch"], &[]),
-        &["no-such-branch", "does not exist"],
+        &["revision `no-such-branch` does not exist"],
     );
     refused(
         &user.run(&["fetch", "test-org/bin-only"], &[]),

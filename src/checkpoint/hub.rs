@@ -176,6 +176,8 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
         super::output::write_file_atomic(&refs.join(rev), commit.as_bytes())?;
     }
     let _ = std::fs::remove_dir_all(staging.join(format!("models--{}", repo.replace('/', "--"))));
+    // Gone when no other repo has parts waiting in it.
+    let _ = std::fs::remove_dir(&staging);
     Ok(HubRef {
         repo: repo.to_string(),
         commit,
@@ -256,11 +258,19 @@ fn bad_download(repo: &str, rev: &str, file: &str, why: String) -> Error {
     ))
 }
 
-/// One clear message for each way a request fails.
+/// One clear message for each way a request fails. The Hub names the reason in `X-Error-Code`
+/// (`RepoNotFound`, `RevisionNotFound`, `GatedRepo`, ...); it answers 401 rather than 404 for a
+/// repository it will not show an anonymous user.
 fn hub_error(repo: &str, rev: &str, hub: &Hub, e: &ApiError) -> Error {
-    let status = match e {
+    let (status, code) = match e {
         ApiError::RequestError(inner) => match inner.as_ref() {
-            ureq::Error::Status(code, _) => Some(*code),
+            ureq::Error::Status(status, response) => (
+                *status,
+                response
+                    .header("X-Error-Code")
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
             ureq::Error::Transport(t) => {
                 return Error::BadInput(format!(
                     "{repo}@{rev} is not in the Hugging Face cache, and the Hub at {} cannot be \
@@ -271,29 +281,34 @@ fn hub_error(repo: &str, rev: &str, hub: &Hub, e: &ApiError) -> Error {
             }
         },
         ApiError::TooManyRetries(inner) => return hub_error(repo, rev, hub, inner),
-        _ => None,
+        _ => return Error::BadInput(format!("{repo}@{rev}: download failed: {e}")),
     };
-    match status {
-        Some(401 | 403) if hub.token.is_none() => Error::BadInput(format!(
-            "{repo}: the Hub refused access ({}); the repository is gated or private: accept its \
-             terms on the Hub and set HF_TOKEN (or log in with `hf auth login`)",
-            status.unwrap_or_default()
-        )),
-        Some(401 | 403) => Error::BadInput(format!(
-            "{repo}: the Hub refused access with the given token ({}); the token lacks access \
-             to this gated or private repository",
-            status.unwrap_or_default()
-        )),
-        Some(404) if rev == "main" => Error::BadInput(format!(
-            "{repo}: no such repository on the Hub at {} (check the name)",
-            hub.endpoint
-        )),
-        Some(404) => Error::BadInput(format!(
-            "{repo}@{rev}: the repository or the revision `{rev}` does not exist on the Hub at {}",
-            hub.endpoint
-        )),
-        _ => Error::BadInput(format!("{repo}@{rev}: download failed: {e}")),
-    }
+    let at = &hub.endpoint;
+    Error::BadInput(match (code.as_str(), status, hub.token.is_some()) {
+        ("RevisionNotFound", ..) => {
+            format!("{repo}@{rev}: the revision `{rev}` does not exist on the Hub at {at}")
+        }
+        ("RepoNotFound", _, false) => format!(
+            "{repo}: no such repository on the Hub at {at}, or it is private (check the name, or \
+             set HF_TOKEN for a private repository)"
+        ),
+        ("RepoNotFound", _, true) => format!(
+            "{repo}: no such repository on the Hub at {at}, or the token has no access to it"
+        ),
+        (_, 401 | 403, false) => format!(
+            "{repo}: the Hub refused access ({status}); the repository is gated or private: \
+             accept its terms on the Hub and set HF_TOKEN (or log in with `hf auth login`)"
+        ),
+        (_, 401 | 403, true) => format!(
+            "{repo}: the Hub refused access with the given token ({status}); the token lacks \
+             access to this gated or private repository"
+        ),
+        (_, 404, _) if rev == "main" => format!("{repo}: no such repository on the Hub at {at}"),
+        (_, 404, _) => format!(
+            "{repo}@{rev}: the repository or the revision `{rev}` does not exist on the Hub at {at}"
+        ),
+        _ => format!("{repo}@{rev}: the Hub answered {status}: {e}"),
+    })
 }
 
 /// `hf-hub`'s progress callbacks on an indicatif bar (bytes and rate).
