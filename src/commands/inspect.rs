@@ -29,6 +29,9 @@ pub struct Args {
 pub struct Inspection {
     pub model: String,
     pub path: String,
+    /// The Hub repo and resolved commit, for models from the Hugging Face cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hub: Option<crate::checkpoint::resolve::HubRef>,
     pub architecture: Option<String>,
     pub model_type: Option<String>,
     pub family: Option<&'static str>,
@@ -171,6 +174,7 @@ impl Inspection {
         Inspection {
             model: ckpt.label.clone(),
             path: ckpt.dir.display().to_string(),
+            hub: ckpt.hub.clone(),
             architecture: str_of(config.get("architectures").and_then(|a| a.get(0))),
             model_type: str_of(config.get("model_type")),
             family: family::detect(config, ckpt.names()),
