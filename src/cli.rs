@@ -89,6 +89,13 @@ pub struct OutputArgs {
     /// Largest safetensors shard, in bytes with optional k/M/G suffix (decimal) or Ki/Mi/Gi
     #[arg(long, value_name = "SIZE", default_value = "5G")]
     pub max_shard_size: String,
+
+    /// Write no README.md model card into OUT. By default OUT gets one in the Hugging Face Hub's
+    /// format: YAML metadata (base_model: the inputs that are Hub repos; tags; library_name), what
+    /// the model is, the recipe, every input (repo and commit, or path) and the command that
+    /// replays it
+    #[arg(long)]
+    pub no_model_card: bool,
 }
 
 impl OutputArgs {

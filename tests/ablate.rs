@@ -268,3 +268,64 @@ fn bad_arguments_and_values_are_refused() {
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
 }
+
+#[test]
+fn the_model_card_records_the_ablation_and_its_replay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    gamma_model(&model);
+    let out = tmp.path().join("ablated");
+    let m = model.to_str().unwrap();
+    let args = [
+        "ablate",
+        m,
+        "--norms",
+        "input_layernorm,k_norm",
+        "--top-k",
+        "4",
+        "--layers",
+        "1",
+    ];
+    ok(&[&args[..], &["-o", out.to_str().unwrap()]].concat());
+    let (meta, body) = model_card(&out);
+    // A local directory has no repo id: no base_model, and the body gives its path.
+    assert!(meta.get("base_model").is_none(), "{meta:?}");
+    assert!(meta.get("base_model_relation").is_none(), "{meta:?}");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "ablation"]);
+    assert_eq!(meta["library_name"], "transformers");
+    let path = std::fs::canonicalize(&model).unwrap();
+    assert!(
+        body.contains(&format!(
+            "| model | `{}` | local directory |",
+            path.display()
+        )),
+        "{body}"
+    );
+    let replay = replay_args(&body, &tmp.path().join("again"));
+    assert_eq!(
+        replay[..9],
+        [
+            "ablate",
+            path.to_str().unwrap(),
+            "--norms",
+            "input_layernorm,k_norm",
+            "--top-k",
+            "4",
+            "--layers",
+            "1",
+            "-o"
+        ]
+    );
+    let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
+    ok(&replay);
+    assert_eq!(load(&out), load(&tmp.path().join("again")));
+
+    let bare = tmp.path().join("bare");
+    ok(&[
+        &args[..],
+        &["-o", bare.to_str().unwrap(), "--no-model-card"],
+    ]
+    .concat());
+    assert!(!bare.join("README.md").exists());
+    assert_eq!(load(&out), load(&bare));
+}

@@ -586,3 +586,152 @@ fn a_saved_rotary_buffer_is_dropped_not_refused() {
         })
     );
 }
+
+/// The README.md model card of `dir`: its YAML front matter, parsed, and the body.
+fn model_card(dir: &Path) -> (serde_yaml_ng::Value, String) {
+    let text = fs::read_to_string(dir.join("README.md")).unwrap();
+    let rest = text.strip_prefix("---\n").expect("the card opens with ---");
+    let (yaml, body) = rest
+        .split_once("\n---\n")
+        .expect("front matter closed by ---");
+    (serde_yaml_ng::from_str(yaml).unwrap(), body.to_string())
+}
+
+fn strings(v: &serde_yaml_ng::Value) -> Vec<&str> {
+    v.as_sequence()
+        .unwrap_or_else(|| panic!("not a list: {v:?}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+/// The card's ```sh block as arguments after `sinkmerge`, `OUT` replaced by `out`.
+fn replay_args(body: &str, out: &Path) -> Vec<String> {
+    let block = body
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .expect("a replay block")
+        .0;
+    let mut words = block.split_whitespace();
+    assert_eq!(words.next(), Some("sinkmerge"), "{block}");
+    words
+        .map(|w| match w {
+            "OUT" => out.to_str().unwrap().to_string(),
+            w => w.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_model_card_names_a_cached_source_with_its_commit_and_replays() {
+    let tmp = tempfile::tempdir().unwrap();
+    // An HF cache as the Hub client writes it: refs/main and a snapshot of symlinks.
+    let cache = tmp.path().join("hub");
+    let repo = cache.join("models--Org--Tiny-VL");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(commit);
+    fs::create_dir_all(&snapshot).unwrap();
+    fs::create_dir_all(repo.join("refs")).unwrap();
+    fs::write(repo.join("refs/main"), commit).unwrap();
+    let src = root().join("tests/fixtures/models/qwen2_5_vl");
+    for e in fs::read_dir(&src).unwrap() {
+        let path = e.unwrap().path();
+        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
+    }
+    let env = [("HF_HUB_CACHE", cache.as_path())];
+    let out = tmp.path().join("tiny-lm");
+    let o = run(
+        &["extract", "Org/Tiny-VL", "-o", out.to_str().unwrap(), "-q"],
+        &root(),
+        &env,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (meta, body) = model_card(&out);
+    assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-VL"]);
+    assert!(meta.get("base_model_relation").is_none(), "{meta:?}");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "extraction"]);
+    assert_eq!(meta["library_name"], "transformers");
+    assert!(body.starts_with("\n# tiny-lm\n"), "{body}");
+    assert!(
+        body.contains(&format!(
+            "| source | [Org/Tiny-VL](https://huggingface.co/Org/Tiny-VL) | `{commit}` |"
+        )),
+        "{body}"
+    );
+    let again = tmp.path().join("again");
+    let replay = replay_args(&body, &again);
+    assert_eq!(
+        replay,
+        [
+            "extract",
+            &format!("Org/Tiny-VL@{commit}"),
+            "--family",
+            "qwen2.5-vl",
+            "-o",
+            again.to_str().unwrap()
+        ]
+    );
+    let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
+    let o = run(&replay, &root(), &env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(tensor_digests(&out), tensor_digests(&again));
+}
+
+#[test]
+fn a_local_source_is_listed_by_path_and_no_model_card_writes_none() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = root().join("tests/fixtures/families/qwen2_vl");
+    let out = tmp.path().join("a");
+    let o = extract(&src, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(summary["files"]
+        .as_array()
+        .unwrap()
+        .contains(&"README.md".into()));
+    let (meta, body) = model_card(&out);
+    assert!(meta.get("base_model").is_none(), "{meta:?}");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "extraction"]);
+    assert_eq!(meta["library_name"], "transformers");
+    let path = fs::canonicalize(&src).unwrap();
+    assert!(
+        body.contains(&format!(
+            "| source | `{}` | local directory |",
+            path.display()
+        )),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!(
+            "```sh\nsinkmerge extract {} --family qwen2-vl -o OUT\n```",
+            path.display()
+        )),
+        "{body}"
+    );
+
+    let bare = tmp.path().join("b");
+    let o = extract(&src, &bare, &["--no-model-card"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(!summary["files"]
+        .as_array()
+        .unwrap()
+        .contains(&"README.md".into()));
+    assert!(!bare.join("README.md").exists());
+    let listing = |d: &Path| {
+        let mut v: Vec<(String, Vec<u8>)> = fs::read_dir(d)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    fs::read(e.path()).unwrap(),
+                )
+            })
+            .filter(|(n, _)| n != "README.md")
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listing(&out), listing(&bare), "only README.md differs");
+}

@@ -154,3 +154,58 @@ fn inputs_that_are_not_plain_qwen2_are_refused() {
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
 }
+
+#[test]
+fn the_model_card_names_the_hub_model_and_its_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("hub");
+    let commit = "4c1d2e3f00000000000000000000000000000abc";
+    fake_hub_cache(&cache, "Org/Tiny-Qwen2", commit, &fixture("qwen2"));
+    let out = tmp.path().join("o");
+    let env = [("HF_HUB_CACHE", cache.as_path())];
+    ok_env(
+        &[
+            "inject-qknorm",
+            "Org/Tiny-Qwen2",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &env,
+    );
+    let (meta, body) = model_card(&out);
+    assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-Qwen2"]);
+    assert!(meta.get("base_model_relation").is_none(), "{meta:?}");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "qk-norm-injection"]);
+    assert_eq!(meta["library_name"], "transformers");
+    assert!(
+        body.contains(&format!(
+            "| model | [Org/Tiny-Qwen2](https://huggingface.co/Org/Tiny-Qwen2) | `{commit}` |"
+        )),
+        "{body}"
+    );
+    let again = tmp.path().join("again");
+    let replay = replay_args(&body, &again);
+    assert_eq!(
+        replay,
+        [
+            "inject-qknorm",
+            &format!("Org/Tiny-Qwen2@{commit}"),
+            "-o",
+            again.to_str().unwrap()
+        ]
+    );
+    let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
+    ok_env(&replay, &env);
+    assert_eq!(load(&out), load(&again));
+
+    let bare = tmp.path().join("bare");
+    ok(&[
+        "inject-qknorm",
+        fixture("qwen2").to_str().unwrap(),
+        "-o",
+        bare.to_str().unwrap(),
+        "--no-model-card",
+    ]);
+    assert!(!bare.join("README.md").exists());
+    assert_eq!(load(&out), load(&bare));
+}

@@ -863,3 +863,191 @@ fn large_tensors_are_identical_at_any_thread_count() {
         );
     }
 }
+
+/// The README.md model card of `dir`: its YAML front matter, parsed, and the body.
+fn model_card(dir: &Path) -> (serde_yaml_ng::Value, String) {
+    let text = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let rest = text.strip_prefix("---\n").expect("the card opens with ---");
+    let (yaml, body) = rest
+        .split_once("\n---\n")
+        .expect("front matter closed by ---");
+    (serde_yaml_ng::from_str(yaml).unwrap(), body.to_string())
+}
+
+fn strings(v: &serde_yaml_ng::Value) -> Vec<&str> {
+    v.as_sequence()
+        .unwrap_or_else(|| panic!("not a list: {v:?}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect()
+}
+
+const REPLAY: &str = "```sh\nsinkmerge merge sinkmerge_config.yml -o OUT\n```";
+
+/// The card of a merge of local fixtures: no base_model (no repo ids), the merge tags, the
+/// record verbatim and the replay command.
+fn check_local_merge_card(out: &Path, what: &str) {
+    let record = std::fs::read_to_string(out.join("sinkmerge_config.yml")).unwrap();
+    let parsed: serde_yaml_ng::Value = serde_yaml_ng::from_str(&record).unwrap();
+    let method = parsed["merge_method"].as_str().unwrap();
+    let (meta, body) = model_card(out);
+    assert!(meta.get("base_model").is_none(), "{what}: {meta:?}");
+    assert_eq!(meta["base_model_relation"], "merge", "{what}");
+    assert_eq!(
+        strings(&meta["tags"]),
+        ["sinkmerge", "merge", method],
+        "{what}"
+    );
+    assert_eq!(meta["library_name"], "transformers", "{what}");
+    assert!(
+        body.contains(&format!("```yaml\n{record}```\n")),
+        "{what}: {body}"
+    );
+    assert!(body.contains(REPLAY), "{what}: {body}");
+    let base = std::fs::canonicalize(root().join(model("base"))).unwrap();
+    assert!(
+        body.contains(&format!("`{}` | local directory |", base.display())),
+        "{what}: {body}"
+    );
+}
+
+#[test]
+fn every_merge_command_writes_a_model_card() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, run) in METHOD_RUNS.iter().enumerate() {
+        let out = tmp.path().join(i.to_string());
+        let mut args = expand(run);
+        args.extend(["-o".into(), out.to_str().unwrap().into()]);
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&sinkmerge(&argv));
+        check_local_merge_card(&out, run[0]);
+    }
+    let out = tmp.path().join("config");
+    ok(&sinkmerge(&[
+        "merge",
+        "tests/fixtures/merge/configs/ties.yml",
+        "-o",
+        out.to_str().unwrap(),
+    ]));
+    check_local_merge_card(&out, "merge ties.yml");
+}
+
+#[test]
+fn a_cached_base_is_the_base_model_and_the_card_replays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("hub");
+    let repo = cache.join("models--Org--Tiny-Base");
+    let commit = "feedface00000000000000000000000000000001";
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    for e in std::fs::read_dir(root().join(model("base"))).unwrap() {
+        let path = e.unwrap().path();
+        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
+    }
+    let cache_env = cache.to_str().unwrap();
+    let env = [("HF_HUB_CACHE", cache_env)];
+    let out = tmp.path().join("merged");
+    ok(&sinkmerge_env(
+        &[
+            "ties",
+            "--base",
+            "Org/Tiny-Base",
+            "--models",
+            &model("task_a"),
+            &model("task_b"),
+            "--density",
+            "0.5",
+            "--tokenizer-from",
+            &model("task_c"),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &env,
+    ));
+    let (meta, body) = model_card(&out);
+    // Only the repo id; the local models and the tokenizer donor are in the body.
+    assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-Base"]);
+    assert_eq!(meta["base_model_relation"], "merge");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "merge", "ties"]);
+    assert_eq!(meta["library_name"], "transformers");
+    assert!(
+        body.contains(&format!(
+            "| base | [Org/Tiny-Base](https://huggingface.co/Org/Tiny-Base) | `{commit}` |"
+        )),
+        "{body}"
+    );
+    for (role, m) in [
+        ("model", "task_a"),
+        ("model", "task_b"),
+        ("tokenizer", "task_c"),
+    ] {
+        let path = std::fs::canonicalize(root().join(model(m))).unwrap();
+        assert!(
+            body.contains(&format!(
+                "| {role} | `{}` | local directory |",
+                path.display()
+            )),
+            "{m}: {body}"
+        );
+    }
+    assert!(body.contains(REPLAY), "{body}");
+
+    // The replay, run in OUT as the card says.
+    let again = tmp.path().join("again");
+    let o = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+        .current_dir(&out)
+        .args([
+            "merge",
+            "sinkmerge_config.yml",
+            "-o",
+            again.to_str().unwrap(),
+        ])
+        .env("HF_HUB_CACHE", cache_env)
+        .output()
+        .unwrap();
+    ok(&o);
+    assert!(model_bytes(&out) == model_bytes(&again), "replay differs");
+    assert_eq!(
+        std::fs::read(out.join("tokenizer.json")).unwrap(),
+        std::fs::read(again.join("tokenizer.json")).unwrap()
+    );
+}
+
+#[test]
+fn no_model_card_writes_none_and_changes_nothing_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let listing = |dir: &Path| {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let mut trees = Vec::new();
+    for (name, flag) in [("with", None), ("without", Some("--no-model-card"))] {
+        let out = tmp.path().join(name);
+        let mut args = vec![
+            "task-arithmetic".to_string(),
+            "--base".into(),
+            model("base"),
+            "--models".into(),
+            model("task_a"),
+            "-o".into(),
+            out.to_str().unwrap().into(),
+        ];
+        args.extend(flag.map(String::from));
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        ok(&sinkmerge(&argv));
+        trees.push(listing(&out));
+    }
+    assert!(trees[0].iter().any(|(n, _)| n == "README.md"));
+    trees[0].retain(|(n, _)| n != "README.md");
+    assert_eq!(trees[0], trees[1]);
+}

@@ -349,3 +349,80 @@ fn a_vlm_checkpoint_can_be_the_target() {
     let cosines = check_output(&reference, &load(&vlm), &out);
     assert_eq!(cosines.len(), 14);
 }
+
+#[test]
+fn the_model_card_lists_ref_as_base_model_and_both_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = fixture("qwen2");
+    let target = make_target(&load(&reference));
+    let target_dir = tmp.path().join("t");
+    write_model(&target_dir, &config(&reference), &target, None);
+    let cache = tmp.path().join("hub");
+    let commit = "aa11bb22cc33dd44ee55ff6600000000000000ff";
+    fake_hub_cache(&cache, "Org/Ref", commit, &reference);
+    let env = [("HF_HUB_CACHE", cache.as_path())];
+    let out = tmp.path().join("o");
+    let t = target_dir.to_str().unwrap();
+    ok_env(
+        &[
+            "perturb",
+            "Org/Ref",
+            "--match",
+            t,
+            "--seed",
+            "5",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        &env,
+    );
+    let (meta, body) = model_card(&out);
+    // TARGET only sizes the noise: it is listed, but not a base model.
+    assert_eq!(strings(&meta["base_model"]), ["Org/Ref"]);
+    assert!(meta.get("base_model_relation").is_none(), "{meta:?}");
+    assert_eq!(strings(&meta["tags"]), ["sinkmerge", "perturbation"]);
+    assert_eq!(meta["library_name"], "transformers");
+    let t_abs = std::fs::canonicalize(&target_dir).unwrap();
+    assert!(body.contains(&format!("`{commit}`")), "{body}");
+    assert!(
+        body.contains(&format!(
+            "| drift target | `{}` | local directory |",
+            t_abs.display()
+        )),
+        "{body}"
+    );
+    let again = tmp.path().join("again");
+    let replay = replay_args(&body, &again);
+    assert_eq!(
+        replay,
+        [
+            "perturb",
+            &format!("Org/Ref@{commit}"),
+            "--match",
+            t_abs.to_str().unwrap(),
+            "--seed",
+            "5",
+            "-o",
+            again.to_str().unwrap()
+        ]
+    );
+    let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
+    ok_env(&replay, &env);
+    assert_eq!(load(&out), load(&again));
+
+    let bare = tmp.path().join("bare");
+    let r = reference.to_str().unwrap();
+    ok(&[
+        "perturb",
+        r,
+        "--match",
+        t,
+        "--seed",
+        "5",
+        "-o",
+        bare.to_str().unwrap(),
+        "--no-model-card",
+    ]);
+    assert!(!bare.join("README.md").exists());
+    assert_eq!(load(&out), load(&bare));
+}

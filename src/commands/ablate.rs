@@ -13,6 +13,7 @@ use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{copy_aux_files, dtype, output::OutputDir, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
 use crate::{bad, bail};
 
@@ -206,6 +207,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
+    if !args.out.no_model_card {
+        card(&args, &model, &layers, num_layers, targets.len()).write(&out)?;
+    }
     let dest = out.commit()?;
 
     let mut ablations: Vec<Ablation> = ablations.into_inner().expect("no panics hold the lock");
@@ -262,6 +266,57 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The model card: the ablation's settings and the command that repeats it.
+fn card(
+    args: &Args,
+    model: &Checkpoint,
+    layers: &[usize],
+    num_layers: usize,
+    tensors: usize,
+) -> ModelCard {
+    let input = model_card::Input::new("model", true, model);
+    let description = format!(
+        "`{}` with its norm channels ablated, a control of arXiv 2609.00746 (Appendix D.3): in \
+         every selected layer and listed norm scale gamma, the {} entries of largest |gamma| are \
+         replaced by the mean of gamma's entries. Every other tensor, config.json and the \
+         tokenizer files are the input's, byte for byte.",
+        input.name(),
+        args.top_k
+    );
+    let shown_layers = if layers.len() == num_layers {
+        format!("all {num_layers}")
+    } else {
+        args.layers.clone().unwrap_or_default()
+    };
+    let recipe = vec![
+        ("norms", args.norms.join(", ")),
+        ("top-k", args.top_k.to_string()),
+        ("layers", shown_layers),
+        ("tensors ablated", tensors.to_string()),
+    ];
+    let mut replay = vec![
+        "sinkmerge".to_string(),
+        "ablate".to_string(),
+        input.reference(),
+        "--norms".to_string(),
+        args.norms.join(","),
+        "--top-k".to_string(),
+        args.top_k.to_string(),
+    ];
+    if let Some(spec) = &args.layers {
+        replay.extend(["--layers".to_string(), spec.clone()]);
+    }
+    replay.extend(["-o".to_string(), "OUT".to_string()]);
+    ModelCard {
+        kind: model_card::Kind::Ablation,
+        description,
+        recipe,
+        config_yaml: None,
+        inputs: vec![input],
+        replay,
+    }
 }
 
 /// Parse `0-3,7` into layer indices, each below `num_layers`.

@@ -21,7 +21,7 @@ dtype kept; row splits and expert unfusing only where the family needs them), a 
 target class with every architectural field written explicitly (text fields lifted out of \
 text_config/llm_config, multimodal rope dropped, vision keys dropped, tie_word_embeddings decided from \
 the config flag and whether lm_head is on disk), generation_config.json, the tokenizer files and the \
-chat template (a processor chat_template.json becomes chat_template.jinja), and a short README.md. \
+chat template (a processor chat_template.json becomes chat_template.jinja), and a README.md model card (unless --no-model-card). \
 Vision tower, projector and other non-language tensors are dropped. The copy streams from the mmap'd \
 source: memory stays bounded whatever the model size. The output is written beside its destination \
 and renamed into place only once complete and verified.",
@@ -61,7 +61,8 @@ extraction against the VLM (README, \"Checking an extraction against the VLM\"; 
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     let model = resolve::resolve(&args.source)?;
-    let ckpt = Checkpoint::open_dir(&model.dir, &model.label)?;
+    let mut ckpt = Checkpoint::open_dir(&model.dir, &model.label)?;
+    ckpt.hub = model.hub.clone();
     let family = match &args.family {
         Some(name) => families::by_name(name).ok_or_else(|| bad!("unknown family `{name}`"))?,
         None => detect(&ckpt)?,
@@ -77,6 +78,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         force: args.out.force,
         verify: !args.no_verify,
         progress: progress && !args.json,
+        model_card: !args.out.no_model_card,
     };
     let summary = extract::run(&ckpt, &plan, &dest, &opts)?;
     if args.json {

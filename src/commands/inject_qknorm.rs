@@ -10,6 +10,7 @@ use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -97,9 +98,47 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
+    let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
+    if !args.out.no_model_card {
+        let input = model_card::Input::new("model", true, &model);
+        let description = format!(
+            "`{}` rewritten as a `Qwen3ForCausalLM` checkpoint with unit-scale per-head \
+             QK-RMSNorm, the intervention of arXiv 2609.00746 (Section 5, Appendix F.3): every \
+             query and key head is RMS-normalized (scale 1) before RoPE. Every original tensor \
+             is copied byte for byte; the result computes a different function.",
+            input.name()
+        );
+        let card = ModelCard {
+            kind: model_card::Kind::QkNormInjection,
+            description,
+            recipe: vec![
+                ("architecture", "`Qwen3ForCausalLM`, attention_bias: true".to_string()),
+                ("layers", plan.num_layers.to_string()),
+                ("head_dim", plan.head_dim.to_string()),
+                (
+                    "added per layer",
+                    format!(
+                        "q_norm.weight and k_norm.weight (ones), o_proj.bias (zeros), in {dtype_name}"
+                    ),
+                ),
+                ("tensors copied", originals.to_string()),
+            ],
+            config_yaml: None,
+            replay: [
+                "sinkmerge",
+                "inject-qknorm",
+                &input.reference(),
+                "-o",
+                "OUT",
+            ]
+            .map(String::from)
+            .to_vec(),
+            inputs: vec![input],
+        };
+        card.write(&out)?;
+    }
     let dest = out.commit()?;
 
-    let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
     if args.json {
         let value = json!({
             "output": dest.display().to_string(),

@@ -62,6 +62,7 @@ pub fn execute(
         force: common.output.force,
         max_shard_size,
         progress: progress && !common.json,
+        model_card: !common.output.no_model_card,
     };
     let summary = plan::run(spec, &options, warnings)?;
     for w in &summary.warnings {

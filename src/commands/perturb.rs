@@ -13,6 +13,7 @@ use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
 use crate::{bad, bail};
 
@@ -170,6 +171,17 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         },
     )?;
     bar.finish_and_clear();
+    if !args.out.no_model_card {
+        let perturbed = partner.iter().filter(|p| p.is_some()).count();
+        card(
+            &args,
+            &reference,
+            &target,
+            perturbed,
+            planned.len() - perturbed,
+        )
+        .write(&out)?;
+    }
     let dest = out.commit()?;
 
     let mut reports = reports.into_inner().expect("no panics hold the lock");
@@ -220,6 +232,55 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         println!("wrote {}", dest.display());
     }
     Ok(())
+}
+
+/// The model card. Only REF is a `base_model`: the weights are its own plus noise, and TARGET
+/// sets only the noise's size.
+fn card(
+    args: &Args,
+    reference: &Checkpoint,
+    target: &Checkpoint,
+    perturbed: usize,
+    copied: usize,
+) -> ModelCard {
+    let r = model_card::Input::new("reference", true, reference);
+    let t = model_card::Input::new("drift target", false, target);
+    let description = format!(
+        "`{}` with random noise in place of a learned change, the random-dW control of arXiv \
+         2609.00746 (Appendix D.4): every attention and MLP projection W gets Gaussian noise \
+         scaled so that its drift ||OUT - W||_F / ||W||_F equals `{}`'s for that tensor. Every \
+         other tensor, config.json and the tokenizer files are the reference's, byte for byte.",
+        r.name(),
+        t.name()
+    );
+    let recipe = vec![
+        ("seed", args.seed.to_string()),
+        (
+            "noise",
+            "Gaussian, ChaCha8 stream per (seed, tensor name)".to_string(),
+        ),
+        ("tensors perturbed", perturbed.to_string()),
+        ("tensors copied", copied.to_string()),
+    ];
+    let replay = vec![
+        "sinkmerge".to_string(),
+        "perturb".to_string(),
+        r.reference(),
+        "--match".to_string(),
+        t.reference(),
+        "--seed".to_string(),
+        args.seed.to_string(),
+        "-o".to_string(),
+        "OUT".to_string(),
+    ];
+    ModelCard {
+        kind: model_card::Kind::Perturbation,
+        description,
+        recipe,
+        config_yaml: None,
+        inputs: vec![r, t],
+        replay,
+    }
 }
 
 /// Per projection kind: tensor count, median target drift, worst mismatch and cosine.

@@ -19,6 +19,7 @@ use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
 
 /// How to run an extraction.
 #[derive(Debug, Clone)]
@@ -30,6 +31,8 @@ pub struct Options {
     pub verify: bool,
     /// Draw progress bars.
     pub progress: bool,
+    /// Write a README.md model card.
+    pub model_card: bool,
 }
 
 /// What an extraction did, for the text and `--json` reports.
@@ -124,14 +127,18 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
         verified: false,
         seconds: 0.0,
     };
-    out.write_file("README.md", readme(&summary).as_bytes())?;
+    if opts.model_card {
+        card(ckpt, &summary).write(&out)?;
+    }
     let mut files = written.files.clone();
     if written.files.len() > 1 {
         files.push(crate::checkpoint::INDEX_FILE.to_string());
     }
     files.push(CONFIG_FILE.to_string());
     files.extend(aux.files);
-    files.push("README.md".to_string());
+    if opts.model_card {
+        files.push(model_card::FILE.to_string());
+    }
     summary.files = files;
     if opts.verify {
         verify::check(&out, plan, &hashes, opts.progress)?;
@@ -186,34 +193,61 @@ pub fn write(
     Ok((written, aux, hashes))
 }
 
-/// A short model card: where the model came from and what was done to it.
-fn readme(s: &Summary) -> String {
-    let mut text = format!(
-        "# {}\n\nThe language model of `{}` ({} family) as a standalone `{}`, cut out by `sinkmerge extract`.\n\n",
-        Path::new(&s.output)
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        s.source,
+/// The model card: where the model came from and what was done to it.
+fn card(ckpt: &Checkpoint, s: &Summary) -> ModelCard {
+    let source = model_card::Input::new("source", true, ckpt);
+    let description = format!(
+        "The language model of `{}` ({} family) as a standalone `{}`, cut out by `sinkmerge \
+         extract`: the language-model tensors under standard causal-LM names, bytes copied \
+         verbatim (row splits and expert unfusing only where the family needs them), a config.json \
+         for the target class, and the tokenizer files. Vision tower, projector and other \
+         non-language tensors are dropped.",
+        source.name(),
         s.family,
         s.architecture
     );
-    text += &format!(
-        "* {} tensors ({} bytes) from {} source tensors; {} made by surgery (row splits, expert unfusing); bytes otherwise copied verbatim\n",
-        s.tensors_written, s.bytes_written, s.tensors_kept, s.tensors_from_surgery
-    );
+    let mut recipe = vec![
+        ("family", s.family.to_string()),
+        ("architecture", format!("`{}`", s.architecture)),
+        (
+            "tensors",
+            format!(
+                "{} ({} bytes) from {} source tensors; {} made by surgery",
+                s.tensors_written, s.bytes_written, s.tensors_kept, s.tensors_from_surgery
+            ),
+        ),
+    ];
     for (kind, c) in &s.dropped {
-        text += &format!(
-            "* dropped ({}): {} tensors, {} bytes\n",
-            kind.as_str(),
-            c.tensors,
-            c.bytes
-        );
+        recipe.push((
+            "dropped",
+            format!(
+                "{}: {} tensors, {} bytes",
+                kind.as_str(),
+                c.tensors,
+                c.bytes
+            ),
+        ));
     }
-    text += &format!("* tie_word_embeddings: {}\n", s.tie_word_embeddings);
-    text += &format!("* chat template: {}\n", s.chat_template);
+    recipe.push(("tie_word_embeddings", s.tie_word_embeddings.to_string()));
+    recipe.push(("chat template", s.chat_template.clone()));
     for n in &s.notes {
-        text += &format!("* {n}\n");
+        recipe.push(("note", n.clone()));
     }
-    text
+    let replay = vec![
+        "sinkmerge".to_string(),
+        "extract".to_string(),
+        source.reference(),
+        "--family".to_string(),
+        s.family.to_string(),
+        "-o".to_string(),
+        "OUT".to_string(),
+    ];
+    ModelCard {
+        kind: model_card::Kind::Extraction,
+        description,
+        recipe,
+        config_yaml: None,
+        inputs: vec![source],
+        replay,
+    }
 }

@@ -98,6 +98,7 @@ mod tests {
             force: false,
             verify: true,
             progress: false,
+            model_card: false,
         };
         let (_, _, hashes) = write(&out, &ckpt, &plan, &opts).unwrap();
         (out, hashes, plan)

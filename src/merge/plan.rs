@@ -31,10 +31,11 @@ use crate::arch::config::{set_dtype, text_section};
 use crate::arch::{family, names, TextConfig};
 use crate::checkpoint::dtype::{is_float, torch_name};
 use crate::checkpoint::output::OutputDir;
-use crate::checkpoint::resolve::{resolve, HubRef};
+use crate::checkpoint::resolve::{resolve, HubRef, ModelRef};
 use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
 use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
 use crate::{bad, bail};
 
 const LM_HEAD: &str = "lm_head.weight";
@@ -47,6 +48,8 @@ pub struct RunOptions {
     pub force: bool,
     pub max_shard_size: u64,
     pub progress: bool,
+    /// Write a README.md model card.
+    pub model_card: bool,
 }
 
 /// What a merge did, for the text and `--json` reports.
@@ -150,9 +153,19 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         None | Some("base") => inputs[donor].reference.clone(),
         Some(other) => other.to_string(),
     };
-    let tokenizer_dir = match inputs.iter().find(|i| i.reference == tokenizer) {
-        Some(input) => input.ckpt.dir.clone(),
-        None => resolve(&tokenizer)?.dir,
+    // A tokenizer donor that is not one of the merged models.
+    let tokenizer_donor: Option<ModelRef> = if inputs.iter().any(|i| i.reference == tokenizer) {
+        None
+    } else {
+        Some(resolve(&tokenizer)?)
+    };
+    let tokenizer_dir = match &tokenizer_donor {
+        Some(model) => model.dir.clone(),
+        None => (inputs.iter().find(|i| i.reference == tokenizer))
+            .expect("found above")
+            .ckpt
+            .dir
+            .clone(),
     };
 
     let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
@@ -204,6 +217,18 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
             })
     });
     out.write_file("sinkmerge_config.yml", record.as_bytes())?;
+    if options.model_card {
+        let card = merge_card(
+            spec,
+            &inputs,
+            base,
+            donor,
+            tokenizer_donor.as_ref(),
+            &tokenizer,
+            &record,
+        );
+        card.write(&out)?;
+    }
     let dest = out.commit()?;
 
     Ok(Summary {
@@ -224,6 +249,78 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         seconds: started.elapsed().as_secs_f64(),
         warnings,
     })
+}
+
+/// The model card of a merge: every input (and a tokenizer donor that is none of them), the
+/// resolved record, and `sinkmerge merge sinkmerge_config.yml` as the replay.
+fn merge_card(
+    spec: &MergeSpec,
+    inputs: &[Input],
+    base: Option<usize>,
+    donor: usize,
+    tokenizer_donor: Option<&ModelRef>,
+    tokenizer: &str,
+    record: &str,
+) -> ModelCard {
+    let method = spec.method.name();
+    let mut card_inputs: Vec<model_card::Input> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let role = if Some(i) == base { "base" } else { "model" };
+            model_card::Input::new(role, true, &input.ckpt)
+        })
+        .collect();
+    let tokenizer_name = match tokenizer_donor {
+        Some(model) => {
+            let donor = model_card::Input {
+                role: "tokenizer",
+                parent: false,
+                dir: model.dir.clone(),
+                hub: model.hub.clone(),
+            };
+            let name = donor.name();
+            card_inputs.push(donor);
+            name
+        }
+        None => {
+            let i = inputs
+                .iter()
+                .position(|i| i.reference == tokenizer)
+                .expect("the tokenizer donor is an input");
+            card_inputs[i].name()
+        }
+    };
+    let models = card_inputs
+        .iter()
+        .filter(|i| i.role == "model")
+        .map(|i| format!("`{}`", i.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let on_base = match base {
+        Some(b) => format!(" as task vectors from the base `{}`", card_inputs[b].name()),
+        None => String::new(),
+    };
+    let description = format!(
+        "A merge of {models}{on_base} by `{method}`, made with sinkmerge. The tokenizer, chat \
+         template and generation config are `{tokenizer_name}`'s; config.json is `{}`'s.",
+        card_inputs[donor].name()
+    );
+    let mut recipe = vec![("method", format!("`{method}`"))];
+    if let Some(b) = base {
+        recipe.push(("base", format!("`{}`", card_inputs[b].name())));
+    }
+    recipe.push(("tokenizer from", format!("`{tokenizer_name}`")));
+    ModelCard {
+        kind: model_card::Kind::Merge(method),
+        description,
+        recipe,
+        config_yaml: Some(record.to_string()),
+        inputs: card_inputs,
+        replay: ["sinkmerge", "merge", "sinkmerge_config.yml", "-o", "OUT"]
+            .map(String::from)
+            .to_vec(),
+    }
 }
 
 fn open(reference: &str) -> Result<Input> {

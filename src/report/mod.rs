@@ -1,6 +1,8 @@
-//! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots.
+//! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
+//! model cards.
 
 pub mod heatmap;
+pub mod model_card;
 pub mod plot;
 
 /// An aligned text table; numeric-looking cells are right-aligned.

@@ -172,3 +172,70 @@ pub fn leftovers(parent: &Path) -> Vec<String> {
         .filter(|n| n.contains("sinkmerge-partial"))
         .collect()
 }
+
+/// Run with extra environment variables, expect success, return stdout.
+pub fn ok_env(args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().expect("the binary runs");
+    assert!(
+        o.status.success(),
+        "sinkmerge {args:?} failed: {}",
+        stderr(&o)
+    );
+    stdout(&o)
+}
+
+/// The README.md model card of a model directory: its YAML front matter, parsed, and the body.
+pub fn model_card(dir: &Path) -> (serde_yaml_ng::Value, String) {
+    let text = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    let rest = text.strip_prefix("---\n").expect("the card opens with ---");
+    let (yaml, body) = rest
+        .split_once("\n---\n")
+        .expect("front matter closed by ---");
+    (serde_yaml_ng::from_str(yaml).unwrap(), body.to_string())
+}
+
+/// A YAML list of strings.
+pub fn strings(v: &serde_yaml_ng::Value) -> Vec<String> {
+    v.as_sequence()
+        .unwrap_or_else(|| panic!("not a list: {v:?}"))
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The card's replay command (its ```sh block) as arguments after `sinkmerge`, with `OUT`
+/// replaced by `out`.
+pub fn replay_args(body: &str, out: &Path) -> Vec<String> {
+    let block = body
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .expect("a replay block")
+        .0;
+    let mut words = block.split_whitespace();
+    assert_eq!(words.next(), Some("sinkmerge"), "{block}");
+    words
+        .map(|w| match w {
+            "OUT" => out.to_str().unwrap().to_string(),
+            w => w.to_string(),
+        })
+        .collect()
+}
+
+/// An HF hub cache in `cache` holding `model`'s files as `repo` (`ORG/NAME`) at `commit`:
+/// `models--ORG--NAME/refs/main` and `snapshots/<commit>/` of symlinks, as the Hub client writes.
+pub fn fake_hub_cache(cache: &Path, repo: &str, commit: &str, model: &Path) {
+    let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
+    let snapshot = repo_dir.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
+    std::fs::write(repo_dir.join("refs/main"), commit).unwrap();
+    for entry in std::fs::read_dir(model).unwrap() {
+        let path = entry.unwrap().path();
+        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
+    }
+}
