@@ -232,6 +232,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         let value = json!({
             "output": dest.display().to_string(),
             "model": model.label,
+            "model_hub": model.hub,
             "top_k": args.top_k,
             "norms": args.norms,
             "layers": layers,

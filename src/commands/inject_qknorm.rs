@@ -143,6 +143,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         let value = json!({
             "output": dest.display().to_string(),
             "model": model.label,
+            "model_hub": model.hub,
             "architecture": "Qwen3ForCausalLM",
             "head_dim": plan.head_dim,
             "layers": plan.num_layers,

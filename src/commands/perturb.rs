@@ -209,7 +209,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         let value = json!({
             "output": dest.display().to_string(),
             "reference": reference.label,
+            "reference_hub": reference.hub,
             "target": target.label,
+            "target_hub": target.hub,
             "seed": args.seed,
             "perturbed": reports.len(),
             "copied": planned.len() - reports.len(),

@@ -153,7 +153,7 @@ pub struct Args {
     pub gap_from: GapFrom,
 
     /// The paper's position-0 measure (`pos0_trailing`, Section 4.3 and Appendix C.3; its 0.70,
-    /// 0.50, 0.25 and 5e-5 figures are this measure): per prompt, the mean of A[q,0] over the
+    /// 0.50, 0.25 and 5e-5 figures are this measure): per prompt, the mean of `A[q,0]` over the
     /// window's layers, every head and the last T queries; then the mean over prompts.
     /// `pos0_share` stays sinkmerge's own measure, pooled over the window's valid queries
     #[arg(long, value_name = "T", default_value = "8", value_parser = at_least_one,
