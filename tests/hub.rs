@@ -366,12 +366,18 @@ fn repos() -> HashMap<String, ServedRepo> {
             token: None,
         }
     };
+    // A second copy of the weights in another layout, as Mistral's repos carry: never fetched.
+    let consolidated: (&str, &[u8]) = ("consolidated.safetensors", b"another layout");
     let mut qwen2 = single(
         "qwen2",
         COMMIT_A,
-        &[("README.md", b"# tiny"), ("pytorch_model.bin", b"pickle")],
+        &[
+            ("README.md", b"# tiny"),
+            ("pytorch_model.bin", b"pickle"),
+            consolidated,
+        ],
     );
-    let sharded = files_of(&fixture("qwen2-sharded"), &[]);
+    let sharded = files_of(&fixture("qwen2-sharded"), &[consolidated]);
     qwen2
         .revisions
         .insert("v2".to_string(), (COMMIT_B.to_string(), sharded.clone()));
@@ -505,7 +511,7 @@ fn a_fresh_download_fills_the_standard_cache_layout_and_a_second_run_stays_offli
     ] {
         assert!(files.contains(&format!("{snap}/{f}")), "{f} in {files:?}");
     }
-    for skipped in ["README.md", "pytorch_model.bin"] {
+    for skipped in ["README.md", "pytorch_model.bin", "consolidated.safetensors"] {
         assert!(
             !files.contains(&format!("{snap}/{skipped}")),
             "{skipped} was fetched"

@@ -119,13 +119,11 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
     ));
     let info = handle.info().map_err(|e| hub_error(repo, rev, hub, &e))?;
     let commit = info.sha.clone();
-    let files: Vec<String> = info
-        .siblings
-        .iter()
+    let (weights, others): (Vec<String>, Vec<String>) = (info.siblings.iter())
         .map(|s| s.rfilename.clone())
         .filter(|f| wanted(f))
-        .collect();
-    if !files.iter().any(|f| f.ends_with(".safetensors")) {
+        .partition(|f| f.ends_with(".safetensors"));
+    if weights.is_empty() {
         bail!(
             "{repo}@{rev}: the repository has no safetensors weights (only {}); sinkmerge reads \
              safetensors only: convert the weights with transformers first",
@@ -133,8 +131,8 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
         );
     }
     let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
-    let mut fetched = Vec::with_capacity(files.len());
-    for file in &files {
+    // One file into the staging cache, checked against its etag: (name, blob, etag).
+    let download = |file: &str| -> Result<(String, PathBuf, String)> {
         let bar = crate::progress::bytes(0, &short(file), hub.progress);
         let path = handle
             .download_with_progress(file, Bar(bar.clone()))
@@ -151,7 +149,27 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
             let _ = std::fs::remove_file(&blob);
             return Err(bad_download(repo, rev, file, e));
         }
-        fetched.push((file.clone(), blob, etag));
+        Ok((file.to_string(), blob, etag))
+    };
+    // The small files first: the index then says which shards the model is made of.
+    let mut fetched = others
+        .iter()
+        .map(|f| download(f))
+        .collect::<Result<Vec<_>>>()?;
+    let index = fetched
+        .iter()
+        .find(|f| f.0 == "model.safetensors.index.json");
+    let shards = match index {
+        Some((_, blob, _)) => shards_of_index(repo, blob, &weights)?,
+        // Without an index the checkpoint is model.safetensors when there is one (a second copy
+        // such as Mistral's consolidated.safetensors is not read), else every shard.
+        None if weights.iter().any(|w| w == "model.safetensors") => {
+            vec!["model.safetensors".to_string()]
+        }
+        None => weights,
+    };
+    for shard in &shards {
+        fetched.push(download(shard)?);
     }
     // Every file arrived and checks out: move them in, link the snapshot, then write the ref.
     let blobs = repo_dir.join("blobs");
@@ -182,6 +200,29 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
         repo: repo.to_string(),
         commit,
     })
+}
+
+/// The shards `model.safetensors.index.json` maps tensors to, each of which the repo must hold.
+fn shards_of_index(repo: &str, index: &Path, listed: &[String]) -> Result<Vec<String>> {
+    let json = super::read_json(index)?;
+    let mut shards: Vec<String> = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.values()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    shards.sort();
+    shards.dedup();
+    if shards.is_empty() {
+        bail!("{repo}: model.safetensors.index.json has no weight_map");
+    }
+    if let Some(missing) = shards.iter().find(|s| !listed.contains(s)) {
+        bail!("{repo}: model.safetensors.index.json names the shard {missing}, which the repository lacks");
+    }
+    Ok(shards)
 }
 
 /// A file name short enough for a progress bar's message.
