@@ -1051,3 +1051,40 @@ fn no_model_card_writes_none_and_changes_nothing_else() {
     trees[0].retain(|(n, _)| n != "README.md");
     assert_eq!(trees[0], trees[1]);
 }
+
+#[test]
+fn partial_outputs_of_killed_runs_are_removed_on_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    // What `kill -9` during a merge leaves: no process 4294967 exists (pid_max is below 2^22).
+    let dead = tmp
+        .path()
+        .join(".merged.sinkmerge-partial-4294967-0000beef");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(
+        dead.join("model-00001-of-00002.safetensors"),
+        vec![0u8; 4096],
+    )
+    .unwrap();
+    // A run in progress (this test's own process stands in for it) keeps its directory.
+    let live = tmp.path().join(format!(
+        ".other.sinkmerge-partial-{}-0000cafe",
+        std::process::id()
+    ));
+    std::fs::create_dir(&live).unwrap();
+    let out_dir = tmp.path().join("merged");
+    let out = sinkmerge(&[
+        "linear",
+        "--models",
+        &model("task_a"),
+        &model("task_b"),
+        "-o",
+        out_dir.to_str().unwrap(),
+        "-q",
+    ]);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!dead.exists(), "the dead run's partial output is gone");
+    assert!(err.contains("removed") && err.contains("4294967"), "{err}");
+    assert!(live.is_dir(), "a live process keeps its partial output");
+    assert!(out_dir.join("config.json").is_file());
+}

@@ -91,6 +91,7 @@ impl OutputDir {
         }
         let parent = dest_abs.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(parent).map_err(|e| Error::write(parent, e))?;
+        remove_dead_partials(parent);
         let name = dest_abs
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -179,6 +180,46 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::write(dir, e))
 }
 
+/// Remove what killed runs left in `dir`: `.NAME.sinkmerge-partial-PID-*` entries whose process
+/// is gone (a `kill -9` runs no handler, and a 7B merge leaves 15 GB behind). A process is gone
+/// when `/proc/PID` is; without `/proc` nothing is removed, and a live process of the same PID
+/// keeps its entry, so a running sinkmerge never loses its output.
+fn remove_dead_partials(dir: &Path) {
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return;
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(".sinkmerge-partial-"))
+            .and_then(|(_, suffix)| suffix.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || proc.join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        if removed.is_ok() {
+            eprintln!(
+                "sinkmerge: removed {}, left by an earlier run (process {pid}) that was killed",
+                path.display()
+            );
+        }
+    }
+}
+
 fn unique_suffix() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -235,6 +276,7 @@ pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    remove_dead_partials(&dir);
     let temp = dir.join(format!(".{name}.sinkmerge-partial-{}", unique_suffix()));
     track(&temp);
     let result = (|| {
