@@ -86,10 +86,15 @@ struct GpuReport {
 pub const LONG_ABOUT: &str = "Attention-sink scores of each MODEL, and with --ref the margin of each \
 MODEL against the reference.\n\n\
 Runs each MODEL (and REF) on the calibration prompts, layer by layer in f32 (weights upcast, eager \
-attention, no cache, batch of one per prompt; only one layer's weights resident), and reports the \
+attention, no cache, batch of one per prompt; only one layer's weights resident; --precision bf16 \
+for the paper's bf16 path), and reports the \
 attention-sink metrics of \"Text Capability Loss in Vision-Language Adaptation\" (arXiv 2609.00746):\n\n\
   S (sink_strength)   median over the window of G = log(a/(1-a)), a = the sink's attention share\n\
-  pos0_share          mean attention on token 0 over the window's valid queries\n\
+  pos0_trailing       the paper's position-0 measure: per prompt, mean attention on token 0 over \
+the window's layers, all heads and the last --trailing-queries queries; mean over prompts, with a \
+bootstrap 95% CI\n\
+  pos0_share          mean attention on token 0 pooled over the window's valid queries \
+(sinkmerge's own measure)\n\
   strong_sink_frac    share of observations with G > 2 (a > 0.881)\n\
   b_gap_median        with --ref: median over the window of B, the largest shift of a query's score \
 gaps to the sink between REF and MODEL on the same tokens\n\
