@@ -668,6 +668,24 @@ fn gated_repos_need_a_token() {
     std::fs::create_dir_all(other.home.path().join("hf")).unwrap();
     std::fs::write(other.home.path().join("hf/token"), "hf_secret\n").unwrap();
     ok(&other.run(&["fetch", "test-org/gated"], &[]));
+    // With the cache elsewhere and no HF_HOME, the token file is ~/.cache/huggingface/token, as
+    // huggingface_hub looks for it.
+    let third = User::new(server.endpoint());
+    let home = third.home.path();
+    std::fs::create_dir_all(home.join(".cache/huggingface")).unwrap();
+    std::fs::write(home.join(".cache/huggingface/token"), "hf_secret").unwrap();
+    let elsewhere = home.join("models-cache");
+    ok(&third.run(
+        &["fetch", "test-org/gated"],
+        &[
+            ("HF_HOME", ""),
+            ("HOME", home.to_str().unwrap()),
+            ("HF_HUB_CACHE", elsewhere.to_str().unwrap()),
+        ],
+    ));
+    assert!(elsewhere
+        .join("models--test-org--gated/refs/main")
+        .is_file());
 }
 
 #[test]

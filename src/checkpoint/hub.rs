@@ -37,16 +37,22 @@ pub struct Hub {
 }
 
 impl Hub {
-    /// `HF_ENDPOINT`, `HF_TOKEN` (else the token file `$HF_HOME/token`, as `hf auth login` writes
-    /// it) and `HF_HUB_OFFLINE`, read as huggingface_hub reads them.
-    pub fn from_env(cache: &Path) -> Hub {
+    /// `HF_ENDPOINT`, `HF_TOKEN` (else the token file `hf auth login` writes: `$HF_TOKEN_PATH`,
+    /// else `$HF_HOME/token`, else `~/.cache/huggingface/token`, whatever the cache's location)
+    /// and `HF_HUB_OFFLINE`, read as huggingface_hub's `constants.py` reads them.
+    pub fn from_env() -> Hub {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let token_file = match var("HF_HOME") {
-            Some(home) => PathBuf::from(home).join("token"),
-            None => cache
-                .parent()
-                .map_or_else(|| cache.join("token"), |p| p.join("token")),
-        };
+        let token_file = var("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| {
+            let home = var("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+                var("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| {
+                        PathBuf::from(var("HOME").unwrap_or_default()).join(".cache")
+                    })
+                    .join("huggingface")
+            });
+            home.join("token")
+        });
         let token = var("HF_TOKEN").or_else(|| {
             std::fs::read_to_string(token_file)
                 .ok()

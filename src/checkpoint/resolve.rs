@@ -261,7 +261,7 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     match find_cached(repo, revision) {
         Err(_) if DOWNLOADS.load(Ordering::Relaxed) => {
             let cache = hub_cache_dir();
-            let mut hub = super::hub::Hub::from_env(&cache);
+            let mut hub = super::hub::Hub::from_env();
             hub.progress = DOWNLOAD_PROGRESS.load(Ordering::Relaxed);
             let fetched = super::hub::fetch(repo, revision, &cache, &hub)?;
             let mut model = find_cached(repo, Some(&fetched.commit))?;
