@@ -794,6 +794,22 @@ fn extract_norms_score_and_merge_run_from_an_empty_cache() {
     assert_eq!(json(1)["target_hub"]["commit"], COMMIT_B);
     assert_eq!(json(2)["models"][0]["hub"]["repo"], "test-org/tiny-qwen2");
     assert_eq!(json(2)["models"][0]["hub"]["commit"], COMMIT_A);
+    // And so do the text reports.
+    assert!(
+        outputs[0].contains(&format!("test-org/tiny-vlm (commit {COMMIT_A})")),
+        "{}",
+        outputs[0]
+    );
+    let text = ok(&fresh.run(&["score", "test-org/tiny-qwen2"], &[]));
+    assert!(
+        text.contains(&format!("test-org/tiny-qwen2 at commit {COMMIT_A}")),
+        "{text}"
+    );
+    let text = ok(&fresh.run(
+        &["norms", "test-org/tiny-qwen2", "test-org/tiny-qwen2-b"],
+        &[],
+    ));
+    assert!(text.contains(&format!("(commit {COMMIT_B})")), "{text}");
     let record =
         std::fs::read_to_string(fresh.home.path().join("merged/sinkmerge_config.yml")).unwrap();
     for pinned in [

@@ -31,6 +31,11 @@ pub struct HubRef {
     pub commit: String,
 }
 
+/// ` (commit C)` for a Hub model, nothing for a directory: what text reports append to a label.
+pub fn commit_note(hub: Option<&HubRef>) -> String {
+    hub.map_or_else(String::new, |h| format!(" (commit {})", h.commit))
+}
+
 /// One row of the paper's pair table (Appendix B.4; `shared/reference/paper-pairs.md`).
 #[derive(Debug, Clone, Copy)]
 pub struct PaperPair {

@@ -131,8 +131,12 @@ fn default_output(reference: &str, model: &ModelRef) -> PathBuf {
 
 fn render(s: &Summary) -> String {
     let mut out = format!(
-        "extracted {} ({} family) -> {} as {}\n",
-        s.source, s.family, s.output, s.architecture
+        "extracted {}{} ({} family) -> {} as {}\n",
+        s.source,
+        crate::checkpoint::resolve::commit_note(s.source_hub.as_ref()),
+        s.family,
+        s.output,
+        s.architecture
     );
     let mut t = Table::new(["", "tensors", "bytes"]);
     t.row([

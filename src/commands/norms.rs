@@ -240,9 +240,15 @@ fn render(report: &Report, tol: f64) -> String {
 }
 
 fn render_pair(report: &Report, pair: &PairReport, prefix: &str, tol: f64) -> String {
+    let note = |h: &Option<crate::checkpoint::resolve::HubRef>| {
+        crate::checkpoint::resolve::commit_note(h.as_ref())
+    };
     let mut s = format!(
-        "{prefix}REF     {}\n{prefix}TARGET  {}\n",
-        pair.reference, pair.target
+        "{prefix}REF     {}{}\n{prefix}TARGET  {}{}\n",
+        pair.reference,
+        note(&pair.hub.0),
+        pair.target,
+        note(&pair.hub.1)
     );
     s += &format!(
         "layers {}, summary window {}, op norms certified to {tol:e}\n",

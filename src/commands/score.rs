@@ -835,6 +835,14 @@ fn render_text(report: &Report) -> String {
          measure (last {} queries, mean per prompt, {} bootstrap resamples over prompts)\n",
         s.trailing_queries, s.bootstrap
     ));
+    for m in &scores.models {
+        if let Some(hub) = &m.hub {
+            out.push_str(&format!(
+                "{}: {} at commit {}\n",
+                m.model, hub.repo, hub.commit
+            ));
+        }
+    }
     for m in scores
         .models
         .iter()
