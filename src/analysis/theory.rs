@@ -250,19 +250,24 @@ mod tests {
             .map(|_| (0..d).map(|_| rng.sample(StandardNormal)).collect())
             .collect();
         x[0][3] = massive;
+        (head_weights(&mut rng, d, d_h), x)
+    }
+
+    /// Gaussian W_q, W_k with standard deviation 1/sqrt(d), and Gaussian dW_q, dW_k scaled to
+    /// ||dW||_op = 0.1 (Appendix A.6), drawn in that order.
+    fn head_weights(rng: &mut ChaCha8Rng, d: usize, d_h: usize) -> HeadWeights {
         let std = 1.0 / (d as f64).sqrt();
-        let unit_op = |rng: &mut ChaCha8Rng| {
+        let scaled = |rng: &mut ChaCha8Rng| {
             let m = gaussian(rng, d_h, d, 1.0);
             let s = 0.1 / op_norm(&m);
             Mat::from_fn(d_h, d, |i, j| m[(i, j)] * s)
         };
-        let h = HeadWeights {
-            w_q: gaussian(&mut rng, d_h, d, std),
-            w_k: gaussian(&mut rng, d_h, d, std),
-            dw_q: unit_op(&mut rng),
-            dw_k: unit_op(&mut rng),
-        };
-        (h, x)
+        HeadWeights {
+            w_q: gaussian(rng, d_h, d, std),
+            w_k: gaussian(rng, d_h, d, std),
+            dw_q: scaled(rng),
+            dw_k: scaled(rng),
+        }
     }
 
     #[test]
@@ -301,19 +306,7 @@ mod tests {
             })
             .collect();
         x[0][3] += 10.0;
-        let std = 1.0 / (d as f64).sqrt();
-        let scaled = |rng: &mut ChaCha8Rng| {
-            let m = gaussian(rng, d_h, d, 1.0);
-            let s = 0.1 / op_norm(&m);
-            Mat::from_fn(d_h, d, |i, j| m[(i, j)] * s)
-        };
-        let h = HeadWeights {
-            w_q: gaussian(&mut rng, d_h, d, std),
-            w_k: gaussian(&mut rng, d_h, d, std),
-            dw_q: scaled(&mut rng),
-            dw_k: scaled(&mut rng),
-        };
-        (h, x)
+        (head_weights(&mut rng, d, d_h), x)
     }
 
     /// Percent of the sorted draws `v` strictly below `x`.
