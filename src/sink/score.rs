@@ -175,6 +175,30 @@ pub struct BandValues {
     pub late: Option<f64>,
 }
 
+impl BandValues {
+    /// `value` over each third of `layers` layers ([`thirds`]).
+    fn of(layers: usize, value: impl Fn(Range<usize>) -> Option<f64>) -> BandValues {
+        let [early, middle, late] = thirds(layers).map(value);
+        BandValues {
+            early,
+            middle,
+            late,
+        }
+    }
+}
+
+/// `at(last, window)` for every window of the last `last` layers, `last` in `lo..=hi` (all
+/// layers once `last` reaches them).
+fn by_last<T>(
+    (lo, hi): (usize, usize),
+    layers: usize,
+    at: impl Fn(usize, Range<usize>) -> T,
+) -> Vec<T> {
+    (lo..=hi)
+        .map(|last| at(last, layers.saturating_sub(last)..layers))
+        .collect()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct SinkStrengthAt {
     pub last: usize,
@@ -347,6 +371,35 @@ impl ModelObservations {
         gather(&self.layers, layers, prompts, |l| &l.b)
     }
 
+    /// The window's layers.
+    fn window(&self) -> Range<usize> {
+        self.window_start..self.layers.len()
+    }
+
+    /// S (under `stat`) over `layers`, of every prompt or of `prompts`.
+    fn sink_strength_over(
+        &self,
+        stat: Stat,
+        layers: Range<usize>,
+        prompts: Option<&[usize]>,
+    ) -> Option<f64> {
+        finite(statistic(stat, &mut self.g(layers, prompts)))
+    }
+
+    /// This model (a target, holding B) against `reference` over `layers`: the reference's
+    /// median G, the median B, and the number of B observations.
+    fn gap_medians(
+        &self,
+        reference: &ModelObservations,
+        layers: Range<usize>,
+        prompts: Option<&[usize]>,
+    ) -> (f64, f64, usize) {
+        let g_base = median(&mut reference.g(layers.clone(), prompts));
+        let mut b = self.b(layers, prompts);
+        let n = b.len();
+        (g_base, median(&mut b), n)
+    }
+
     /// The paper's position-0 value of each prompt with at least one trailing query, over the
     /// window (`None` for prompts of one token).
     fn trailing_per_prompt(&self) -> Vec<f64> {
@@ -451,22 +504,18 @@ impl Observations {
 
     /// S and margins over the window, on the prompts of index `prompts` only.
     pub fn subset(&self, prompts: &[usize]) -> SubsetScores {
-        let window = |a: &ModelObservations| a.window_start..a.layers.len();
-        let sink_strength = self
-            .models
-            .iter()
-            .map(|a| finite(statistic(self.stat, &mut a.g(window(a), Some(prompts)))))
+        let sink_strength = (self.models.iter())
+            .map(|a| a.sink_strength_over(self.stat, a.window(), Some(prompts)))
             .collect();
         let margin = match self.reference {
             None => Vec::new(),
-            Some(r) => {
-                let r_acc = &self.models[r];
-                let g_base = median(&mut r_acc.g(window(r_acc), Some(prompts)));
-                (self.models.iter().enumerate())
-                    .filter(|&(i, _)| i != r)
-                    .map(|(_, a)| finite(g_base - median(&mut a.b(window(a), Some(prompts)))))
-                    .collect()
-            }
+            Some(r) => (self.models.iter().enumerate())
+                .filter(|&(i, _)| i != r)
+                .map(|(_, a)| {
+                    let (g_base, b, _) = a.gap_medians(&self.models[r], a.window(), Some(prompts));
+                    finite(g_base - b)
+                })
+                .collect(),
         };
         SubsetScores {
             sink_strength,
@@ -686,7 +735,7 @@ impl ModelObservations {
     /// for.
     pub fn statistics(&self, settings: &Settings) -> ModelStatistics {
         let layers = self.layers.len();
-        let mut g = self.g(self.window_start..layers, None);
+        let mut g = self.g(self.window(), None);
         let n = g.len();
         let strong = g.iter().filter(|&&v| v > STRONG_SINK_G).count();
         let mean_g = mean(&g);
@@ -696,8 +745,7 @@ impl ModelObservations {
             Stat::Mean => mean_g,
         };
         let trailing = self.trailing_per_prompt();
-        let s_over =
-            |range: Range<usize>| finite(statistic(settings.stat, &mut self.g(range, None)));
+        let s_over = |range: Range<usize>| self.sink_strength_over(settings.stat, range, None);
         ModelStatistics {
             sink_strength: finite(s),
             median_g: finite(median_g),
@@ -707,21 +755,12 @@ impl ModelObservations {
             strong_sink_frac: (n > 0).then(|| strong as f64 / n as f64),
             n_observations: n,
             n_infinite_g: count_infinite(&g),
-            sink_strength_bands: settings.bands.then(|| {
-                let [early, middle, late] = thirds(layers).map(s_over);
-                BandValues {
-                    early,
-                    middle,
-                    late,
-                }
-            }),
-            sink_strength_by_last: settings.k_sweep.map(|(lo, hi)| {
-                (lo..=hi)
-                    .map(|last| SinkStrengthAt {
-                        last,
-                        sink_strength: s_over(layers.saturating_sub(last)..layers),
-                    })
-                    .collect()
+            sink_strength_bands: settings.bands.then(|| BandValues::of(layers, s_over)),
+            sink_strength_by_last: settings.k_sweep.map(|k| {
+                by_last(k, layers, |last, window| SinkStrengthAt {
+                    last,
+                    sink_strength: s_over(window),
+                })
             }),
         }
     }
@@ -729,38 +768,22 @@ impl ModelObservations {
     /// This model (a target, holding B) against `reference`.
     pub fn against(&self, reference: &ModelObservations, settings: &Settings) -> PairStatistics {
         let layers = self.layers.len();
-        // The margin over a layer range: the reference's median G minus the median B.
-        let over = |range: Range<usize>| {
-            let g_base = median(&mut reference.g(range.clone(), None));
-            let mut b = self.b(range, None);
-            let n = b.len();
-            (g_base, median(&mut b), n)
-        };
         let margin_over = |range: Range<usize>| {
-            let (g_base, b, _) = over(range);
+            let (g_base, b, _) = self.gap_medians(reference, range, None);
             finite(g_base - b)
         };
-        let (g_base, b_med, nb) = over(self.window_start..layers);
+        let (g_base, b_med, nb) = self.gap_medians(reference, self.window(), None);
         PairStatistics {
             g_base_median: finite(g_base),
             b_gap_median: finite(b_med),
             margin: finite(g_base - b_med),
             n_observations: nb,
-            margin_bands: settings.bands.then(|| {
-                let [early, middle, late] = thirds(layers).map(margin_over);
-                BandValues {
-                    early,
-                    middle,
-                    late,
-                }
-            }),
-            margin_by_last: settings.k_sweep.map(|(lo, hi)| {
-                (lo..=hi)
-                    .map(|last| MarginAt {
-                        last,
-                        margin: margin_over(layers.saturating_sub(last)..layers),
-                    })
-                    .collect()
+            margin_bands: settings.bands.then(|| BandValues::of(layers, margin_over)),
+            margin_by_last: settings.k_sweep.map(|k| {
+                by_last(k, layers, |last, window| MarginAt {
+                    last,
+                    margin: margin_over(window),
+                })
             }),
         }
     }
