@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Synthetic 7B-class checkpoint pair for benches/norms_vs_torch.sh (not committed; ~3.8 GB).
 
-    nice -n 10 /work/main/tools/.venv/bin/python benches/gen_norms_bench.py OUT_DIR [--layers 4]
+    nice -n 10 tools/.venv/bin/python benches/gen_norms_bench.py OUT_DIR [--layers 4]
 
 Writes OUT_DIR/ref and OUT_DIR/target, one safetensors shard per layer with an index, in Qwen2-7B shapes (hidden 3584, intermediate 18944, 28 heads,
 4 KV heads, q/k/v biases) for the first --layers layers, a small vocabulary (2048 rows, to save

@@ -7,7 +7,7 @@
 #   benches/merge_vs_mergekit.sh [DATA_DIR]
 #
 # env: RUNS     runs per tool and method, median reported (default 3)
-#      PY       python with torch + mergekit 0.1.5 (default /work/main/tools/.venv/bin/python)
+#      PY       python with torch + mergekit 0.1.5 (default tools/.venv/bin/python)
 #      METHODS  subset of: linear task_arithmetic ties dare_linear tsv star (default all)
 #      REF_TSV_S / REF_STAR_S  reuse an earlier reference time in seconds instead of rerunning
 #               the torch reference (TSV's takes over 15 minutes); accuracy is then not rechecked
@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
-PY=${PY:-/work/main/tools/.venv/bin/python}
+PY=${PY:-tools/.venv/bin/python}
 MERGEKIT=${MERGEKIT:-$(dirname "$PY")/mergekit-yaml}
 METHODS=${METHODS:-linear task_arithmetic ties dare_linear tsv star}
 DATA=${1:-${TMPDIR:-/tmp}/sinkmerge-bench-merge}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The torch peer of `sinkmerge norms` for benches/norms_vs_torch.sh: the same per-tensor table.
 
-    /work/main/tools/.venv/bin/python benches/norms_torch.py REF_DIR TARGET_DIR [--threads N] [--layers N]
+    tools/.venv/bin/python benches/norms_torch.py REF_DIR TARGET_DIR [--threads N] [--layers N]
 
 What a researcher would write: load each tensor pair from safetensors, dW = T - R in float32,
 `torch.linalg.matrix_norm(dW, ord=2)` and `ord='fro'` (and the same for R, for the relative

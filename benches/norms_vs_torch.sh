@@ -17,7 +17,7 @@
 # only), so they read from disk; "warm" runs read from the page cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-/work/main/tools/.venv/bin/python}
+PY=${PYTHON:-tools/.venv/bin/python}
 RUNS=${RUNS:-3}
 LAYERS=${LAYERS:-4}
 TORCH_LAYERS=${TORCH_LAYERS:-$LAYERS}

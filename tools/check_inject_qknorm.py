@@ -20,7 +20,7 @@ Usage (from the repository root):
     nice -n 10 tools/.venv/bin/python tools/check_inject_qknorm.py --sinkmerge target/debug/sinkmerge \
         tests/fixtures/models/qwen2 tests/fixtures/models/qwen2-sharded
 
-(`tools/.venv` is the project's venv with torch and transformers 5.23; /work/main/tools/.venv in
+(`tools/.venv` is the project's venv with torch and transformers 5.23; tools/.venv in
 the shared workspace.) Exits non-zero if any check fails.
 """
 

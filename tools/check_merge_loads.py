@@ -3,7 +3,7 @@
 
 Run by hand from the repository root after `cargo build` (documented in README.md, merges):
 
-    nice -n 10 /work/main/tools/.venv/bin/python tools/check_merge_loads.py [target/debug/sinkmerge]
+    nice -n 10 tools/.venv/bin/python tools/check_merge_loads.py [target/debug/sinkmerge]
 
 For each method it merges the fixtures of tests/fixtures/merge/models with the sinkmerge binary,
 once keeping the dtype and once with --out-dtype bfloat16, then loads the result with

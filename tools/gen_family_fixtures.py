@@ -7,7 +7,7 @@ Run by hand (see README.md, extract, "Fixtures and goldens"):
 
 It complements tools/gen_fixtures.py (which writes qwen2_5_vl, qwen2_5_vl-new, qwen3_vl, llava_onevision,
 idefics3 and internvl_remote under tests/fixtures/models/) with the families and layouts that script does not
-cover, following shared/reference/extraction.md. It reuses that script's tokenizer and file writers.
+cover, following the layouts of the README's extract family table. It reuses that script's tokenizer and file writers.
 
 How each case is made (class = a real transformers 5.23 class; hand = laid out by this script from extraction.md):
 

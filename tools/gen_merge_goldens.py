@@ -3,7 +3,7 @@
 
 Run by hand from the repository root (documented in README.md, merges, "Goldens and tools"):
 
-    nice -n 10 /work/main/tools/.venv/bin/python tools/gen_merge_goldens.py
+    nice -n 10 tools/.venv/bin/python tools/gen_merge_goldens.py
 
 It needs the main tools venv (torch, transformers 5.23, mergekit 0.1.5). Everything is seeded;
 rerunning gives identical files. Steps:

@@ -3,7 +3,7 @@
 
 Run by hand from the repository root (see README.md, norms, "Goldens and benchmarks"):
 
-    nice -n 10 /work/main/tools/.venv/bin/python tools/gen_norms_goldens.py
+    nice -n 10 tools/.venv/bin/python tools/gen_norms_goldens.py
 
 It writes small seeded checkpoints whose weight differences have designed spectra, then computes
 every reported number with torch in float64 from the stored values (float32/bfloat16/float16

@@ -3,7 +3,7 @@
 
 Run by hand from the repository root (see README.md, score, "How parity was checked"):
 
-    nice -n 10 /work/main/tools/.venv/bin/python tools/gen_score_goldens.py
+    nice -n 10 tools/.venv/bin/python tools/gen_score_goldens.py
 
 It writes, under tests/fixtures/score/:
   models/<name>/      extra tiny checkpoints for the architectures and rope types the shared fixtures lack

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent reference of the sink metrics (shared/reference/sink-metrics.md) on transformers' eager attention.
+"""Independent reference of the sink metrics (docs/reference/sink-metrics.md) on transformers' eager attention.
 
 Nothing here shares code with the Rust scorer: transformers 5.23 runs each model (eager attention, float32,
 no cache, batch of one), the attention scores are captured inside transformers' own `eager_attention_forward`
@@ -7,11 +7,11 @@ no cache, batch of one), the attention scores are captured inside transformers' 
 in float64 from those scores.
 
     # one report (JSON on stdout), same flags as `sinkmerge score`
-    /work/main/tools/.venv/bin/python tools/sink_metrics_ref.py --ref REF MODEL [--prompts FILE] [--last 10] \
+    tools/.venv/bin/python tools/sink_metrics_ref.py --ref REF MODEL [--prompts FILE] [--last 10] \
         [--stat median|mean] [--sink-position column|per-query] [--chat-template]
 
     # regenerate the committed metric goldens (tests/fixtures/score/metrics/*.json)
-    nice -n 10 /work/main/tools/.venv/bin/python tools/sink_metrics_ref.py --goldens
+    nice -n 10 tools/.venv/bin/python tools/sink_metrics_ref.py --goldens
 
 Definitions (per prompt x, layer l, head h; s = scores after scaling, with the causal / sliding mask):
   p_sink = argmax_p sum_q A[q,p] (lowest index on ties), or per query argmax_p A[q,p] with --sink-position per-query

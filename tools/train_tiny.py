@@ -4,7 +4,7 @@
 Run by hand from the repository root, one stage after the other (tools/README-train.md has the
 wall times, versions and results of the committed run):
 
-    PY="nice -n 10 /work/main/tools/.venv/bin/python"
+    PY="nice -n 10 tools/.venv/bin/python"
     $PY tools/train_tiny.py corpus                      # local English text -> work/corpus.jsonl
     $PY tools/train_tiny.py tokenizer                   # 2048-token byte-level BPE with a fixed BOS
     $PY tools/train_tiny.py pretrain --arch qwen2       # resumable; checkpoints in work/qwen2/
@@ -18,7 +18,7 @@ wall times, versions and results of the committed run):
 
 `work` is target/train_tiny/ (git-ignored) unless --work says otherwise. Every stage is seeded and
 single-threaded (torch.set_num_threads(1)), so a rerun on the same corpus gives the same numbers.
-The in-script sink evaluator follows shared/reference/sink-metrics.md: per head and prompt the
+The in-script sink evaluator follows docs/reference/sink-metrics.md: per head and prompt the
 sink is the key with the largest attention column mass, G = s[q,p_sink] - logsumexp of the other
 allowed scores for queries q >= max(1, p_sink), S = median of G over the window of layers.
 """
@@ -551,7 +551,7 @@ def new_model(arch, work, seed, shape):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. Sink evaluator (shared/reference/sink-metrics.md), from the pre-softmax scores
+# 5. Sink evaluator (docs/reference/sink-metrics.md), from the pre-softmax scores
 # ---------------------------------------------------------------------------------------------
 _PROBE = {"scores": None}
 

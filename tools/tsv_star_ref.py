@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Torch reference of TSV-Merge and STAR, written from shared/reference/merging.md (§1.5, §1.6)
+"""Torch reference of TSV-Merge and STAR, written from the TSV-M and STAR papers
 and the official code, and the goldens sinkmerge's tests compare against.
 
 Run by hand from the repository root, after tools/gen_merge_goldens.py (documented in
 README.md, merges, "Goldens and tools"):
 
-    nice -n 10 /work/main/tools/.venv/bin/python tools/tsv_star_ref.py
+    nice -n 10 tools/.venv/bin/python tools/tsv_star_ref.py
 
 Official code read (line numbers at those commits):
   TSV   AntoAndGar/task_singular_vectors @ a6c9718, src/utils/TSVM_utils.py

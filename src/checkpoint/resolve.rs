@@ -36,7 +36,7 @@ pub fn commit_note(hub: Option<&HubRef>) -> String {
     hub.map_or_else(String::new, |h| format!(" (commit {})", h.commit))
 }
 
-/// One row of the paper's pair table (Appendix B.4; `shared/reference/paper-pairs.md`).
+/// One row of the paper's pair table (arXiv 2609.00746, Appendix B.4).
 #[derive(Debug, Clone, Copy)]
 pub struct PaperPair {
     pub alias: &'static str,

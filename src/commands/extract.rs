@@ -54,7 +54,8 @@ fn families_help() -> String {
     for f in families::FAMILIES {
         s += &format!("  {}\n      {}\n", f.name(), f.help());
     }
-    s += "\nUNVERIFIED layouts are implemented as shared/reference/extraction.md documents them; check such an \
+    s += "\nUNVERIFIED layouts are implemented from the family's published modeling code, without a \
+checkpoint to compare against; check such an \
 extraction against the VLM (README, \"Checking an extraction against the VLM\"; tools/check_extract.py).";
     s
 }

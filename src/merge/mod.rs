@@ -1,8 +1,8 @@
 //! Model merging: linear, task arithmetic, TIES, DARE, TSV-M and STAR.
 //!
 //! Each method is one small file behind [`MergeMethod`] and declares its parameters (name,
-//! scope, type, default, meaning), as mergekit's registry does; `shared/reference/merging.md`
-//! gives the math each file follows. [`config`] reads and writes mergekit-style YAML,
+//! scope, type, default, meaning), as mergekit's registry does; each file follows mergekit's
+//! implementation of its method, or the official TSV-M and STAR code, and says where. [`config`] reads and writes mergekit-style YAML,
 //! [`plan`] runs a merge as a stream over output tensors, and [`job`] gives methods block-wise
 //! access to one tensor's inputs.
 //!
