@@ -3,6 +3,8 @@
 //! fields), both Qwen3-VL-MoE expert orientations, determinism, default output paths, and bad input
 //! (exit code 2, one clear message, nothing left behind). No Python needed.
 
+mod controls_common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,6 +12,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+use controls_common::{model_card, replay_args, strings};
 use sinkmerge::checkpoint::Checkpoint;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sinkmerge");
@@ -585,41 +589,6 @@ fn a_saved_rotary_buffer_is_dropped_not_refused() {
             plain
         })
     );
-}
-
-/// The README.md model card of `dir`: its YAML front matter, parsed, and the body.
-fn model_card(dir: &Path) -> (serde_yaml_ng::Value, String) {
-    let text = fs::read_to_string(dir.join("README.md")).unwrap();
-    let rest = text.strip_prefix("---\n").expect("the card opens with ---");
-    let (yaml, body) = rest
-        .split_once("\n---\n")
-        .expect("front matter closed by ---");
-    (serde_yaml_ng::from_str(yaml).unwrap(), body.to_string())
-}
-
-fn strings(v: &serde_yaml_ng::Value) -> Vec<&str> {
-    v.as_sequence()
-        .unwrap_or_else(|| panic!("not a list: {v:?}"))
-        .iter()
-        .map(|s| s.as_str().unwrap())
-        .collect()
-}
-
-/// The card's ```sh block as arguments after `sinkmerge`, `OUT` replaced by `out`.
-fn replay_args(body: &str, out: &Path) -> Vec<String> {
-    let block = body
-        .split_once("```sh\n")
-        .and_then(|(_, rest)| rest.split_once("\n```"))
-        .expect("a replay block")
-        .0;
-    let mut words = block.split_whitespace();
-    assert_eq!(words.next(), Some("sinkmerge"), "{block}");
-    words
-        .map(|w| match w {
-            "OUT" => out.to_str().unwrap().to_string(),
-            w => w.to_string(),
-        })
-        .collect()
 }
 
 #[test]

@@ -3,11 +3,15 @@
 //! rescales, TIES trimming rules, determinism across thread counts, replay of the recorded
 //! config, the output directory, and bad input.
 
+mod controls_common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use sinkmerge::checkpoint::{dtype, Checkpoint, Shard};
+
+use controls_common::{model_card, strings};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -862,24 +866,6 @@ fn large_tensors_are_identical_at_any_thread_count() {
             "{run:?}: differs between 1 and 2 threads"
         );
     }
-}
-
-/// The README.md model card of `dir`: its YAML front matter, parsed, and the body.
-fn model_card(dir: &Path) -> (serde_yaml_ng::Value, String) {
-    let text = std::fs::read_to_string(dir.join("README.md")).unwrap();
-    let rest = text.strip_prefix("---\n").expect("the card opens with ---");
-    let (yaml, body) = rest
-        .split_once("\n---\n")
-        .expect("front matter closed by ---");
-    (serde_yaml_ng::from_str(yaml).unwrap(), body.to_string())
-}
-
-fn strings(v: &serde_yaml_ng::Value) -> Vec<&str> {
-    v.as_sequence()
-        .unwrap_or_else(|| panic!("not a list: {v:?}"))
-        .iter()
-        .map(|s| s.as_str().unwrap())
-        .collect()
 }
 
 const REPLAY: &str = "```sh\nsinkmerge merge sinkmerge_config.yml -o OUT\n```";

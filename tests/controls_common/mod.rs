@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests of the paper's controls (predict, perturb, ablate,
-//! inject-qknorm): run the real binary, read model directories back, and build derived models.
+//! inject-qknorm), and the model-card readers extract and merge use too: run the real binary, read
+//! model directories back, and build derived models.
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::collections::BTreeMap;
