@@ -18,7 +18,7 @@ use hf_hub::{Cache, Repo, RepoType};
 use indicatif::ProgressBar;
 use sha2::Digest;
 
-use super::resolve::HubRef;
+use super::resolve::{repo_folder, HubRef};
 use crate::bail;
 use crate::error::{Error, Result};
 
@@ -109,13 +109,12 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
         );
     }
     let staging = cache.join(".sinkmerge-staging");
-    let mut builder = ApiBuilder::from_cache(Cache::new(staging.clone()))
+    let api = ApiBuilder::from_cache(Cache::new(staging.clone()))
         .with_endpoint(hub.endpoint.clone())
         .with_token(hub.token.clone())
         .with_retries(3)
-        .with_progress(false);
-    builder = builder.with_user_agent("sinkmerge", env!("CARGO_PKG_VERSION"));
-    let api = builder
+        .with_progress(false)
+        .with_user_agent("sinkmerge", env!("CARGO_PKG_VERSION"))
         .build()
         .map_err(|e| Error::Internal(format!("cannot start the Hub client: {e}")))?;
     let handle = api.repo(Repo::with_revision(
@@ -136,7 +135,7 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
             describe_weights(&info.siblings)
         );
     }
-    let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
+    let repo_dir = cache.join(repo_folder(repo));
     // One file into the staging cache, checked against its etag: (name, blob, etag).
     let download = |file: &str| -> Result<(String, PathBuf, String)> {
         let bar = crate::progress::bytes(0, &short(file), hub.progress);
@@ -199,7 +198,7 @@ pub fn fetch(repo: &str, revision: Option<&str>, cache: &Path, hub: &Hub) -> Res
         std::fs::create_dir_all(&refs).map_err(|e| Error::write(&refs, e))?;
         super::output::write_file_atomic(&refs.join(rev), commit.as_bytes())?;
     }
-    let _ = std::fs::remove_dir_all(staging.join(format!("models--{}", repo.replace('/', "--"))));
+    let _ = std::fs::remove_dir_all(staging.join(repo_folder(repo)));
     // Gone when no other repo has parts waiting in it.
     let _ = std::fs::remove_dir(&staging);
     Ok(HubRef {

@@ -280,10 +280,15 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     }
 }
 
+/// The folder of `repo` (`ORG/NAME`) in an HF cache: `models--ORG--NAME`.
+pub fn repo_folder(repo: &str) -> String {
+    format!("models--{}", repo.replace('/', "--"))
+}
+
 /// Find `repo` (at `revision`, default `main`) in the HF cache, never downloading.
 pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     let cache = hub_cache_dir();
-    let repo_dir = cache.join(format!("models--{}", repo.replace('/', "--")));
+    let repo_dir = cache.join(repo_folder(repo));
     let rev = revision.unwrap_or("main");
     let download = match revision {
         Some(r) => format!("hf download {repo} --revision {r}"),
