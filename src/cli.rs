@@ -61,6 +61,12 @@ pub enum Command {
     /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
     #[command(long_about = commands::score::LONG_ABOUT, after_help = commands::score::AFTER_HELP)]
     Score(commands::score::Args),
+    /// Per-head diagnosis: each head's sink before and after, joined to its weight drift
+    #[command(long_about = commands::heads::LONG_ABOUT, after_help = commands::heads::AFTER_HELP)]
+    Heads(commands::heads::Args),
+    /// Head-selective repair: move chosen heads' weight slices toward the reference
+    #[command(long_about = commands::repair_heads::LONG_ABOUT, after_help = commands::repair_heads::AFTER_HELP)]
+    RepairHeads(commands::repair_heads::Args),
     /// Check the GPU scorer against the CPU scorer: probabilities, logits, S, B_gap, margin
     #[command(long_about = commands::parity::LONG_ABOUT)]
     Parity(commands::parity::Args),

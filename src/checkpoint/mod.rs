@@ -7,6 +7,7 @@ pub mod hub;
 pub mod output;
 mod residency;
 pub mod resolve;
+pub mod rewrite;
 pub mod writer;
 
 use std::cmp::Ordering;

@@ -1,7 +1,6 @@
 //! `sinkmerge ablate`: the norm-channel ablation (Appendix D.3). In every layer's listed norm
 //! scales, the K entries of largest |gamma| become the tensor's mean.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::{json, Value};
@@ -9,8 +8,8 @@ use serde_json::{json, Value};
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{QkNorm, TextConfig};
-use crate::checkpoint::writer::{self, PlannedTensor, Progress};
-use crate::checkpoint::{copy_aux_files, dtype, output::OutputDir, Checkpoint};
+use crate::checkpoint::rewrite::rewrite;
+use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
@@ -109,7 +108,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         None => (0..num_layers).collect(),
     };
 
-    let mut targets: HashSet<&String> = HashSet::new();
+    let mut targets: HashSet<&str> = HashSet::new();
     for &module in &norms {
         if !present.keys().any(|&(_, m)| m == module) {
             let has: Vec<&str> = LAYER_NORMS
@@ -160,60 +159,41 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                     args.top_k
                 );
             }
-            targets.insert(name);
+            targets.insert(name.as_str());
         }
     }
 
-    let planned: Vec<PlannedTensor> = model
-        .names()
-        .iter()
-        .map(|n| {
-            let info = model.info(n).expect("listed");
-            PlannedTensor {
-                name: n.clone(),
-                dtype: info.dtype,
-                shape: info.shape.clone(),
-            }
-        })
-        .collect();
-    let out = OutputDir::create(&output, &[&model.dir], args.out.force)?;
-    out.copy_file(&model.dir.join("config.json"), "config.json")?;
-    copy_aux_files(&out, &model)?;
-    let ablations = std::sync::Mutex::new(Vec::new());
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
-    writer::write_tensors(
-        &out,
-        &planned,
+    let rewritten = rewrite(
+        &model,
+        &output,
+        &[],
+        args.out.force,
         max_shard,
-        Some((&bar, Progress::Bytes)),
-        |i| {
-            let t = &planned[i];
-            let bytes = model.bytes(&t.name)?;
-            if !targets.contains(&t.name) {
-                return Ok(Cow::Borrowed(bytes));
+        &bar,
+        |name, info, bytes| {
+            if !targets.contains(name) {
+                return Ok(None);
             }
-            let what = model.describe(&t.name);
-            let mut values = dtype::decode(t.dtype, bytes, &what)?;
+            let what = model.describe(name);
+            let mut values = dtype::decode(info.dtype, bytes, &what)?;
             if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
                 bail!("{what}: entry {bad} is {}", values[bad]);
             }
             let round = |x: f32| {
-                let enc = dtype::encode(t.dtype, &[x]).expect("float dtype");
-                dtype::decode(t.dtype, &enc, "").expect("float dtype")[0]
+                let enc = dtype::encode(info.dtype, &[x]).expect("float dtype");
+                dtype::decode(info.dtype, &enc, "").expect("float dtype")[0]
             };
-            let a = ablate::ablate(&t.name, &mut values, args.top_k, round);
-            ablations.lock().expect("no panics hold the lock").push(a);
-            Ok(Cow::Owned(dtype::encode(t.dtype, &values)?))
+            let a = ablate::ablate(name, &mut values, args.top_k, round);
+            Ok(Some((dtype::encode(info.dtype, &values)?, a)))
         },
     )?;
-    bar.finish_and_clear();
     if !args.out.no_model_card {
-        card(&args, &model, &layers, num_layers, targets.len()).write(&out)?;
+        card(&args, &model, &layers, num_layers, targets.len()).write(&rewritten.out)?;
     }
-    let dest = out.commit()?;
+    let dest = rewritten.out.commit()?;
 
-    let mut ablations: Vec<Ablation> = ablations.into_inner().expect("no panics hold the lock");
-    ablations.sort_by(|a, b| crate::checkpoint::natural_cmp(&a.tensor, &b.tensor));
+    let ablations: Vec<Ablation> = rewritten.edits.into_iter().map(|(_, a)| a).collect();
     let unchanged: Vec<&Ablation> = ablations
         .iter()
         .filter(|a| a.changed != a.channels.len())

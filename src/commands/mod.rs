@@ -4,6 +4,7 @@ pub mod ablate;
 pub mod aliases;
 pub mod extract;
 pub mod fetch;
+pub mod heads;
 pub mod inject_qknorm;
 pub mod inspect;
 pub mod merge;
@@ -12,6 +13,7 @@ pub mod norms;
 pub mod parity;
 pub mod perturb;
 pub mod predict;
+pub mod repair_heads;
 pub mod score;
 
 use crate::cli::{Cli, Command};
@@ -38,6 +40,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Ablate(args) => ablate::run(args, progress),
         Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
         Command::Score(args) => score::run(args, progress),
+        Command::Heads(args) => heads::run(args, progress),
+        Command::RepairHeads(args) => repair_heads::run(args, progress),
         Command::Parity(args) => parity::run(args),
         Command::Norms(args) => norms::run(args, progress),
         Command::Linear(args) => methods::run_linear(args, progress),

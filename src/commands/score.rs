@@ -366,28 +366,18 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         all.dedup();
         all
     };
-    let (prompts, source) = match (&args.prompts, args.n) {
-        _ if args.sweep.is_some() => {
+    let (prompts, source) = match &args.sweep {
+        Some(n) => {
             let pool = prompts::pool();
             (
                 union.iter().map(|&i| pool[i].clone()).collect(),
                 PromptSource::Sweep {
-                    n: args.sweep.clone().unwrap_or_default(),
+                    n: n.clone(),
                     seeds: args.seeds,
                 },
             )
         }
-        (Some(path), _) => (
-            prompts::read_file(path)?,
-            PromptSource::File {
-                path: path.display().to_string(),
-            },
-        ),
-        (None, Some(n)) => (
-            prompts::draw(n, args.seed)?,
-            PromptSource::Pool { n, seed: args.seed },
-        ),
-        (None, None) => (prompts::default_prompts(), PromptSource::Default),
+        None => prompts::choose(args.prompts.as_deref(), args.n, args.seed)?,
     };
 
     // The reference comes first.
@@ -631,6 +621,19 @@ pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
     })
 }
 
+/// One model to score: its label and its token ids of `prompts` (see [`tokenize`]).
+pub(crate) fn input<'a>(
+    ckpt: &'a Checkpoint,
+    prompts: &[String],
+    template: Option<&Path>,
+) -> Result<Input<'a>> {
+    Ok(Input {
+        label: ckpt.label.clone(),
+        ckpt,
+        tokens: tokenize(ckpt, prompts, template)?,
+    })
+}
+
 /// Token ids of every prompt for one model, checked against its context length.
 /// With `template = Some(dir)`, prompts are rendered with the chat template of the model in `dir`.
 pub(crate) fn tokenize(
@@ -674,7 +677,11 @@ pub(crate) fn tokenize(
 }
 
 /// B compares the reference and a model on the same token ids: their tokenizers must agree.
-fn same_tokens(reference: &Input, model: &Input, template: Option<TemplateFrom>) -> Result<()> {
+pub(crate) fn same_tokens(
+    reference: &Input,
+    model: &Input,
+    template: Option<TemplateFrom>,
+) -> Result<()> {
     for (i, (a, b)) in reference.tokens.iter().zip(&model.tokens).enumerate() {
         if a != b {
             let at = a
@@ -706,7 +713,7 @@ fn same_tokens(reference: &Input, model: &Input, template: Option<TemplateFrom>)
 }
 
 /// Plots are new files: never inside an input model's directory.
-fn refuse_inside_inputs(out: &Path, ckpts: &[Checkpoint]) -> Result<()> {
+pub(crate) fn refuse_inside_inputs(out: &Path, ckpts: &[Checkpoint]) -> Result<()> {
     let parent = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),

@@ -35,6 +35,8 @@ pub enum Kind {
     Perturbation,
     /// `sinkmerge inject-qknorm`.
     QkNormInjection,
+    /// `sinkmerge repair-heads`: chosen heads' slices moved toward the reference.
+    HeadRepair,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Ablation => tags.push("ablation".into()),
             Kind::Perturbation => tags.push("perturbation".into()),
             Kind::QkNormInjection => tags.push("qk-norm-injection".into()),
+            Kind::HeadRepair => tags.extend(["merge".to_string(), "head-repair".to_string()]),
         }
         tags
     }
@@ -55,7 +58,7 @@ impl Kind {
     /// they leave it unset.
     fn relation(self) -> Option<&'static str> {
         match self {
-            Kind::Merge(_) => Some("merge"),
+            Kind::Merge(_) | Kind::HeadRepair => Some("merge"),
             _ => None,
         }
     }

@@ -36,6 +36,25 @@ pub enum PromptSource {
     File { path: String },
 }
 
+/// The prompts of `--prompts FILE`, else of `--n N --seed SEED`, else the default set, and where
+/// they came from.
+pub fn choose(
+    file: Option<&Path>,
+    n: Option<usize>,
+    seed: u64,
+) -> Result<(Vec<String>, PromptSource)> {
+    Ok(match (file, n) {
+        (Some(path), _) => (
+            read_file(path)?,
+            PromptSource::File {
+                path: path.display().to_string(),
+            },
+        ),
+        (None, Some(n)) => (draw(n, seed)?, PromptSource::Pool { n, seed }),
+        (None, None) => (default_prompts(), PromptSource::Default),
+    })
+}
+
 /// One prompt per non-blank line (the line break is not part of the prompt). `what` names the
 /// source in errors.
 pub fn parse(text: &str, what: &str) -> Result<Vec<String>> {

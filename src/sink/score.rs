@@ -252,10 +252,11 @@ fn finite(x: f64) -> Option<f64> {
 /// can be summarised later without another forward pass).
 #[derive(Debug, Clone, Default)]
 struct LayerObservations {
-    /// G of each prompt, heads then queries in order.
-    g: Vec<Vec<f64>>,
-    /// B of each prompt against the reference, in the same order (empty where not computed).
-    b: Vec<Vec<f64>>,
+    /// G of each prompt and head, queries in order.
+    g: Vec<Vec<Vec<f64>>>,
+    /// B of each prompt and head against the reference, in the same order (empty where not
+    /// computed).
+    b: Vec<Vec<Vec<f64>>>,
     /// Σ A[q, 0] over the trailing queries of every head, and their count, per prompt.
     trailing: Vec<(f64, usize)>,
 }
@@ -297,22 +298,20 @@ impl ModelObservations {
     ) {
         let prompts = results.len() / heads.max(1);
         let mut observed = LayerObservations {
-            g: vec![Vec::new(); prompts],
-            b: vec![Vec::new(); prompts],
+            g: vec![Vec::with_capacity(heads); prompts],
+            b: vec![Vec::with_capacity(heads); prompts],
             trailing: vec![(0.0, 0); prompts],
         };
         // results are prompt-major: head h of prompt p is at p * heads + h.
         for (i, r) in results.iter().enumerate() {
             let p = i / heads;
-            observed.g[p].extend_from_slice(&r.obs.g);
-            if let Some(b) = &r.b {
-                observed.b[p].extend_from_slice(b);
-            }
+            observed.g[p].push(r.obs.g.clone());
+            observed.b[p].push(r.b.clone().unwrap_or_default());
             observed.trailing[p].0 += r.trailing.0;
             observed.trailing[p].1 += r.trailing.1;
         }
         let obs: Vec<&HeadObservations> = results.iter().map(|r| &r.obs).collect();
-        let mut g: Vec<f64> = observed.g.concat();
+        let mut g: Vec<f64> = observed.g.iter().flatten().flatten().copied().collect();
         let pos0: Vec<f64> = obs.iter().flat_map(|o| o.pos0.iter().copied()).collect();
         if layer >= self.window_start {
             for head in 0..heads {
@@ -419,23 +418,36 @@ impl ModelObservations {
     }
 }
 
+/// The values of `field` over `range`, every head, of every prompt or of `prompts`: layer-major,
+/// then prompt, head and query order.
 fn gather(
     layers: &[LayerObservations],
     range: Range<usize>,
     prompts: Option<&[usize]>,
-    field: impl Fn(&LayerObservations) -> &Vec<Vec<f64>>,
+    field: impl Fn(&LayerObservations) -> &Vec<Vec<Vec<f64>>>,
 ) -> Vec<f64> {
     let mut out = Vec::new();
     for layer in &layers[range] {
         let per_prompt = field(layer);
+        let mut add = |p: usize| per_prompt[p].iter().for_each(|v| out.extend_from_slice(v));
         match prompts {
-            None => per_prompt.iter().for_each(|v| out.extend_from_slice(v)),
-            Some(ps) => ps
-                .iter()
-                .for_each(|&p| out.extend_from_slice(&per_prompt[p])),
+            None => (0..per_prompt.len()).for_each(&mut add),
+            Some(ps) => ps.iter().copied().for_each(&mut add),
         }
     }
     out
+}
+
+/// The values of `field` of one head of one layer, over every prompt.
+fn gather_head(
+    layer: &LayerObservations,
+    head: usize,
+    field: impl Fn(&LayerObservations) -> &Vec<Vec<Vec<f64>>>,
+) -> Vec<f64> {
+    field(layer)
+        .iter()
+        .flat_map(|per_head| per_head.get(head).into_iter().flatten().copied())
+        .collect()
 }
 
 /// The layer ranges of the early, middle and late thirds of `n` layers, split as
@@ -521,6 +533,71 @@ impl Observations {
             sink_strength,
             margin,
         }
+    }
+}
+
+/// One head of a target against the same head of the reference, over the window: the per-head
+/// view of [`PairStatistics`]. Pooling every head's observations gives the pair's own.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HeadPairStatistics {
+    pub layer: usize,
+    pub head: usize,
+    /// Median G of the reference's head.
+    pub g_base_median: Option<f64>,
+    /// Median G of the target's head.
+    pub g_target_median: Option<f64>,
+    /// `g_target_median - g_base_median`: negative where the head's sink weakened.
+    pub delta_g: Option<f64>,
+    /// Median B of the target's head against the reference's.
+    pub b_gap_median: Option<f64>,
+    /// `g_base_median - b_gap_median`, the head's own margin.
+    pub margin: Option<f64>,
+    /// Mean `A[q, 0]` over the reference head's valid observations.
+    pub pos0_before: Option<f64>,
+    /// The same for the target's head.
+    pub pos0_after: Option<f64>,
+    /// G observations of the target's head.
+    pub n_observations: usize,
+}
+
+impl Observations {
+    /// Every head of the window of model `target` against the reference, layer-major.
+    ///
+    /// # Panics
+    /// Without a reference, or when `target` is the reference.
+    pub fn head_pairs(&self, target: usize) -> Vec<HeadPairStatistics> {
+        let r = self.reference.expect("head pairs need a reference");
+        assert_ne!(r, target, "the reference is not its own target");
+        let (base, model) = (&self.models[r], &self.models[target]);
+        let pos0 = |m: &ModelObservations, layer: usize, head: usize| {
+            (m.per_head.iter())
+                .find(|h| h.layer == layer && h.head == head)
+                .and_then(|h| h.pos0_share)
+        };
+        let mut out = Vec::new();
+        for layer in model.window() {
+            let heads = model.layers[layer].g.first().map_or(0, Vec::len);
+            for head in 0..heads {
+                let mut g_base = gather_head(&base.layers[layer], head, |l| &l.g);
+                let mut g = gather_head(&model.layers[layer], head, |l| &l.g);
+                let mut b = gather_head(&model.layers[layer], head, |l| &l.b);
+                let (g_base, g_target) = (finite(median(&mut g_base)), finite(median(&mut g)));
+                let b_gap = finite(median(&mut b));
+                out.push(HeadPairStatistics {
+                    layer,
+                    head,
+                    g_base_median: g_base,
+                    g_target_median: g_target,
+                    delta_g: g_target.zip(g_base).map(|(t, b)| t - b),
+                    b_gap_median: b_gap,
+                    margin: g_base.zip(b_gap).and_then(|(g, b)| finite(g - b)),
+                    pos0_before: pos0(base, layer, head),
+                    pos0_after: pos0(model, layer, head),
+                    n_observations: g.len(),
+                });
+            }
+        }
+        out
     }
 }
 

@@ -1,0 +1,287 @@
+//! Head-selective repair: move chosen heads' slices of chosen projections toward the reference,
+//! `W = (1 - lambda) W_target + lambda W_ref`, and leave every other byte as it is
+//! (`docs/reference/heads.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::heads::Projection;
+use crate::arch::names::{layer_name, Param};
+use crate::checkpoint::dtype;
+use crate::error::Result;
+use crate::sink::model::DecoderSpec;
+use crate::sink::prompts::IndexStream;
+use crate::{bad, bail};
+
+/// Which heads `--heads` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// The K most damaged heads, ranked as `sinkmerge heads` ranks them.
+    Top(usize),
+    /// K heads drawn uniformly without replacement (the matched control of `Top`).
+    Random(usize),
+    /// These `(layer, head)` pairs.
+    List(Vec<(usize, usize)>),
+}
+
+impl FromStr for Selection {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Selection, String> {
+        let count = |k: &str| {
+            k.parse::<usize>()
+                .ok()
+                .filter(|&k| k > 0)
+                .ok_or_else(|| format!("`{s}`: K must be a positive integer"))
+        };
+        if let Some(k) = s.strip_prefix("top:") {
+            return Ok(Selection::Top(count(k)?));
+        }
+        if let Some(k) = s.strip_prefix("random:") {
+            return Ok(Selection::Random(count(k)?));
+        }
+        let heads = s
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (l, h) = p.split_once('.').ok_or(())?;
+                Ok::<_, ()>((l.parse().map_err(|_| ())?, h.parse().map_err(|_| ())?))
+            })
+            .collect::<Result<Vec<(usize, usize)>, ()>>()
+            .map_err(|_| {
+                format!("`{s}` is not top:K, random:K or a list of LAYER.HEAD like 20.3,21.0")
+            })?;
+        if heads.is_empty() {
+            return Err("no heads given".into());
+        }
+        Ok(Selection::List(heads))
+    }
+}
+
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Selection::Top(k) => write!(f, "top:{k}"),
+            Selection::Random(k) => write!(f, "random:{k}"),
+            Selection::List(heads) => {
+                let shown: Vec<String> = heads.iter().map(|(l, h)| format!("{l}.{h}")).collect();
+                write!(f, "{}", shown.join(","))
+            }
+        }
+    }
+}
+
+/// `count` distinct heads of `candidates`, drawn with a seeded partial Fisher-Yates shuffle
+/// ([`IndexStream`]), in layer and head order.
+pub fn draw_heads(candidates: &[(usize, usize)], count: usize, seed: u64) -> Vec<(usize, usize)> {
+    let mut pool = candidates.to_vec();
+    let mut stream = IndexStream::new(seed);
+    for i in 0..count.min(pool.len()) {
+        let j = i + stream.index(pool.len() - i);
+        pool.swap(i, j);
+    }
+    pool.truncate(count);
+    pool.sort_unstable();
+    pool
+}
+
+/// Check a list of heads against the model, and K against the number of candidates.
+pub fn check_selection(selection: &Selection, spec: &DecoderSpec, candidates: usize) -> Result<()> {
+    match selection {
+        Selection::Top(k) | Selection::Random(k) if *k > candidates => bail!(
+            "--heads {selection}: K = {k} is more than the {candidates} heads of the chosen layers"
+        ),
+        Selection::List(heads) => {
+            for &(layer, head) in heads {
+                if layer >= spec.num_layers() {
+                    bail!(
+                        "--heads: layer {layer} is out of range: the model has layers 0-{}",
+                        spec.num_layers() - 1
+                    );
+                }
+                if head >= spec.num_heads {
+                    bail!(
+                        "--heads: head {head} is out of range: the model has heads 0-{} per layer",
+                        spec.num_heads - 1
+                    );
+                }
+            }
+            let distinct: BTreeSet<_> = heads.iter().collect();
+            if distinct.len() != heads.len() {
+                bail!("--heads: a head is listed twice");
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The element ranges of every tensor (by Hugging Face standard name) that repairing `heads`'
+/// slices of `modules` touches: q's rows and k's and v's KV-group rows (weight and bias), o's
+/// columns. Heads that share a KV head share its k and v rows, which are repaired once.
+pub fn plan(
+    spec: &DecoderSpec,
+    heads: &[(usize, usize)],
+    modules: &[Projection],
+) -> BTreeMap<String, Vec<Range<usize>>> {
+    let mut ranges: BTreeMap<String, BTreeSet<(usize, usize)>> = BTreeMap::new();
+    for &(layer, head) in heads {
+        for &p in modules {
+            let slice = p.slice(spec, head);
+            let [rows, cols] = p.shape(spec);
+            let weight = ranges
+                .entry(layer_name(layer, p.module(), Param::Weight))
+                .or_default();
+            if p.slices_rows() {
+                weight.insert((slice.start * cols, slice.end * cols));
+            } else {
+                weight.extend((0..rows).map(|r| (r * cols + slice.start, r * cols + slice.end)));
+            }
+            let bias = match p {
+                Projection::O => spec.o_bias.then_some(()),
+                _ => spec.qkv_bias.then_some(()),
+            };
+            // o's bias is added after the heads are summed: it belongs to no head.
+            if bias.is_some() && p.slices_rows() {
+                ranges
+                    .entry(layer_name(layer, p.module(), Param::Bias))
+                    .or_default()
+                    .insert((slice.start, slice.end));
+            }
+        }
+    }
+    ranges
+        .into_iter()
+        .map(|(name, set)| (name, set.into_iter().map(|(a, b)| a..b).collect()))
+        .collect()
+}
+
+/// What repairing one tensor changed.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorRepair {
+    pub tensor: String,
+    /// Entries in the repaired slices.
+    pub entries: usize,
+    /// Of those, entries whose stored bytes changed.
+    pub changed: usize,
+}
+
+/// `target`'s bytes with the entries in `ranges` set to `(1 - lambda) target + lambda reference`
+/// (f32 arithmetic, rounded once to the dtype); at `lambda = 1` they are the reference's bytes,
+/// at 0 the target's. `what` names the tensor in errors.
+pub fn blend(
+    dtype: safetensors::Dtype,
+    target: &[u8],
+    reference: &[u8],
+    ranges: &[Range<usize>],
+    lambda: f32,
+    what: &str,
+) -> Result<(Vec<u8>, TensorRepair)> {
+    if target.len() != reference.len() {
+        bail!("{what}: the reference's tensor has another size");
+    }
+    let size = dtype::byte_size(dtype);
+    let mut out = target.to_vec();
+    for r in ranges {
+        let bytes = r.start * size..r.end * size;
+        if lambda == 1.0 {
+            out[bytes.clone()].copy_from_slice(&reference[bytes]);
+            continue;
+        }
+        let t = dtype::decode(dtype, &target[bytes.clone()], what)?;
+        let w = dtype::decode(dtype, &reference[bytes.clone()], what)?;
+        let mixed: Vec<f32> = (t.iter().zip(&w))
+            .map(|(&t, &w)| (1.0 - lambda) * t + lambda * w)
+            .collect();
+        out[bytes].copy_from_slice(&dtype::encode(dtype, &mixed)?);
+    }
+    let entries = ranges.iter().map(Range::len).sum();
+    let changed = (ranges.iter())
+        .flat_map(|r| r.clone())
+        .filter(|&i| out[i * size..(i + 1) * size] != target[i * size..(i + 1) * size])
+        .count();
+    Ok((
+        out,
+        TensorRepair {
+            tensor: what.to_string(),
+            entries,
+            changed,
+        },
+    ))
+}
+
+/// Parse `--modules q,k,v,o`.
+pub fn parse_modules(list: &str) -> Result<Vec<Projection>> {
+    let mut out = BTreeSet::new();
+    for m in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        out.insert(
+            Projection::from_short_name(m).ok_or_else(|| {
+                bad!("--modules: `{m}` is not a projection; choose from q, k, v, o")
+            })?,
+        );
+    }
+    if out.is_empty() {
+        bail!("--modules: no module given");
+    }
+    Ok(out.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections_parse() {
+        assert_eq!("top:4".parse(), Ok(Selection::Top(4)));
+        assert_eq!("random:2".parse(), Ok(Selection::Random(2)));
+        assert_eq!(
+            "3.1, 4.0".parse(),
+            Ok(Selection::List(vec![(3, 1), (4, 0)]))
+        );
+        assert!("top:0".parse::<Selection>().is_err());
+        assert!("3-1".parse::<Selection>().is_err());
+        assert_eq!(Selection::List(vec![(3, 1), (4, 0)]).to_string(), "3.1,4.0");
+    }
+
+    #[test]
+    fn draws_are_seeded_distinct_and_sorted() {
+        let all: Vec<(usize, usize)> = (0..6).flat_map(|l| (0..4).map(move |h| (l, h))).collect();
+        let a = draw_heads(&all, 5, 1);
+        assert_eq!(a, draw_heads(&all, 5, 1));
+        assert_ne!(a, draw_heads(&all, 5, 2));
+        let set: BTreeSet<_> = a.iter().collect();
+        assert_eq!(set.len(), 5);
+        assert!(a.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(draw_heads(&all, 24, 3), all);
+    }
+
+    #[test]
+    fn blending_at_one_copies_the_reference_and_at_zero_keeps_the_target() {
+        let dt = safetensors::Dtype::BF16;
+        let t = dtype::encode(dt, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let r = dtype::encode(dt, &[5.0, 6.0, 7.0, 8.0]).unwrap();
+        let (one, rep) = blend(dt, &t, &r, &[1..3], 1.0, "x").unwrap();
+        assert_eq!(
+            dtype::decode(dt, &one, "").unwrap(),
+            vec![1.0, 6.0, 7.0, 4.0]
+        );
+        assert_eq!((rep.entries, rep.changed), (2, 2));
+        assert_eq!(blend(dt, &t, &r, &[1..3], 0.0, "x").unwrap().0, t);
+        let half = blend(dt, &t, &r, &[0..1], 0.5, "x").unwrap().0;
+        assert_eq!(dtype::decode(dt, &half, "").unwrap()[0], 3.0);
+    }
+
+    #[test]
+    fn modules_parse_and_refuse_unknown_names() {
+        assert_eq!(
+            parse_modules("k,q").unwrap(),
+            vec![Projection::Q, Projection::K]
+        );
+        let err = parse_modules("q,gate").unwrap_err().to_string();
+        assert!(err.contains("`gate`"), "{err}");
+    }
+}

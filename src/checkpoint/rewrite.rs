@@ -1,0 +1,81 @@
+//! One pipeline for the commands that write a copy of one checkpoint with some tensors
+//! recomputed from their stored bytes (the controls, head repair): every tensor is planned with
+//! the source's name, dtype and shape, the output directory is staged beside its destination,
+//! config.json and the tokenizer and processor files are copied, and the shards are written in
+//! parallel. The caller adds its own files (a model card, a recipe) and commits.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Mutex;
+
+use indicatif::ProgressBar;
+
+use super::header::TensorInfo;
+use super::output::OutputDir;
+use super::writer::{self, PlannedTensor, Progress};
+use super::{copy_aux_files, natural_cmp, Checkpoint};
+use crate::error::Result;
+
+/// The staged output and what the edits reported, by tensor name in natural order.
+pub struct Rewritten<R> {
+    pub out: OutputDir,
+    pub edits: Vec<(String, R)>,
+}
+
+/// Write `source` to `output` with the tensors `edit` recomputes: `edit(name, info, bytes)`
+/// returns the new bytes (same dtype and length) and a report, or `None` to copy the tensor
+/// byte for byte. `other_inputs` are further directories the output must not lie inside.
+/// Nothing is visible at `output` until the caller commits [`Rewritten::out`].
+pub fn rewrite<R: Send>(
+    source: &Checkpoint,
+    output: &Path,
+    other_inputs: &[&Path],
+    force: bool,
+    max_shard_size: u64,
+    bar: &ProgressBar,
+    edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Option<(Vec<u8>, R)>> + Sync,
+) -> Result<Rewritten<R>> {
+    let planned: Vec<PlannedTensor> = (source.names().iter())
+        .map(|n| {
+            let info = source.info(n).expect("listed");
+            PlannedTensor {
+                name: n.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            }
+        })
+        .collect();
+    let mut inputs = vec![source.dir.as_path()];
+    inputs.extend_from_slice(other_inputs);
+    let out = OutputDir::create(output, &inputs, force)?;
+    out.copy_file(&source.dir.join("config.json"), "config.json")?;
+    copy_aux_files(&out, source)?;
+    let edits = Mutex::new(Vec::new());
+    writer::write_tensors(
+        &out,
+        &planned,
+        max_shard_size,
+        Some((bar, Progress::Bytes)),
+        |i| {
+            let name = &planned[i].name;
+            let bytes = source.bytes(name)?;
+            let info = source.info(name).expect("listed");
+            match edit(name, info, bytes)? {
+                None => Ok(Cow::Borrowed(bytes)),
+                Some((new, report)) => {
+                    assert_eq!(
+                        new.len(),
+                        bytes.len(),
+                        "{name}: an edit keeps the byte length"
+                    );
+                    (edits.lock().expect("no panics hold the lock")).push((name.clone(), report));
+                    Ok(Cow::Owned(new))
+                }
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+    let mut edits = edits.into_inner().expect("no panics hold the lock");
+    edits.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+    Ok(Rewritten { out, edits })
+}

@@ -1,0 +1,331 @@
+//! `sinkmerge repair-heads`: restore chosen heads' slices of the attention projections toward
+//! the reference, everything else byte for byte (`docs/commands/repair-heads.md`).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_json::json;
+
+use super::score::{input, same_tokens};
+use crate::analysis::heads::{self, check_same_geometry, diagnose, Layers, RankBy};
+use crate::analysis::repair_heads::{self, Selection, TensorRepair};
+use crate::arch::names::standard_name;
+use crate::bail;
+use crate::checkpoint::rewrite::rewrite;
+use crate::checkpoint::Checkpoint;
+use crate::cli::OutputArgs;
+use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
+use crate::report::Table;
+use crate::sink::backend::cpu::CpuBackend;
+use crate::sink::forward::Model;
+use crate::sink::prompts::{self, PromptSource};
+use crate::sink::score::Settings;
+
+pub const LONG_ABOUT: &str = "Head-selective repair: in TARGET, move the chosen heads' slices of the \
+chosen attention projections toward REF, W = (1 - lambda) W_target + lambda W_ref (f32 arithmetic, \
+rounded once to the stored dtype; at lambda 1 the slices are REF's bytes). A head's slices are its \
+rows of q_proj, its KV head's rows of k_proj and v_proj (repaired once when several chosen heads \
+share a KV head), and its columns of o_proj; the q, k and v biases' rows go with their weights. \
+Every other byte of TARGET (other tensors and entries, config.json, tokenizer files) is copied \
+unchanged, and the selection is recorded in OUT/sinkmerge_config.yml.\n\n\
+--heads top:K ranks the heads of the chosen layers as `sinkmerge heads` does (one scoring pass over \
+REF and TARGET); random:K draws K of the same heads with --seed, the matched control; LAYER.HEAD,... \
+names them.";
+
+pub const AFTER_HELP: &str = "Examples:\n  \
+sinkmerge repair-heads --ref assets/models/tiny-qwen3/ref assets/models/tiny-qwen3/vl --heads top:2 -o repaired/\n  \
+sinkmerge repair-heads --ref REF VLM_LM --heads random:4 --seed 1 --modules q,k,v,o -o control/\n  \
+sinkmerge repair-heads --ref REF VLM_LM --heads 20.3,21.0 --lambda 0.5 -o half/";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The reference the slices move toward
+    #[arg(long = "ref", value_name = "REF", required = true)]
+    pub reference: String,
+
+    /// The model to repair (REF's geometry)
+    #[arg(value_name = "TARGET")]
+    pub target: String,
+
+    /// `top:K`, `random:K`, or `LAYER.HEAD,...` (0-based)
+    #[arg(long, value_name = "SELECTION", required = true)]
+    pub heads: Selection,
+
+    /// Seed of `random:K`
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+
+    /// Projections whose head slices move, comma-separated, from q, k, v, o
+    #[arg(long, value_name = "LIST", default_value = "q,k")]
+    pub modules: String,
+
+    /// How far the slices move toward REF, in [0, 1]
+    #[arg(
+        long,
+        value_name = "LAMBDA",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub lambda: f64,
+
+    /// Candidates of top:K and random:K: the heads of the last K layers
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub last: usize,
+
+    /// Candidates of top:K and random:K: the heads of these layers instead (`0-3,7` or `20:28`)
+    #[arg(long, value_name = "LIST", conflicts_with = "last")]
+    pub layers: Option<String>,
+
+    /// What ranks heads for top:K
+    #[arg(long, value_enum, default_value_t = RankBy::DeltaG)]
+    pub rank_by: RankBy,
+
+    /// top:K: prompt file, one prompt per line [default: the 15 built-in prompts]
+    #[arg(long, value_name = "FILE", conflicts_with = "n")]
+    pub prompts: Option<PathBuf>,
+
+    /// top:K: draw N prompts from the built-in pool instead
+    #[arg(long, value_name = "N")]
+    pub n: Option<usize>,
+
+    /// top:K: seed of the --n draw
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
+    pub prompt_seed: u64,
+
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    /// Print one JSON object: the heads, modules and every repaired tensor
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What OUT/sinkmerge_config.yml records.
+#[derive(Serialize)]
+struct Recipe {
+    method: &'static str,
+    reference: String,
+    target: String,
+    selection: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rank_by: Option<RankBy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompts: Option<PromptSource>,
+    candidate_layers: Vec<usize>,
+    heads: Vec<String>,
+    modules: Vec<&'static str>,
+    lambda: f64,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    let (output, max_shard) = args.out.required("repair-heads")?;
+    if !(0.0..=1.0).contains(&args.lambda) {
+        bail!("--lambda {} is outside [0, 1]", args.lambda);
+    }
+    if args.last == 0 {
+        bail!("--last must be at least 1");
+    }
+    let modules = repair_heads::parse_modules(&args.modules)?;
+    let ckpts = [
+        Checkpoint::open_ref(&args.reference)?,
+        Checkpoint::open_ref(&args.target)?,
+    ];
+    let (ref_model, target_model) = (Model::new(&ckpts[0])?, Model::new(&ckpts[1])?);
+    check_same_geometry(&ref_model, &target_model)?;
+    let spec = &ref_model.spec;
+    let layers = match &args.layers {
+        Some(list) => Layers::List(heads::parse_layers(list, spec.num_layers())?),
+        None => Layers::Last(args.last),
+    };
+    let candidate_layers = layers.of(spec.num_layers());
+    let candidates: Vec<(usize, usize)> = (candidate_layers.iter())
+        .flat_map(|&l| (0..spec.num_heads).map(move |h| (l, h)))
+        .collect();
+    repair_heads::check_selection(&args.heads, spec, candidates.len())?;
+    let show = progress && !args.json;
+
+    let mut prompt_source = None;
+    let chosen = match &args.heads {
+        Selection::List(list) => {
+            let mut list = list.clone();
+            list.sort_unstable();
+            list
+        }
+        Selection::Random(k) => repair_heads::draw_heads(&candidates, *k, args.seed),
+        Selection::Top(k) => {
+            let (prompts, source) =
+                prompts::choose(args.prompts.as_deref(), args.n, args.prompt_seed)?;
+            prompt_source = Some(source);
+            let pair = [
+                input(&ckpts[0], &prompts, None)?,
+                input(&ckpts[1], &prompts, None)?,
+            ];
+            same_tokens(&pair[0], &pair[1], None)?;
+            let bar = crate::progress::items(2 * spec.num_layers() as u64, "scoring", show);
+            let d = diagnose(
+                &CpuBackend::default(),
+                &pair,
+                &layers,
+                Settings::default(),
+                &|| bar.inc(1),
+            )?;
+            bar.finish_and_clear();
+            let order = heads::rank(&d.heads, args.rank_by);
+            let mut top: Vec<(usize, usize)> = (order.iter().take(*k))
+                .map(|&i| (d.heads[i].sink.layer, d.heads[i].sink.head))
+                .collect();
+            top.sort_unstable();
+            top
+        }
+    };
+
+    let plan = repair_heads::plan(spec, &chosen, &modules);
+    // The target's stored names of the planned tensors (a VLM prefixes its language model).
+    let stored: HashMap<String, (&Vec<Range<usize>>, String)> = (ckpts[1].names().iter())
+        .filter_map(|n| {
+            let standard = standard_name(n)?;
+            plan.get(&standard).map(|r| (n.clone(), (r, standard)))
+        })
+        .collect();
+    if stored.len() != plan.len() {
+        let missing = (plan.keys())
+            .find(|k| !stored.values().any(|(_, s)| s == *k))
+            .expect("a planned tensor is missing");
+        bail!("{}: tensor `{missing}` is missing", ckpts[1].label);
+    }
+    let lambda = args.lambda as f32;
+    let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
+    let rewritten = rewrite(
+        &ckpts[1],
+        &output,
+        &[ckpts[0].dir.as_path()],
+        args.out.force,
+        max_shard,
+        &bar,
+        |name, info, bytes| -> Result<Option<(Vec<u8>, TensorRepair)>> {
+            let Some((ranges, standard)) = stored.get(name) else {
+                return Ok(None);
+            };
+            let (ref_dtype, ref_bytes) = ref_model.stored_bytes(standard, &info.shape)?;
+            if ref_dtype != info.dtype {
+                bail!(
+                    "{} is {ref_dtype:?} but {} is {:?}; repair-heads blends tensors of one dtype",
+                    ref_model.describe(standard),
+                    ckpts[1].describe(name),
+                    info.dtype
+                );
+            }
+            let what = ckpts[1].describe(name);
+            let (out, mut report) =
+                repair_heads::blend(info.dtype, bytes, ref_bytes, ranges, lambda, &what)?;
+            report.tensor = name.to_string();
+            Ok(Some((out, report)))
+        },
+    )?;
+
+    let recipe = Recipe {
+        method: "repair_heads",
+        reference: model_card::Input::new("reference", true, &ckpts[0]).reference(),
+        target: model_card::Input::new("target", true, &ckpts[1]).reference(),
+        selection: args.heads.to_string(),
+        seed: matches!(args.heads, Selection::Random(_)).then_some(args.seed),
+        rank_by: matches!(args.heads, Selection::Top(_)).then_some(args.rank_by),
+        prompts: prompt_source,
+        candidate_layers,
+        heads: chosen.iter().map(|(l, h)| format!("{l}.{h}")).collect(),
+        modules: modules.iter().map(|m| m.short_name()).collect(),
+        lambda: args.lambda,
+    };
+    let yaml = serde_yaml_ng::to_string(&recipe).expect("the recipe serializes");
+    rewritten
+        .out
+        .write_file("sinkmerge_config.yml", yaml.as_bytes())?;
+    if !args.out.no_model_card {
+        card(&args, &ckpts, &recipe, &yaml).write(&rewritten.out)?;
+    }
+    let dest = rewritten.out.commit()?;
+    let repairs: Vec<TensorRepair> = rewritten.edits.into_iter().map(|(_, r)| r).collect();
+
+    if args.json {
+        let value = json!({
+            "output": dest.display().to_string(),
+            "reference": ckpts[0].label,
+            "target": ckpts[1].label,
+            "selection": recipe.selection,
+            "heads": recipe.heads,
+            "modules": recipe.modules,
+            "lambda": args.lambda,
+            "tensors": repairs,
+        });
+        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+    } else {
+        let mut t = Table::new(["tensor", "entries", "changed"]);
+        for r in &repairs {
+            t.row([
+                r.tensor.clone(),
+                r.entries.to_string(),
+                r.changed.to_string(),
+            ]);
+        }
+        print!("{}", t.render());
+        println!(
+            "\nrepaired heads {} ({}; modules {}; lambda {}) toward {}; wrote {}",
+            recipe.heads.join(","),
+            recipe.selection,
+            recipe.modules.join(","),
+            args.lambda,
+            ckpts[0].label,
+            dest.display()
+        );
+    }
+    Ok(())
+}
+
+/// The model card: what moved, the recipe, and the command that repeats it.
+fn card(args: &Args, ckpts: &[Checkpoint; 2], recipe: &Recipe, yaml: &str) -> ModelCard {
+    let reference = model_card::Input::new("reference", true, &ckpts[0]);
+    let target = model_card::Input::new("target", true, &ckpts[1]);
+    let description = format!(
+        "`{}` with the attention heads {} moved toward `{}` (W = (1 - {l}) W_target + {l} W_ref on \
+         their {} slices), a head-selective repair after arXiv 2609.00746. Every other tensor, \
+         entry, config.json and the tokenizer files are the target's, byte for byte.",
+        target.name(),
+        recipe.heads.join(", "),
+        reference.name(),
+        recipe.modules.join(", "),
+        l = args.lambda,
+    );
+    let mut replay = vec![
+        "sinkmerge".to_string(),
+        "repair-heads".to_string(),
+        "--ref".to_string(),
+        reference.reference(),
+        target.reference(),
+        "--heads".to_string(),
+        // The resolved heads replay exactly, whatever ranked or drew them.
+        recipe.heads.join(","),
+        "--modules".to_string(),
+        recipe.modules.join(","),
+        "--lambda".to_string(),
+        args.lambda.to_string(),
+    ];
+    replay.extend(["-o".to_string(), "OUT".to_string()]);
+    ModelCard {
+        kind: model_card::Kind::HeadRepair,
+        description,
+        recipe: vec![
+            ("selection", recipe.selection.clone()),
+            ("heads", recipe.heads.join(", ")),
+            ("modules", recipe.modules.join(", ")),
+            ("lambda", args.lambda.to_string()),
+        ],
+        config_yaml: Some(yaml.to_string()),
+        inputs: vec![reference, target],
+        replay,
+    }
+}
