@@ -895,6 +895,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_heads_observations_pooled_give_s_and_the_margin_exactly() {
+        use crate::sink::backend::cpu::CpuBackend;
+        let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/models");
+        let open = |m: &str| Checkpoint::open_dir(&assets.join(m), m).unwrap();
+        let ckpts = [open("tiny-qwen3/ref"), open("tiny-qwen3/vl")];
+        let prompts = crate::sink::prompts::default_prompts();
+        let inputs: Vec<Input> = (ckpts.iter())
+            .map(|c| crate::commands::score::input(c, &prompts, None).unwrap())
+            .collect();
+        let settings = Settings {
+            last: 4,
+            ..Settings::default()
+        };
+        let scored = score(&CpuBackend::default(), &inputs, Some(0), settings, &|| {}).unwrap();
+        let obs = &scored.observations;
+        let pooled = |m: usize, field: fn(&LayerObservations) -> &Vec<Vec<Vec<f64>>>| {
+            let model = &obs.models[m];
+            let mut all = Vec::new();
+            for layer in model.window() {
+                let heads = model.layers[layer].g[0].len();
+                for head in 0..heads {
+                    all.extend(gather_head(&model.layers[layer], head, field));
+                }
+            }
+            all
+        };
+        for m in 0..2 {
+            let s = scored.scores.models[m].statistics.sink_strength;
+            assert_eq!(finite(median(&mut pooled(m, |l| &l.g))), s);
+        }
+        let pair = &scored.scores.pairs[0].statistics;
+        assert_eq!(finite(median(&mut pooled(1, |l| &l.b))), pair.b_gap_median);
+        let heads = obs.head_pairs(1);
+        assert_eq!(heads.len(), 4 * 4);
+        let n: usize = heads.iter().map(|h| h.n_observations).sum();
+        assert_eq!(n, scored.scores.models[1].statistics.n_observations);
+    }
+
+    #[test]
     fn thirds_split_as_numpy_array_split() {
         assert_eq!(thirds(28), [0..10, 10..19, 19..28]);
         assert_eq!(thirds(6), [0..2, 2..4, 4..6]);
