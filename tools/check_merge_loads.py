@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check that every merge method's output loads with transformers and runs.
+"""Check that every merge method's output, and repair-heads' outputs, load with transformers and run.
 
 Run by hand from the repository root after `cargo build` (documented in README.md, merges):
 
@@ -35,6 +35,15 @@ RUNS = {
     "star": ["star", "--base", f"{M}/base", "--models", f"{M}/task_a", f"{M}/task_c", "--eta", "40"],
     "merge-yaml": ["merge", "tests/fixtures/merge/configs/ties_options.yml"],
 }
+# Head repair keeps the target's dtypes (no --out-dtype).
+A = "assets/models"
+REPAIRS = {
+    "repair-heads top:2": ["repair-heads", "--ref", f"{A}/tiny-qwen3/ref", f"{A}/tiny-qwen3/vl", "--heads", "top:2",
+                           "--modules", "q,k,v,o"],
+    "repair-heads random:3": ["repair-heads", "--ref", f"{A}/tiny-qwen2/ref", f"{A}/tiny-qwen2/vl", "--heads",
+                              "random:3", "--seed", "1", "--lambda", "0.5"],
+    "repair-heads list": ["repair-heads", "--ref", f"{M}/base", f"{M}/task_a", "--heads", "0.1,2.0"],
+}
 
 
 def check(binary, name, args, out, extra):
@@ -57,14 +66,15 @@ def main():
     binary = str(ROOT / (sys.argv[1] if len(sys.argv) > 1 else "target/debug/sinkmerge"))
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, args in RUNS.items():
-            for extra in ([], ["--out-dtype", "bfloat16"]):
-                label = name + (" --out-dtype bfloat16" if extra else "")
-                try:
-                    print(f"ok   {label}: {check(binary, name, args, Path(tmp) / (name + str(len(extra))), extra)}")
-                except Exception as e:  # report every method, then fail
-                    failures += 1
-                    print(f"FAIL {label}: {e}")
+        runs = [(n, a, e) for n, a in RUNS.items() for e in ([], ["--out-dtype", "bfloat16"])]
+        runs += [(n, a, []) for n, a in REPAIRS.items()]
+        for i, (name, args, extra) in enumerate(runs):
+            label = name + (" --out-dtype bfloat16" if extra else "")
+            try:
+                print(f"ok   {label}: {check(binary, name, args, Path(tmp) / str(i), extra)}")
+            except Exception as e:  # report every method, then fail
+                failures += 1
+                print(f"FAIL {label}: {e}")
     sys.exit(1 if failures else 0)
 
 
