@@ -244,6 +244,19 @@ def gap_perturbation(ref_data, tgt_data, ref_obs, start, n_layers):
     return b
 
 
+def head_gap_perturbation(sr, st, visible, obs):
+    """B of one head of one prompt: sr, st [T,T] float64 scores of the reference and the target,
+    obs the reference head's head_observations. One B per valid query of the reference, in its order
+    (what gap_perturbation pools over all heads; tools/heads_ref.py keeps them per head)."""
+    b = []
+    for q, ps, _, _ in obs:
+        keys = np.nonzero(visible[q])[0]
+        others = keys[keys != ps]
+        d = (st[q, others] - st[q, ps]) - (sr[q, others] - sr[q, ps])
+        b.append(float(np.max(np.abs(d))))
+    return b
+
+
 def report(models, reference, prompts, last, stat, mode, chat):
     """Score `models` (labels -> paths); `reference` is a label in models or None."""
     install_capture()
