@@ -272,6 +272,12 @@ fn csv_and_plot_are_written_with_every_row() {
     assert!(out.status.success(), "{}", stderr(&out));
     let svg2 = std::fs::read_to_string(&svg2).unwrap();
     assert!(svg2.contains("input_layernorm") && !svg2.contains("gate_proj"));
+    // The title names the pairs by their last path component, never by the absolute paths given.
+    assert!(svg.contains("spectra-target - spectra-ref") && svg.contains("spectra-target-quarter"));
+    assert!(svg2.contains("rel_l2 of spectra-target - spectra-ref"));
+    for text in [&svg, &svg2] {
+        assert!(!text.contains(&r) && !text.contains(&t) && !text.contains(&q));
+    }
 }
 
 #[test]

@@ -243,6 +243,31 @@ fn own_panels_with_gaps_and_quotes_work() {
     );
 }
 
+#[test]
+fn own_panel_plot_labels_points_by_pair_not_by_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("panel.csv");
+    std::fs::write(
+        &csv,
+        "pair,sink_strength,delta_a\nbase-A,2.0,-1\nbase-B,1.0,-5\nbase-C,0.0,-9\n",
+    )
+    .unwrap();
+    let svg = tmp.path().join("own.svg");
+    ok(&[
+        "predict",
+        "--panel",
+        csv.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for label in ["base-A", "base-B", "base-C", "fit: y = "] {
+        assert!(text.contains(label), "{label}");
+    }
+    let dir = tmp.path().to_str().unwrap();
+    assert!(!text.contains(dir), "the plot names {dir}");
+}
+
 /// Section 3.4 correlates the margin G_base - B_gap with the delta; a panel with a `margin`
 /// column gets Spearman's rho and Pearson's r in the text and JSON reports.
 #[test]

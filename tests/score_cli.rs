@@ -206,6 +206,18 @@ fn writes_plot_and_heatmap_svgs() {
         );
     }
     assert!(std::fs::read_to_string(&plot).unwrap().contains("pos0"));
+    // The legends and panel titles name the models as the per-layer table does ("olmo3", the
+    // reference marked as in the summary table), never by the absolute path they were given as.
+    let legend = std::fs::read_to_string(&plot).unwrap();
+    assert!(
+        legend.contains(">\nolmo3 (ref)\n</text>") && legend.contains(">\nolmo3\n</text>"),
+        "{legend}"
+    );
+    let abs = s(&fixture("olmo3")).to_string();
+    for f in [&plot, &heat] {
+        let svg = std::fs::read_to_string(f).unwrap();
+        assert!(!svg.contains(&abs), "{} names {abs}", f.display());
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use crate::arch::config::RopeScaling;
 use crate::checkpoint::output::write_file_atomic;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::report::heatmap::{Heatmap, Panel};
+use crate::report::heatmap::{ColourScale, Heatmap, Panel, Scale};
 use crate::report::plot::{stacked_svg, LineChart, Series};
 use crate::report::{fmt_num, Table};
 use crate::sink::backend::cpu::CpuBackend;
@@ -1027,6 +1027,31 @@ fn sweep_table(scores: &Scores, rows: &[SweepRow]) -> String {
     )
 }
 
+/// Legend entries, one per model: the short label the per-layer table's headers show, with
+/// " (ref)" for the reference as the summary table marks it, and " #i" (the model's position,
+/// from 1) where two entries would still be the same.
+fn legend_labels(scores: &Scores) -> Vec<String> {
+    let names: Vec<String> = (scores.models.iter())
+        .map(|m| {
+            let s = short(&m.model);
+            if m.reference {
+                format!("{s} (ref)")
+            } else {
+                s
+            }
+        })
+        .collect();
+    (names.iter().enumerate())
+        .map(|(i, n)| {
+            if names.iter().filter(|o| *o == n).count() > 1 {
+                format!("{n} #{}", i + 1)
+            } else {
+                n.clone()
+            }
+        })
+        .collect()
+}
+
 /// The last path component of a model label, for column headers.
 fn short(label: &str) -> String {
     let trimmed = label.trim_end_matches('/');
@@ -1039,12 +1064,14 @@ fn short(label: &str) -> String {
 }
 
 fn layer_plot(scores: &Scores) -> Vec<LineChart> {
+    let labels = legend_labels(scores);
     let series = |f: &dyn Fn(&crate::sink::score::LayerReport) -> Option<f64>| {
         scores
             .models
             .iter()
-            .map(|m| Series {
-                label: m.model.clone(),
+            .zip(&labels)
+            .map(|(m, label)| Series {
+                label: label.clone(),
                 points: m
                     .per_layer
                     .iter()
@@ -1094,6 +1121,7 @@ fn head_heatmap(scores: &Scores) -> Heatmap {
                 title: short(&m.model),
                 row_labels: layers.iter().map(|l| l.to_string()).collect(),
                 values,
+                ..Panel::default()
             }
         })
         .collect();
@@ -1101,7 +1129,7 @@ fn head_heatmap(scores: &Scores) -> Heatmap {
         title: "Per-head median sink gap G over the window".into(),
         x_label: "head".into(),
         y_label: "layer".into(),
-        value_label: "median G".into(),
+        scale: Scale::Shared(ColourScale::sequential("median G")),
         panels,
     }
 }
