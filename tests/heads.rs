@@ -316,3 +316,92 @@ fn bad_selections_and_mismatched_models_exit_2_without_output() {
     assert!(err.contains("outside the model's layers"), "{err}");
     assert!(leftovers(dir.path()).is_empty());
 }
+
+/// The largest differences of `sinkmerge heads --json` from one golden of `tools/heads_ref.py`
+/// (transformers' eager attention, numpy in float64): sink statistics (absolute), drift
+/// (relative), and the Spearman rhos (absolute).
+fn golden_differences(golden: &str) -> (f64, f64, f64) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("tests/fixtures/heads").join(golden);
+    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut args: Vec<String> = (want["cli"].as_array().unwrap().iter())
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    // The golden's paths are relative to the repository root.
+    args.insert(0, "heads".into());
+    for a in args.iter_mut().skip(1) {
+        if root.join(a.as_str()).exists() {
+            *a = root.join(a.as_str()).display().to_string();
+        }
+    }
+    args.push("--json".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let got = json(&args);
+    let (gh, wh) = (
+        got["heads"].as_array().unwrap(),
+        want["heads"].as_array().unwrap(),
+    );
+    assert_eq!(gh.len(), wh.len(), "{golden}: heads");
+    let (mut sink, mut drift) = (0f64, 0f64);
+    for (g, w) in gh.iter().zip(wh) {
+        assert_eq!(
+            (&g["layer"], &g["head"], &g["kv_head"]),
+            (&w["layer"], &w["head"], &w["kv_head"])
+        );
+        assert_eq!(g["n_observations"], w["n_observations"], "{golden}");
+        for key in [
+            "g_base_median",
+            "g_target_median",
+            "delta_g",
+            "b_gap_median",
+            "margin",
+            "pos0_before",
+            "pos0_after",
+        ] {
+            let (a, b) = (g[key].as_f64(), w[key].as_f64());
+            assert_eq!(a.is_some(), b.is_some(), "{golden} {key}");
+            if let (Some(a), Some(b)) = (a, b) {
+                sink = sink.max((a - b).abs());
+            }
+        }
+        for p in ["q", "k", "v", "o", "q_norm", "k_norm"] {
+            let (gd, wd) = (&g["drift"][p], &w["drift"][p]);
+            assert_eq!(gd.is_null(), wd.is_null(), "{golden} {p}");
+            for (key, value) in wd.as_object().into_iter().flatten() {
+                let (a, b) = (gd[key].as_f64().unwrap(), value.as_f64().unwrap());
+                drift = drift.max((a - b).abs() / b.abs().max(f64::MIN_POSITIVE));
+            }
+        }
+    }
+    let mut rho = 0f64;
+    for w in want["correlations"].as_array().unwrap() {
+        let g = (got["correlations"].as_array().unwrap().iter())
+            .find(|g| g["sink"] == w["sink"] && g["drift"] == w["drift"])
+            .unwrap_or_else(|| panic!("{golden}: no correlation {w}"));
+        assert_eq!(g["n"], w["n_heads"]);
+        rho = rho.max((g["spearman"].as_f64().unwrap() - w["spearman"].as_f64().unwrap()).abs());
+    }
+    (sink, drift, rho)
+}
+
+#[test]
+fn heads_agree_with_the_independent_python_reference() {
+    for golden in [
+        "tiny_qwen3.json",
+        "tiny_qwen3_last2.json",
+        "tiny_qwen2.json",
+        "olmo3_sw_drift.json",
+    ] {
+        let (sink, drift, rho) = golden_differences(golden);
+        eprintln!("{golden}: sink {sink:.2e}, drift {drift:.2e} relative, rho {rho:.2e}");
+        assert!(
+            sink < 1e-6,
+            "{golden}: per-head G/B/pos0 differ by {sink:e}"
+        );
+        assert!(
+            drift < 1e-5,
+            "{golden}: drift differs by {drift:e} relative"
+        );
+        assert!(rho < 1e-9, "{golden}: Spearman differs by {rho:e}");
+    }
+}

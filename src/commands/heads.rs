@@ -11,6 +11,7 @@ use crate::bail;
 use crate::checkpoint::output::write_file_atomic;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::report::heatmap::{ColourScale, Heatmap, Panel, Scale};
 use crate::report::{fmt_num, Table};
 use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::backend::cuda::driver::Driver;
@@ -99,6 +100,11 @@ pub struct Args {
     #[arg(long, value_name = "FILE.csv")]
     pub csv: Option<PathBuf>,
 
+    /// Write an SVG of layer-by-head grids side by side: ΔG, the margin, and the relative
+    /// spectral drift of q and k, each with its own colour scale
+    #[arg(long, value_name = "FILE.svg")]
+    pub heatmap: Option<PathBuf>,
+
     /// Arithmetic of the forward pass (see `sinkmerge score --help`)
     #[arg(long, value_enum, default_value_t = Precision::F32)]
     pub precision: Precision,
@@ -142,7 +148,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         Checkpoint::open_ref(&args.reference)?,
         Checkpoint::open_ref(&args.target)?,
     ];
-    if let Some(out) = &args.csv {
+    for out in [&args.csv, &args.heatmap].into_iter().flatten() {
         refuse_inside_inputs(out, &ckpts)?;
     }
     let spec = DecoderSpec::from_model_config(&ckpts[0].config)
@@ -198,6 +204,14 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
 
     // Render every artefact before writing any.
     let csv = args.csv.as_ref().map(|_| render_csv(&diagnosis.heads));
+    let svg = match &args.heatmap {
+        Some(_) => Some(
+            heatmap(&diagnosis, &report.settings)
+                .to_svg()
+                .map_err(Error::Internal)?,
+        ),
+        None => None,
+    };
     let out = if args.json {
         serde_json::to_string_pretty(&report)
             .map_err(|e| Error::Write(format!("JSON report: {e}")))?
@@ -207,6 +221,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
     if let (Some(path), Some(csv)) = (&args.csv, csv) {
         write_file_atomic(path, csv.as_bytes())?;
+    }
+    if let (Some(path), Some(svg)) = (&args.heatmap, svg) {
+        write_file_atomic(path, svg.as_bytes())?;
     }
     print!("{out}");
     Ok(())
@@ -314,6 +331,59 @@ fn layer_list(layers: &[usize]) -> String {
         i = j + 1;
     }
     parts.join(",")
+}
+
+/// ΔG, the margin and q's and k's relative spectral drift as layer-by-head grids.
+fn heatmap(d: &Diagnosis, settings: &ReportSettings) -> Heatmap {
+    let heads = d.heads.iter().map(|h| h.sink.head + 1).max().unwrap_or(0);
+    let grid = |value: &dyn Fn(&HeadRow) -> Option<f64>| -> Vec<Vec<Option<f64>>> {
+        (settings.layers.iter())
+            .map(|&l| {
+                (0..heads)
+                    .map(|h| {
+                        (d.heads.iter())
+                            .find(|r| r.sink.layer == l && r.sink.head == h)
+                            .and_then(value)
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let panel = |title: &str, scale: ColourScale, value: &dyn Fn(&HeadRow) -> Option<f64>| Panel {
+        title: title.to_string(),
+        row_labels: settings.layers.iter().map(usize::to_string).collect(),
+        values: grid(value),
+        scale,
+    };
+    Heatmap {
+        title: format!(
+            "Per-head sink loss and drift: {} vs {}",
+            settings.target, settings.reference
+        ),
+        x_label: "head".into(),
+        y_label: "layer".into(),
+        scale: Scale::PerPanel,
+        panels: vec![
+            panel("ΔG (target - ref)", ColourScale::diverging("ΔG"), &|r| {
+                r.sink.delta_g
+            }),
+            panel(
+                "margin G_base - B_gap",
+                ColourScale::diverging("margin"),
+                &|r| r.sink.margin,
+            ),
+            panel(
+                "q drift",
+                ColourScale::sequential("||dW_q||_2 / ||W_q||_2"),
+                &|r| r.drift.q.rel_op,
+            ),
+            panel(
+                "k drift",
+                ColourScale::sequential("||dW_k||_2 / ||W_k||_2"),
+                &|r| r.drift.k.rel_op,
+            ),
+        ],
+    }
 }
 
 fn render_csv(rows: &[HeadRow]) -> String {
