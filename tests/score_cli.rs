@@ -460,3 +460,147 @@ fn chat_templates_follow_the_reference_unless_told_otherwise() {
         &["needs --ref"],
     );
 }
+
+/// The bundled sample text of `--text`.
+fn sample_text() -> PathBuf {
+    root().join("assets/text/sample.txt")
+}
+
+#[test]
+fn text_loss_matches_transformers() {
+    // tests/fixtures/score/text/*.json: tools/gen_text_goldens.py, transformers' eager f32 loss
+    // over the same windows.
+    let dir = root().join("tests/fixtures/score/text");
+    let mut goldens: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    goldens.sort();
+    assert!(goldens.len() >= 8, "{}", dir.display());
+    let mut worst = 0f64;
+    for path in goldens {
+        let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut args: Vec<&str> = (golden["cli"].as_array().unwrap().iter())
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        args.extend(["--json", "--n", "1"]);
+        // The goldens' paths are relative to the repository root.
+        let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+            .current_dir(root())
+            .arg("score")
+            .args(&args)
+            .output()
+            .unwrap();
+        let name = path.file_stem().unwrap().to_string_lossy().to_string();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let t = &v["models"][0]["text"];
+        for key in ["window", "windows", "tokens_predicted"] {
+            assert_eq!(t[key], golden[key], "{name}: {key}");
+        }
+        assert_eq!(t["file"], golden["text"], "{name}");
+        let (loss, want) = (
+            t["loss"].as_f64().unwrap(),
+            golden["loss"].as_f64().unwrap(),
+        );
+        let ppl = t["perplexity"].as_f64().unwrap();
+        let want_ppl = golden["perplexity"].as_f64().unwrap();
+        eprintln!(
+            "{name:16} loss {loss:.6} transformers {want:.6} |dloss| {:.1e} ppl rel {:.1e}",
+            (loss - want).abs(),
+            (ppl / want_ppl - 1.0).abs()
+        );
+        assert!((loss - want).abs() <= 1e-4, "{name}: loss {loss} vs {want}");
+        assert!(
+            (ppl / want_ppl - 1.0).abs() <= 1e-4,
+            "{name}: perplexity {ppl} vs {want_ppl}"
+        );
+        worst = worst.max((loss - want).abs());
+    }
+    eprintln!("max |dloss| over the goldens: {worst:.2e}");
+}
+
+#[test]
+fn text_loss_table_and_json() {
+    let (r, t) = (
+        root().join("assets/models/tiny-qwen2/ref"),
+        root().join("assets/models/tiny-qwen2/vl"),
+    );
+    let text = sample_text();
+    let args = ["--ref", s(&r), s(&t), "--n", "2", "--text", s(&text)];
+    let out = sinkmerge(&args, None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "text loss on",
+        "sample.txt",
+        "windows of 512 tokens",
+        "perplexity",
+        "tokens",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+    let mut json = args.to_vec();
+    json.push("--json");
+    let out = sinkmerge(&json, None);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for m in v["models"].as_array().unwrap() {
+        let t = &m["text"];
+        for key in [
+            "file",
+            "loss",
+            "perplexity",
+            "tokens_predicted",
+            "windows",
+            "window",
+        ] {
+            assert!(t.get(key).is_some(), "{key} missing from {t}");
+        }
+        assert_eq!(t["window"], 512, "1024 capped at max_position_embeddings");
+    }
+    // Without --text nothing of it appears.
+    let v = json_report(&r, &["--n", "2"]);
+    assert!(v["models"][0].get("text").is_none());
+    let out = sinkmerge(&[s(&r), "--n", "2"], None);
+    assert!(!String::from_utf8(out.stdout).unwrap().contains("text loss"));
+}
+
+#[test]
+fn text_loss_errors_name_the_file() {
+    let m = root().join("assets/models/tiny-qwen2/ref");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.txt");
+    fails_with(
+        &[s(&m), "--text", s(&missing)],
+        &["missing.txt", "cannot read"],
+    );
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, " \n\n").unwrap();
+    fails_with(&[s(&m), "--text", s(&empty)], &["empty.txt", "empty"]);
+    // One token with a tokenizer that adds no BOS (the bundled models' adds one).
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "a").unwrap();
+    fails_with(
+        &[s(&fixture("qwen3")), "--text", s(&short)],
+        &["short.txt", "1 token(s)", "at least 2"],
+    );
+    let text = sample_text();
+    fails_with(
+        &[s(&m), "--text", s(&text), "--text-window", "1"],
+        &["--text-window 1", "at least 2"],
+    );
+    fails_with(
+        &[s(&m), "--text", s(&text), "--text-window", "600"],
+        &["--text-window 600", "max_position_embeddings = 512"],
+    );
+    let out = sinkmerge(&[s(&m), "--text-window", "64"], None);
+    assert_eq!(out.status.code(), Some(2), "--text-window needs --text");
+}

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::arch::config::RopeScaling;
 use crate::checkpoint::output::write_file_atomic;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -25,6 +24,7 @@ use crate::sink::prompts::{self, PromptSource};
 use crate::sink::score::{
     score, BandValues, Bootstrap, Input, Observations, Scored, Scores, Settings,
 };
+use crate::sink::text_loss::{self, TextLoss};
 use crate::sink::tokenize::TextEncoder;
 use crate::{bad, bail};
 
@@ -78,7 +78,7 @@ struct GpuReport {
     total_memory_bytes: usize,
     #[serde(flatten)]
     timings: Timings,
-    /// Wall time of the whole scoring pass (set-up excluded).
+    /// Wall time of the whole scoring pass (set-up excluded), the --text pass included.
     score_s: f64,
 }
 
@@ -98,7 +98,9 @@ bootstrap 95% CI\n\
   strong_sink_frac    share of observations with G > 2 (a > 0.881)\n\
   b_gap_median        with --ref: median over the window of B, the largest shift of a query's score \
 gaps to the sink between REF and MODEL on the same tokens\n\
-  margin              with --ref: G_base - B_gap (REF's median G minus B_gap)\n\n\
+  margin              with --ref: G_base - B_gap (REF's median G minus B_gap)\n\
+  text loss           with --text FILE: mean next-token cross-entropy (nats) and perplexity on the \
+file, a capability proxy\n\n\
 Observations are (prompt, layer, head, query) with query >= max(1, sink position). The window is the \
 last --last layers. Architectures: qwen2 (Qwen2/2.5 and the Qwen-VL, LLaVA-OneVision and InternVL \
 language models), qwen3 (and Qwen3-VL's), llama (and Idefics3's), mistral, olmo2, olmo3, qwen3_moe, \
@@ -230,6 +232,20 @@ pub struct Args {
     /// through, so any model size fits)
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: Device,
+
+    /// Also report each model's mean next-token cross-entropy (nats) and perplexity on this text
+    /// file, a capability proxy beside S: the whole file tokenized with the model's tokenizer
+    /// (special tokens added, never a chat template), scored in consecutive windows of
+    /// --text-window tokens as transformers' `model(input_ids=w, labels=w)` scores them
+    /// (docs/reference/sink-metrics.md, "Text loss and perplexity"); assets/text/sample.txt is a
+    /// bundled sample
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<PathBuf>,
+
+    /// Tokens per window of --text, each scored as its own sequence [default: 1024, capped at
+    /// the model's max_position_embeddings]
+    #[arg(long, value_name = "N", requires = "text")]
+    pub text_window: Option<usize>,
 }
 
 /// Whose chat template `--template-from` names.
@@ -423,6 +439,11 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             same_tokens(&inputs[0], input, template_from)?;
         }
     }
+    // Every model's text ids and window, checked before the long passes start.
+    let text = match &args.text {
+        None => None,
+        Some(path) => Some(TextPass::new(path, &ckpts, args.text_window)?),
+    };
 
     let settings = Settings {
         last: args.last,
@@ -438,27 +459,27 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         k_sweep: args.k_sweep,
     };
     let show = progress && !args.json;
+    let text = text.as_ref();
     let (
-        Scored {
-            scores,
-            observations,
-        },
+        (
+            Scored {
+                mut scores,
+                observations,
+            },
+            losses,
+        ),
         gpu,
     ) = match args.device {
-        Device::Cpu => (
-            score_with_progress(
-                &CpuBackend::new(args.precision),
-                &inputs,
-                reference,
-                settings,
-                show,
-            )?,
-            None,
-        ),
+        Device::Cpu => {
+            let backend = CpuBackend::new(args.precision);
+            let scored = score_with_progress(&backend, &inputs, reference, settings, show)?;
+            ((scored, text_losses(&backend, text, show)?), None)
+        }
         Device::Cuda(ordinal) => {
             let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
             let started = Instant::now();
             let scored = score_with_progress(&backend, &inputs, reference, settings, show)?;
+            let scored = (scored, text_losses(&backend, text, show)?);
             let driver = backend.device();
             let gpu = GpuReport {
                 device: driver.describe(),
@@ -474,6 +495,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .sweep
         .as_ref()
         .map(|ns| sweep_rows(ns, &draws, &union, &observations));
+    for (m, loss) in scores.models.iter_mut().zip(losses.into_iter().flatten()) {
+        m.text = Some(loss);
+    }
 
     let report = Report {
         scores: &scores,
@@ -596,6 +620,59 @@ fn score_with_progress<B: Backend>(
     Ok(scores)
 }
 
+/// `--text`: the file, and every model's token ids of it and window (in `models` order).
+struct TextPass<'a> {
+    file: String,
+    models: Vec<(&'a Checkpoint, Vec<u32>, usize)>,
+}
+
+impl<'a> TextPass<'a> {
+    /// Read `path` and encode it for each of `ckpts`: every bad input is found before scoring.
+    fn new(path: &Path, ckpts: &'a [Checkpoint], window: Option<usize>) -> Result<TextPass<'a>> {
+        let text = text_loss::read_text(path)?;
+        let models = (ckpts.iter())
+            .map(|ckpt| {
+                let spec = DecoderSpec::from_model_config(&ckpt.config)
+                    .map_err(|e| bad!("{}: {e}", ckpt.dir.join("config.json").display()))?;
+                Ok((
+                    ckpt,
+                    text_loss::encode(ckpt, &text, path)?,
+                    text_loss::window_for(&spec, window, &ckpt.label)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(TextPass {
+            file: path.display().to_string(),
+            models,
+        })
+    }
+}
+
+/// Each model's loss on the `--text` file, with a progress bar over the windows of every model;
+/// `None` without `--text`.
+fn text_losses<B: Backend>(
+    backend: &B,
+    text: Option<&TextPass>,
+    show: bool,
+) -> Result<Option<Vec<TextLoss>>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let total: usize = (text.models.iter())
+        .map(|(_, ids, window)| text_loss::windows(ids, *window).len())
+        .sum();
+    let bar = crate::progress::items(total as u64, "text", show);
+    let losses = (text.models.iter())
+        .map(|(ckpt, ids, window)| {
+            text_loss::text_loss(backend, ckpt, ids, *window, &text.file, &|n| {
+                bar.inc(n as u64)
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    bar.finish_and_clear();
+    Ok(Some(losses))
+}
+
 /// S of one model as `sinkmerge score MODEL` reports it with every default (the 15 built-in
 /// prompts, raw text, last 10 layers, median, column sinks): what `predict --model` places.
 pub fn default_sink_strength(reference: &str, progress: bool) -> Result<f64> {
@@ -645,11 +722,7 @@ pub(crate) fn tokenize(
     let spec = DecoderSpec::from_model_config(&ckpt.config)
         .map_err(|e| bad!("{}: {e}", config.display()))?;
     let encoder = TextEncoder::with_template_of(&ckpt.dir, template)?;
-    // Dynamic NTK RoPE exists to run past max_position_embeddings; every other rope does not.
-    let extends = spec
-        .layers
-        .iter()
-        .any(|l| matches!(l.rope.scaling, RopeScaling::Dynamic { .. }));
+    let extends = spec.extends_context();
     let mut all = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.iter().enumerate() {
         let ids = encoder.encode(prompt)?;
@@ -861,6 +934,7 @@ fn render_text(report: &Report) -> String {
             m.model, m.statistics.n_infinite_g, m.statistics.n_observations
         ));
     }
+    out.push_str(&text_table(scores));
     out.push_str(&band_tables(scores));
     if let Some(rows) = &report.sweep {
         out.push_str(&sweep_table(scores, rows));
@@ -907,6 +981,33 @@ fn render_text(report: &Report) -> String {
         ));
     }
     out
+}
+
+/// `--text`: each model's loss, perplexity and predicted tokens; nothing without it.
+fn text_table(scores: &Scores) -> String {
+    let losses: Vec<(&str, &TextLoss)> = (scores.models.iter())
+        .filter_map(|m| m.text.as_ref().map(|t| (m.model.as_str(), t)))
+        .collect();
+    let Some((_, first)) = losses.first() else {
+        return String::new();
+    };
+    let mut sizes: Vec<String> = losses.iter().map(|(_, t)| t.window.to_string()).collect();
+    sizes.dedup();
+    let mut table = Table::new(vec!["model", "loss", "perplexity", "tokens"]);
+    for (model, t) in &losses {
+        table.row(vec![
+            model.to_string(),
+            fmt_num(t.loss),
+            fmt_num(t.perplexity),
+            t.tokens_predicted.to_string(),
+        ]);
+    }
+    format!(
+        "\ntext loss on {} (mean next-token cross-entropy in nats, windows of {} tokens):\n{}",
+        first.file,
+        sizes.join(" / "),
+        table.render()
+    )
 }
 
 /// `--bands` and `--k-sweep`: S per model, then each pair's margin, by band or window.

@@ -689,8 +689,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         Ok(out)
     }
 
-    /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks; the
-    /// scorer never needs them).
+    /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks and the
+    /// text loss; the sink scorer never needs them).
     pub fn logits(&self) -> Result<Vec<f32>> {
         let model = self.model;
         let be = self.backend;
@@ -805,25 +805,62 @@ pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
 /// attention probability. Memory grows with layers x heads x len²: for tests and small inputs.
 pub fn trace_on<B: Backend>(backend: &B, ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
     let model = Model::new(ckpt)?;
-    let mut state = State::new(&model, backend, prompts)?;
     let nh = model.spec.num_heads;
-    let mut attentions = Vec::with_capacity(model.spec.num_layers());
-    for layer in 0..model.spec.num_layers() {
-        let out = state.attention(layer, &|h: &HeadView| h.probs.to_vec(), true)?;
-        let mut per_prompt: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
-        for (i, probs) in out.heads.into_iter().enumerate() {
-            per_prompt[i / nh].extend(probs);
-        }
-        attentions.push(per_prompt);
-        state.mlp(layer)?;
-    }
-    let all = state.logits()?;
-    let vocab = all.len() / state.rows;
+    let out = to_logits(backend, &model, prompts, &|h: &HeadView| h.probs.to_vec())?;
+    let attentions = out
+        .heads
+        .into_iter()
+        .map(|heads| {
+            let mut per_prompt: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+            for (i, probs) in heads.into_iter().enumerate() {
+                per_prompt[i / nh].extend(probs);
+            }
+            per_prompt
+        })
+        .collect();
     let mut logits = Vec::with_capacity(prompts.len());
-    for range in &state.prompts {
-        logits.push(all[range.start * vocab..range.end * vocab].to_vec());
+    let mut start = 0;
+    for ids in prompts {
+        let end = start + ids.len();
+        logits.push(out.logits[start * out.vocab..end * out.vocab].to_vec());
+        start = end;
     }
     Ok(Trace { attentions, logits })
+}
+
+/// What [`to_logits`] returns.
+pub struct Logits<R> {
+    /// `heads[layer]`: the visitor's result for every head, prompt-major as
+    /// [`State::attention`] returns them.
+    pub heads: Vec<Vec<R>>,
+    /// `[tokens, vocab]` for the packed prompts, in order.
+    pub logits: Vec<f32>,
+    /// Columns of `logits`: the LM head's rows.
+    pub vocab: usize,
+}
+
+/// The full forward pass of `prompts` on `backend`: every layer with its residual updates, each
+/// head handed to `visit`, then the final norm and LM head. The one full forward both
+/// [`trace_on`] (keeping probabilities) and the text loss (keeping nothing) run.
+pub fn to_logits<B: Backend, R: Send>(
+    backend: &B,
+    model: &Model,
+    prompts: &[Vec<u32>],
+    visit: &Visitor<R>,
+) -> Result<Logits<R>> {
+    let mut state = State::new(model, backend, prompts)?;
+    let mut heads = Vec::with_capacity(model.spec.num_layers());
+    for layer in 0..model.spec.num_layers() {
+        heads.push(state.attention(layer, visit, true)?.heads);
+        state.mlp(layer)?;
+    }
+    let logits = state.logits()?;
+    let vocab = logits.len() / state.rows;
+    Ok(Logits {
+        heads,
+        logits,
+        vocab,
+    })
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@
 //! - [`score`]: several models in lockstep, the reference first, into one report.
 //! - [`prompts`] and [`tokenize`]: the shipped calibration prompts, tokenizer.json encoding and
 //!   chat templates.
+//! - [`text_loss`]: next-token loss and perplexity on a text file, a capability proxy beside the
+//!   sink metrics.
 
 pub mod backend;
 pub mod forward;
@@ -20,4 +22,5 @@ pub mod parity;
 pub mod prompts;
 pub mod rope;
 pub mod score;
+pub mod text_loss;
 pub mod tokenize;

@@ -137,6 +137,9 @@ pub struct ModelReport {
     pub statistics: ModelStatistics,
     pub per_layer: Vec<LayerReport>,
     pub per_head: Vec<HeadReport>,
+    /// The loss on `score --text` (filled in by the command after scoring; absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<super::text_loss::TextLoss>,
 }
 
 /// One model's statistics over the window, and over the bands and windows asked for.
@@ -887,6 +890,7 @@ fn model_report(
         statistics: acc.statistics(settings),
         per_layer: acc.per_layer.clone(),
         per_head: acc.per_head.clone(),
+        text: None,
     }
 }
 

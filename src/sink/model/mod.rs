@@ -19,7 +19,7 @@ pub mod qwen3_moe;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::arch::config::{LayerType, Rope, TextConfig};
+use crate::arch::config::{LayerType, Rope, RopeScaling, TextConfig};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
@@ -207,6 +207,14 @@ impl DecoderSpec {
 
     pub fn num_layers(&self) -> usize {
         self.layers.len()
+    }
+
+    /// Whether sequences may run past `max_position_embeddings`: dynamic NTK RoPE exists to do
+    /// so (it rescales for the sequence's length); every other rope does not.
+    pub fn extends_context(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.rope.scaling, RopeScaling::Dynamic { .. }))
     }
 
     /// Query heads per key/value head.

@@ -349,6 +349,25 @@ mod tests {
     }
 
     #[test]
+    fn text_loss_on_the_stand_in_matches_the_cpu() {
+        use crate::sink::text_loss::{encode, text_loss};
+        // A BOS tokenizer, 64-token windows: 36 windows packed into one pass, the last short.
+        let ckpt = open(&root().join("tests/fixtures/models/llama31-tied"));
+        let path = root().join("assets/text/sample.txt");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ids = encode(&ckpt, &text, &path).unwrap();
+        let cpu = text_loss(&CpuBackend::default(), &ckpt, &ids, 64, "sample", &|_| {}).unwrap();
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
+        let other = text_loss(&gpu, &ckpt, &ids, 64, "sample", &|_| {}).unwrap();
+        eprintln!("text loss: cpu {} stand-in {}", cpu.loss, other.loss);
+        assert_eq!(
+            (cpu.windows, cpu.tokens_predicted),
+            (other.windows, other.tokens_predicted)
+        );
+        assert!((cpu.loss - other.loss).abs() < 1e-5, "{cpu:?} {other:?}");
+    }
+
+    #[test]
     fn non_finite_activations_are_found_on_both_backends() {
         let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         let dir = root().join("tests/fixtures/nonfinite");
