@@ -394,8 +394,12 @@ fn heads_agree_with_the_independent_python_reference() {
     ] {
         let (sink, drift, rho) = golden_differences(golden);
         eprintln!("{golden}: sink {sink:.2e}, drift {drift:.2e} relative, rho {rho:.2e}");
+        // Through two forward passes (ours and transformers', each f32 with its own summation
+        // order) G differs by up to about 5e-6; on the same scores the per-head statistics agree
+        // to 2e-15 (score_paper.rs, on_the_same_scores_the_metrics_match_the_reference_to_1e_9,
+        // tested at 1e-6).
         assert!(
-            sink < 1e-6,
+            sink < 1e-5,
             "{golden}: per-head G/B/pos0 differ by {sink:e}"
         );
         assert!(

@@ -459,6 +459,40 @@ fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
     );
     let pair = serde_json::to_value(models[1].against(&models[0], &settings)).unwrap();
     let observations = Observations::new(models, Some(0), settings.stat);
+    // Per head (sinkmerge heads), against tools/heads_replay_ref.py on the same dumped scores.
+    let path = root().join("tests/fixtures/heads/replay_heads.json");
+    let heads: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ours_heads = serde_json::to_value(observations.head_pairs(1)).unwrap();
+    let mut worst_head = 0f64;
+    for (o, w) in ours_heads
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(heads["heads"].as_array().unwrap())
+    {
+        assert_eq!((&o["layer"], &o["head"]), (&w["layer"], &w["head"]));
+        assert_eq!(o["n_observations"], w["n_observations"]);
+        for key in [
+            "g_base_median",
+            "g_target_median",
+            "delta_g",
+            "b_gap_median",
+            "margin",
+            "pos0_before",
+            "pos0_after",
+        ] {
+            let d = (o[key].as_f64().unwrap() - w[key].as_f64().unwrap()).abs();
+            assert!(
+                d <= 1e-6,
+                "head {}.{} {key}: {d:.2e}",
+                o["layer"],
+                o["head"]
+            );
+            worst_head = worst_head.max(d);
+        }
+    }
+    assert_eq!(ours_heads.as_array().unwrap().len(), 24);
+    eprintln!("per-head statistics on the same scores: largest difference {worst_head:.2e}");
     let mut worst = [0f64; 2];
     let strict = |o: &Value, w: &Value, path: &str, worst: &mut [f64; 2]| {
         let d = (o.as_f64().unwrap() - w.as_f64().unwrap()).abs();
