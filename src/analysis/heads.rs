@@ -493,6 +493,9 @@ fn drift_measures(d: &HeadDrift) -> Vec<(String, Option<f64>)> {
     out
 }
 
+/// A sink measure of a head, when defined.
+type SinkMeasure = fn(&HeadRow) -> Option<f64>;
+
 /// Spearman's rho of ΔG and of the margin with every drift measure across `rows`; each pair of
 /// measures gets its own stream (`seed` plus its index), so adding a measure changes no other
 /// p-value.
@@ -513,7 +516,7 @@ pub fn correlations(rows: &[HeadRow], permutations: usize, seed: u64) -> Vec<Cor
                 .collect()
         })
         .collect();
-    let sinks: [(&'static str, fn(&HeadRow) -> Option<f64>); 2] = [
+    let sinks: [(&'static str, SinkMeasure); 2] = [
         ("delta_g", |r| r.sink.delta_g),
         ("margin", |r| r.sink.margin),
     ];

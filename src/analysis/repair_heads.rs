@@ -264,15 +264,19 @@ mod tests {
         let dt = safetensors::Dtype::BF16;
         let t = dtype::encode(dt, &[1.0, 2.0, 3.0, 4.0]).unwrap();
         let r = dtype::encode(dt, &[5.0, 6.0, 7.0, 8.0]).unwrap();
-        let (one, rep) = blend(dt, &t, &r, &[1..3], 1.0, "x").unwrap();
+        let middle: Vec<Range<usize>> = std::iter::once(1..3).collect();
+        let (one, rep) = blend(dt, &t, &r, &middle, 1.0, "x").unwrap();
         assert_eq!(
             dtype::decode(dt, &one, "").unwrap(),
             vec![1.0, 6.0, 7.0, 4.0]
         );
         assert_eq!((rep.entries, rep.changed), (2, 2));
-        assert_eq!(blend(dt, &t, &r, &[1..3], 0.0, "x").unwrap().0, t);
-        let half = blend(dt, &t, &r, &[0..1], 0.5, "x").unwrap().0;
-        assert_eq!(dtype::decode(dt, &half, "").unwrap()[0], 3.0);
+        assert_eq!(blend(dt, &t, &r, &middle, 0.0, "x").unwrap().0, t);
+        let half = blend(dt, &t, &r, &[0..1, 3..4], 0.5, "x").unwrap().0;
+        assert_eq!(
+            dtype::decode(dt, &half, "").unwrap(),
+            vec![3.0, 2.0, 3.0, 6.0]
+        );
     }
 
     #[test]
