@@ -115,3 +115,55 @@ impl OutputArgs {
         ))
     }
 }
+
+/// Parse `--layers`: `0-3,7` (inclusive ranges) or `A:B` (half-open, Python's slice), each
+/// layer below `num_layers`; sorted, without repeats.
+pub fn parse_layer_list(spec: &str, num_layers: usize) -> crate::error::Result<Vec<usize>> {
+    let mut set = std::collections::BTreeSet::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parse = |s: &str| {
+            s.trim().parse::<usize>().map_err(|_| {
+                crate::bad!(
+                    "--layers: `{part}` is not a layer index, a range like 0-3 or a slice like 0:4"
+                )
+            })
+        };
+        let (lo, hi) = if let Some((a, b)) = part.split_once('-') {
+            (parse(a)?, parse(b)?)
+        } else if let Some((a, b)) = part.split_once(':') {
+            let (lo, end) = (parse(a)?, parse(b)?);
+            if end == 0 || end <= lo {
+                crate::bail!("--layers: `{part}` is empty");
+            }
+            (lo, end - 1)
+        } else {
+            (parse(part)?, parse(part)?)
+        };
+        if lo > hi || hi >= num_layers {
+            crate::bail!(
+                "--layers: `{part}` is outside the model's layers 0-{}",
+                num_layers.saturating_sub(1)
+            );
+        }
+        set.extend(lo..=hi);
+    }
+    if set.is_empty() {
+        crate::bail!("--layers: no layers given");
+    }
+    Ok(set.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_lists_take_ranges_and_slices() {
+        assert_eq!(parse_layer_list("0-2, 5", 8).unwrap(), vec![0, 1, 2, 5]);
+        assert_eq!(parse_layer_list("4:6", 8).unwrap(), vec![4, 5]);
+        assert!(parse_layer_list("7-9", 8).is_err());
+        assert!(parse_layer_list("x", 8).is_err());
+        assert!(parse_layer_list("3:3", 8).is_err());
+        assert!(parse_layer_list("3-1", 8).is_err());
+    }
+}

@@ -14,16 +14,16 @@ use faer::{Accum, Mat, MatRef, Par, Side};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::predict::{average_ranks, pearson};
 use crate::arch::names::{layer_name, Module, Param};
 use crate::arch::QkNorm;
+use crate::bail;
 use crate::error::Result;
 use crate::sink::backend::Backend;
 use crate::sink::forward::Model;
-use crate::sink::metrics::mean;
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;
 use crate::sink::score::{score, HeadPairStatistics, Input, PairStatistics, Settings};
-use crate::{bad, bail};
 
 /// One of the four attention projections, as `--modules` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -407,36 +407,6 @@ pub struct Correlation {
     pub p_value: Option<f64>,
 }
 
-/// Ranks from 1, ties given their average rank (`scipy.stats.rankdata`'s default).
-fn average_ranks(x: &[f64]) -> Vec<f64> {
-    let mut order: Vec<usize> = (0..x.len()).collect();
-    order.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
-    let mut ranks = vec![0.0; x.len()];
-    let mut i = 0;
-    while i < order.len() {
-        let mut j = i;
-        while j + 1 < order.len() && x[order[j + 1]] == x[order[i]] {
-            j += 1;
-        }
-        let rank = (i + j) as f64 / 2.0 + 1.0;
-        order[i..=j].iter().for_each(|&k| ranks[k] = rank);
-        i = j + 1;
-    }
-    ranks
-}
-
-/// Pearson's correlation; `None` when either side is constant.
-fn pearson(x: &[f64], y: &[f64]) -> Option<f64> {
-    let (mx, my) = (mean(x), mean(y));
-    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
-    for (&a, &b) in x.iter().zip(y) {
-        sxy += (a - mx) * (b - my);
-        sxx += (a - mx).powi(2);
-        syy += (b - my).powi(2);
-    }
-    (sxx > 0.0 && syy > 0.0).then(|| sxy / (sxx * syy).sqrt())
-}
-
 /// Spearman's rho of `x` and `y` and its permutation p-value: `y`'s ranks shuffled
 /// `permutations` times (Fisher-Yates from [`IndexStream`] seeded with `seed`).
 pub fn spearman(
@@ -610,54 +580,9 @@ pub fn diagnose<B: Backend>(
     })
 }
 
-/// Parse `--layers`: `0-3,7` (inclusive ranges) or `A:B` (half-open, Python's slice), each
-/// layer below `num_layers`; sorted, without repeats.
-pub fn parse_layers(spec: &str, num_layers: usize) -> Result<Vec<usize>> {
-    let mut set = std::collections::BTreeSet::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let parse = |s: &str| {
-            s.trim().parse::<usize>().map_err(|_| {
-                bad!(
-                    "--layers: `{part}` is not a layer index, a range like 0-3 or a slice like 0:4"
-                )
-            })
-        };
-        let (lo, hi) = if let Some((a, b)) = part.split_once('-') {
-            (parse(a)?, parse(b)?)
-        } else if let Some((a, b)) = part.split_once(':') {
-            let (lo, end) = (parse(a)?, parse(b)?);
-            if end == 0 || end <= lo {
-                bail!("--layers: `{part}` is empty");
-            }
-            (lo, end - 1)
-        } else {
-            (parse(part)?, parse(part)?)
-        };
-        if lo > hi || hi >= num_layers {
-            bail!(
-                "--layers: `{part}` is outside the model's layers 0-{}",
-                num_layers.saturating_sub(1)
-            );
-        }
-        set.extend(lo..=hi);
-    }
-    if set.is_empty() {
-        bail!("--layers: no layers given");
-    }
-    Ok(set.into_iter().collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn average_ranks_share_ties() {
-        assert_eq!(
-            average_ranks(&[3.0, 1.0, 3.0, 2.0]),
-            vec![3.5, 1.0, 3.5, 2.0]
-        );
-    }
 
     #[test]
     fn spearman_of_monotone_data_is_one_with_a_small_p_value() {
@@ -683,14 +608,5 @@ mod tests {
         assert!((op - 45f64.sqrt()).abs() < 1e-13, "{op}");
         let wide = Mat::from_fn(1, 3, |_, c| [1.0, 2.0, 2.0][c]);
         assert!((norms(wide.as_ref()).unwrap().1 - 3.0).abs() < 1e-14);
-    }
-
-    #[test]
-    fn layer_lists_take_ranges_and_slices() {
-        assert_eq!(parse_layers("0-2, 5", 8).unwrap(), vec![0, 1, 2, 5]);
-        assert_eq!(parse_layers("4:6", 8).unwrap(), vec![4, 5]);
-        assert!(parse_layers("7-9", 8).is_err());
-        assert!(parse_layers("x", 8).is_err());
-        assert!(parse_layers("3:3", 8).is_err());
     }
 }

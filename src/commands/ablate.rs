@@ -49,7 +49,7 @@ pub struct Args {
     #[arg(long, default_value_t = 10, value_name = "K")]
     pub top_k: usize,
 
-    /// Layers to ablate, e.g. `0-3,7` (0-based, inclusive ranges) [default: all]
+    /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a slice) [default: all]
     #[arg(long, value_name = "LIST")]
     pub layers: Option<String>,
 
@@ -104,7 +104,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map(|c| c.num_hidden_layers)
         .unwrap_or_else(|| all_layers.last().map_or(0, |l| l + 1));
     let layers = match &args.layers {
-        Some(spec) => parse_layers(spec, num_layers)?,
+        Some(spec) => crate::cli::parse_layer_list(spec, num_layers)?,
         None => (0..num_layers).collect(),
     };
 
@@ -297,45 +297,5 @@ fn card(
         config_yaml: None,
         inputs: vec![input],
         replay,
-    }
-}
-
-/// Parse `0-3,7` into layer indices, each below `num_layers`.
-fn parse_layers(spec: &str, num_layers: usize) -> Result<Vec<usize>> {
-    let mut set = BTreeSet::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let parse = |s: &str| {
-            s.trim()
-                .parse::<usize>()
-                .map_err(|_| bad!("--layers: `{part}` is not a layer index or range like 0-3"))
-        };
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (parse(a)?, parse(b)?),
-            None => (parse(part)?, parse(part)?),
-        };
-        if lo > hi || hi >= num_layers {
-            bail!(
-                "--layers: `{part}` is outside the model's layers 0-{}",
-                num_layers.saturating_sub(1)
-            );
-        }
-        set.extend(lo..=hi);
-    }
-    if set.is_empty() {
-        bail!("--layers: no layers given");
-    }
-    Ok(set.into_iter().collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layer_lists_parse_ranges() {
-        assert_eq!(parse_layers("0-2, 5", 8).unwrap(), vec![0, 1, 2, 5]);
-        assert!(parse_layers("7-9", 8).is_err());
-        assert!(parse_layers("x", 8).is_err());
-        assert!(parse_layers("3-1", 8).is_err());
     }
 }

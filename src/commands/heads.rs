@@ -154,7 +154,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let spec = DecoderSpec::from_model_config(&ckpts[0].config)
         .map_err(|e| crate::bad!("{}: {e}", ckpts[0].dir.join("config.json").display()))?;
     let layers = match &args.layers {
-        Some(list) => Layers::List(heads::parse_layers(list, spec.num_layers())?),
+        Some(list) => Layers::List(crate::cli::parse_layer_list(list, spec.num_layers())?),
         None => Layers::Last(args.last),
     };
     let template = args.chat_template.then_some(ckpts[0].dir.as_path());

@@ -139,7 +139,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
     let layers = match &args.layers {
-        Some(list) => Layers::List(heads::parse_layers(list, spec.num_layers())?),
+        Some(list) => Layers::List(crate::cli::parse_layer_list(list, spec.num_layers())?),
         None => Layers::Last(args.last),
     };
     let candidate_layers = layers.of(spec.num_layers());
