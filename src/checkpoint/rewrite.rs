@@ -22,9 +22,17 @@ pub struct Rewritten<R> {
     pub edits: Vec<(String, R)>,
 }
 
-/// Write `source` to `output` with the tensors `edit` recomputes: `edit(name, info, bytes)`
-/// returns the new bytes (same dtype and length) and a report, or `None` to copy the tensor
-/// byte for byte. `other_inputs` are further directories the output must not lie inside.
+/// What an edit does with one tensor.
+pub enum Edit<R> {
+    /// Copy it byte for byte.
+    Copy,
+    /// Copy it byte for byte, and report on it.
+    Keep(R),
+    /// Write these bytes instead (same dtype and length), and report on it.
+    Replace(Vec<u8>, R),
+}
+
+/// Write `source` to `output` with the tensors `edit(name, info, bytes)` recomputes. `other_inputs` are further directories the output must not lie inside.
 /// Nothing is visible at `output` until the caller commits [`Rewritten::out`].
 pub fn rewrite<R: Send>(
     source: &Checkpoint,
@@ -33,7 +41,7 @@ pub fn rewrite<R: Send>(
     force: bool,
     max_shard_size: u64,
     bar: &ProgressBar,
-    edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Option<(Vec<u8>, R)>> + Sync,
+    edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Edit<R>> + Sync,
 ) -> Result<Rewritten<R>> {
     let planned: Vec<PlannedTensor> = (source.names().iter())
         .map(|n| {
@@ -60,15 +68,21 @@ pub fn rewrite<R: Send>(
             let name = &planned[i].name;
             let bytes = source.bytes(name)?;
             let info = source.info(name).expect("listed");
+            let report =
+                |r: R| (edits.lock().expect("no panics hold the lock")).push((name.clone(), r));
             match edit(name, info, bytes)? {
-                None => Ok(Cow::Borrowed(bytes)),
-                Some((new, report)) => {
+                Edit::Copy => Ok(Cow::Borrowed(bytes)),
+                Edit::Keep(r) => {
+                    report(r);
+                    Ok(Cow::Borrowed(bytes))
+                }
+                Edit::Replace(new, r) => {
                     assert_eq!(
                         new.len(),
                         bytes.len(),
                         "{name}: an edit keeps the byte length"
                     );
-                    (edits.lock().expect("no panics hold the lock")).push((name.clone(), report));
+                    report(r);
                     Ok(Cow::Owned(new))
                 }
             }

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{QkNorm, TextConfig};
-use crate::checkpoint::rewrite::rewrite;
+use crate::checkpoint::rewrite::{rewrite, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -173,7 +173,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         &bar,
         |name, info, bytes| {
             if !targets.contains(name) {
-                return Ok(None);
+                return Ok(Edit::Copy);
             }
             let what = model.describe(name);
             let mut values = dtype::decode(info.dtype, bytes, &what)?;
@@ -185,7 +185,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 dtype::decode(info.dtype, &enc, "").expect("float dtype")[0]
             };
             let a = ablate::ablate(name, &mut values, args.top_k, round);
-            Ok(Some((dtype::encode(info.dtype, &values)?, a)))
+            Ok(Edit::Replace(dtype::encode(info.dtype, &values)?, a))
         },
     )?;
     if !args.out.no_model_card {

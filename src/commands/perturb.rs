@@ -1,16 +1,14 @@
 //! `sinkmerge perturb`: the random-dW control (Appendix D.4). Every attention and MLP projection
 //! of REF gets Gaussian noise with the Frobenius size of TARGET's change to it.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::{config, names, TextConfig};
-use crate::checkpoint::writer::{self, PlannedTensor, Progress};
-use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
+use crate::checkpoint::rewrite::{rewrite, Edit};
+use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
@@ -76,9 +74,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .iter()
         .filter_map(|n| names::standard_name(n).map(|s| (s, n)))
         .collect();
-    let mut planned = Vec::new();
-    // For each planned tensor, TARGET's stored name when it is perturbed.
-    let mut partner: Vec<Option<&String>> = Vec::new();
+    // TARGET's stored name of each perturbed tensor of REF.
+    let mut partners: HashMap<&str, &String> = HashMap::new();
     for name in reference.names() {
         let info = reference.require(name)?;
         let standard = names::standard_name(name);
@@ -86,7 +83,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             .as_deref()
             .and_then(names::parse)
             .is_some_and(|p| perturb::is_perturbed(&p));
-        let other = if perturbed {
+        if perturbed {
             let standard = standard.expect("parsed");
             let t = target_by_standard.get(&standard).copied().ok_or_else(|| {
                 bad!(
@@ -111,19 +108,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                     bail!("{}: dtype {d:?} is not floating point", ckpt.describe(n));
                 }
             }
-            Some(t)
-        } else {
-            None
-        };
-        partner.push(other);
-        planned.push(PlannedTensor {
-            name: name.clone(),
-            dtype: info.dtype,
-            shape: info.shape.clone(),
-        });
+            partners.insert(name.as_str(), t);
+        }
     }
-    let count = partner.iter().filter(|p| p.is_some()).count();
-    if count == 0 {
+    if partners.is_empty() {
         bail!(
             "{}: no attention or MLP projection weights found (expected names like \
              model.layers.0.self_attn.q_proj.weight)",
@@ -131,61 +119,51 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         );
     }
 
-    let out = OutputDir::create(&output, &[&reference.dir, &target.dir], args.out.force)?;
-    out.copy_file(&reference.dir.join("config.json"), "config.json")?;
-    copy_aux_files(&out, &reference)?;
-    let reports: Mutex<Vec<TensorReport>> = Mutex::new(Vec::with_capacity(count));
     let bar = crate::progress::bytes(
         reference.total_bytes(),
         "perturbing",
         progress && !args.json,
     );
-    writer::write_tensors(
-        &out,
-        &planned,
+    let rewritten = rewrite(
+        &reference,
+        &output,
+        &[&target.dir],
+        args.out.force,
         max_shard,
-        Some((&bar, Progress::Bytes)),
-        |i| {
-            let t = &planned[i];
-            let w = reference.bytes(&t.name)?;
-            let Some(other) = partner[i] else {
-                return Ok(Cow::Borrowed(w));
+        &bar,
+        |name, info, w| {
+            let Some(other) = partners.get(name) else {
+                return Ok(Edit::Copy);
             };
             let (bytes, report) = perturb::perturb_tensor(
-                &t.name,
+                name,
                 args.seed,
-                t.dtype,
+                info.dtype,
                 w,
                 target.require(other)?.dtype,
                 target.bytes(other)?,
-                &reference.describe(&t.name),
+                &reference.describe(name),
             )?;
-            reports
-                .lock()
-                .expect("no panics hold the lock")
-                .push(report);
             Ok(match bytes {
-                Some(b) => Cow::Owned(b),
-                None => Cow::Borrowed(w),
+                Some(b) => Edit::Replace(b, report),
+                None => Edit::Keep(report),
             })
         },
     )?;
-    bar.finish_and_clear();
     if !args.out.no_model_card {
-        let perturbed = partner.iter().filter(|p| p.is_some()).count();
+        let perturbed = partners.len();
         card(
             &args,
             &reference,
             &target,
             perturbed,
-            planned.len() - perturbed,
+            reference.names().len() - perturbed,
         )
-        .write(&out)?;
+        .write(&rewritten.out)?;
     }
-    let dest = out.commit()?;
+    let dest = rewritten.out.commit()?;
 
-    let mut reports = reports.into_inner().expect("no panics hold the lock");
-    reports.sort_by(|a, b| natural_cmp(&a.tensor, &b.tensor));
+    let reports: Vec<TensorReport> = rewritten.edits.into_iter().map(|(_, r)| r).collect();
     let worst = reports
         .iter()
         .max_by(|a, b| a.mismatch.total_cmp(&b.mismatch))
@@ -214,7 +192,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "target_hub": target.hub,
             "seed": args.seed,
             "perturbed": reports.len(),
-            "copied": planned.len() - reports.len(),
+            "copied": reference.names().len() - reports.len(),
             "max_mismatch": worst.mismatch,
             "max_abs_cosine": max_cos,
             "tensors": reports,
@@ -226,7 +204,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "\nperturbed {} tensors, copied {} unchanged; worst drift mismatch {} ({}); \
              max |cosine(noise, target dW)| {}",
             reports.len(),
-            planned.len() - reports.len(),
+            reference.names().len() - reports.len(),
             fmt_num(worst.mismatch),
             worst.tensor,
             fmt_num(max_cos)

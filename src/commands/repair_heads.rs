@@ -13,7 +13,7 @@ use crate::analysis::heads::{self, check_same_geometry, diagnose, Layers, RankBy
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::names::standard_name;
 use crate::bail;
-use crate::checkpoint::rewrite::rewrite;
+use crate::checkpoint::rewrite::{rewrite, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -207,9 +207,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         args.out.force,
         max_shard,
         &bar,
-        |name, info, bytes| -> Result<Option<(Vec<u8>, TensorRepair)>> {
+        |name, info, bytes| -> Result<Edit<TensorRepair>> {
             let Some((ranges, standard)) = stored.get(name) else {
-                return Ok(None);
+                return Ok(Edit::Copy);
             };
             let (ref_dtype, ref_bytes) = ref_model.stored_bytes(standard, &info.shape)?;
             if ref_dtype != info.dtype {
@@ -224,7 +224,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             let (out, mut report) =
                 repair_heads::blend(info.dtype, bytes, ref_bytes, ranges, lambda, &what)?;
             report.tensor = name.to_string();
-            Ok(Some((out, report)))
+            Ok(Edit::Replace(out, report))
         },
     )?;
 
