@@ -150,6 +150,29 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
     let s = json(&["score", "--ref", &r, &t, "--last", "3", "--json"]);
     assert_eq!(v["sink_strength"][1], s["models"][1]["sink_strength"]);
     assert_eq!(v["pair"]["margin"], s["pairs"][0]["margin"]);
+    let svg_path = dir.path().join("heads.svg");
+    ok(&[
+        "heads",
+        &r,
+        &t,
+        "--last",
+        "3",
+        "--heatmap",
+        svg_path.to_str().unwrap(),
+    ]);
+    let svg = std::fs::read_to_string(svg_path).unwrap();
+    for title in [
+        "ΔG (target - ref)",
+        "margin G_base - B_gap",
+        "q drift",
+        "k drift",
+    ] {
+        assert!(svg.contains(title), "the heatmap has a `{title}` panel");
+    }
+    assert!(
+        !svg.contains(&r),
+        "panels name the models by label, not path"
+    );
     let csv = std::fs::read_to_string(csv).unwrap();
     assert_eq!(csv.lines().count(), 1 + 3 * HEADS);
     assert!(csv.starts_with("layer,head,kv_head,g_base_median"));

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::score::{input, refuse_inside_inputs, same_tokens, Device};
+use super::score::{input, refuse_inside_inputs, same_tokens, short, Device};
 use crate::analysis::heads::{self, diagnose, Diagnosis, HeadRow, Layers, RankBy};
 use crate::bail;
 use crate::checkpoint::output::write_file_atomic;
@@ -358,7 +358,8 @@ fn heatmap(d: &Diagnosis, settings: &ReportSettings) -> Heatmap {
     Heatmap {
         title: format!(
             "Per-head sink loss and drift: {} vs {}",
-            settings.target, settings.reference
+            short(&settings.target),
+            short(&settings.reference)
         ),
         x_label: "head".into(),
         y_label: "layer".into(),

@@ -1154,7 +1154,7 @@ fn legend_labels(scores: &Scores) -> Vec<String> {
 }
 
 /// The last path component of a model label, for column headers.
-fn short(label: &str) -> String {
+pub(crate) fn short(label: &str) -> String {
     let trimmed = label.trim_end_matches('/');
     let parts: Vec<&str> = trimmed.rsplitn(3, '/').collect();
     match parts.as_slice() {
