@@ -22,6 +22,15 @@ pub struct Rewritten<R> {
     pub edits: Vec<(String, R)>,
 }
 
+/// What the output has besides the source's tensors and files.
+#[derive(Default)]
+pub struct Additions {
+    /// config.json to write instead of the source's.
+    pub config: Option<serde_json::Value>,
+    /// New tensors and their bytes, placed among the source's in natural name order.
+    pub tensors: Vec<(PlannedTensor, Vec<u8>)>,
+}
+
 /// What an edit does with one tensor.
 pub enum Edit<R> {
     /// Copy it byte for byte.
@@ -32,7 +41,8 @@ pub enum Edit<R> {
     Replace(Vec<u8>, R),
 }
 
-/// Write `source` to `output` with the tensors `edit(name, info, bytes)` recomputes. `other_inputs` are further directories the output must not lie inside.
+/// Write `source` to `output` with the tensors `edit(name, info, bytes)` recomputes, plus
+/// `additions`. `other_inputs` are further directories the output must not lie inside.
 /// Nothing is visible at `output` until the caller commits [`Rewritten::out`].
 pub fn rewrite<R: Send>(
     source: &Checkpoint,
@@ -41,22 +51,31 @@ pub fn rewrite<R: Send>(
     force: bool,
     max_shard_size: u64,
     bar: &ProgressBar,
+    additions: &Additions,
     edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Edit<R>> + Sync,
 ) -> Result<Rewritten<R>> {
-    let planned: Vec<PlannedTensor> = (source.names().iter())
+    // Each planned tensor, and the index of its bytes in `additions` when it is new.
+    let mut planned: Vec<(PlannedTensor, Option<usize>)> = (source.names().iter())
         .map(|n| {
             let info = source.info(n).expect("listed");
-            PlannedTensor {
+            let t = PlannedTensor {
                 name: n.clone(),
                 dtype: info.dtype,
                 shape: info.shape.clone(),
-            }
+            };
+            (t, None)
         })
+        .chain((additions.tensors.iter().enumerate()).map(|(i, (t, _))| (t.clone(), Some(i))))
         .collect();
+    planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
+    let (planned, added): (Vec<PlannedTensor>, Vec<Option<usize>>) = planned.into_iter().unzip();
     let mut inputs = vec![source.dir.as_path()];
     inputs.extend_from_slice(other_inputs);
     let out = OutputDir::create(output, &inputs, force)?;
-    out.copy_file(&source.dir.join("config.json"), "config.json")?;
+    match &additions.config {
+        Some(config) => out.write_json("config.json", config)?,
+        None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
+    }
     copy_aux_files(&out, source)?;
     let edits = Mutex::new(Vec::new());
     writer::write_tensors(
@@ -65,6 +84,9 @@ pub fn rewrite<R: Send>(
         max_shard_size,
         Some((bar, Progress::Bytes)),
         |i| {
+            if let Some(a) = added[i] {
+                return Ok(Cow::Borrowed(additions.tensors[a].1.as_slice()));
+            }
             let name = &planned[i].name;
             let bytes = source.bytes(name)?;
             let info = source.info(name).expect("listed");

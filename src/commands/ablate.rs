@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{QkNorm, TextConfig};
-use crate::checkpoint::rewrite::{rewrite, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -171,6 +171,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         args.out.force,
         max_shard,
         &bar,
+        &Additions::default(),
         |name, info, bytes| {
             if !targets.contains(name) {
                 return Ok(Edit::Copy);

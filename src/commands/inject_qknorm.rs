@@ -1,13 +1,12 @@
 //! `sinkmerge inject-qknorm`: rewrite a Qwen2/Qwen2.5 causal LM as a Qwen3 checkpoint with
 //! unit-scale per-head QK-RMSNorm (Section 5, Appendix F.3).
 
-use std::borrow::Cow;
-
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::writer::{self, PlannedTensor, Progress};
-use crate::checkpoint::{copy_aux_files, dtype, natural_cmp, output::OutputDir, Checkpoint};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::writer::PlannedTensor;
+use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
@@ -48,56 +47,32 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;
 
-    // Original tensors first in the plan's list, added ones after; then natural name order.
     let originals = model.names().len();
-    let mut order: Vec<(String, Option<usize>)> = model
-        .names()
-        .iter()
-        .map(|n| (n.clone(), None))
-        .chain(
-            plan.added
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.name.clone(), Some(i))),
-        )
-        .collect();
-    order.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-    let planned: Vec<PlannedTensor> = order
-        .iter()
-        .map(|(name, added)| match added {
-            Some(i) => PlannedTensor {
-                name: name.clone(),
-                dtype: plan.added[*i].dtype,
-                shape: plan.added[*i].shape.clone(),
-            },
-            None => {
-                let info = model.info(name).expect("listed");
-                PlannedTensor {
-                    name: name.clone(),
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                }
-            }
-        })
-        .collect();
-
-    let out = OutputDir::create(&output, &[&model.dir], args.out.force)?;
-    out.write_json("config.json", &plan.config)?;
-    copy_aux_files(&out, &model)?;
-    let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
-    writer::write_tensors(
-        &out,
-        &planned,
-        max_shard,
-        Some((&bar, Progress::Bytes)),
-        |i| {
-            Ok(match order[i].1 {
-                Some(a) => Cow::Owned(plan.added[a].bytes()?),
-                None => Cow::Borrowed(model.bytes(&order[i].0)?),
+    let additions = Additions {
+        config: Some(plan.config.clone()),
+        tensors: (plan.added.iter())
+            .map(|t| {
+                let planned = PlannedTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                };
+                Ok((planned, t.bytes()?))
             })
-        },
+            .collect::<Result<_>>()?,
+    };
+    let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
+    let rewritten = rewrite(
+        &model,
+        &output,
+        &[],
+        args.out.force,
+        max_shard,
+        &bar,
+        &additions,
+        |_, _, _| Ok(Edit::<()>::Copy),
     )?;
-    bar.finish_and_clear();
+    let out = rewritten.out;
     let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
     if !args.out.no_model_card {
         let input = model_card::Input::new("model", true, &model);

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::{config, names, TextConfig};
-use crate::checkpoint::rewrite::{rewrite, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -131,6 +131,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         args.out.force,
         max_shard,
         &bar,
+        &Additions::default(),
         |name, info, w| {
             let Some(other) = partners.get(name) else {
                 return Ok(Edit::Copy);

@@ -13,7 +13,7 @@ use crate::analysis::heads::{self, check_same_geometry, diagnose, Layers, RankBy
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::names::standard_name;
 use crate::bail;
-use crate::checkpoint::rewrite::{rewrite, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -207,6 +207,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         args.out.force,
         max_shard,
         &bar,
+        &Additions::default(),
         |name, info, bytes| -> Result<Edit<TensorRepair>> {
             let Some((ranges, standard)) = stored.get(name) else {
                 return Ok(Edit::Copy);
