@@ -22,6 +22,17 @@ pub struct Rewritten<R> {
     pub edits: Vec<(String, R)>,
 }
 
+/// Where the output goes.
+pub struct Destination<'a> {
+    /// The output directory.
+    pub dir: &'a Path,
+    /// Inputs besides the source that the output must not lie inside.
+    pub other_inputs: &'a [&'a Path],
+    /// Replace a non-empty `dir`.
+    pub force: bool,
+    pub max_shard_size: u64,
+}
+
 /// What the output has besides the source's tensors and files.
 #[derive(Default)]
 pub struct Additions {
@@ -41,15 +52,12 @@ pub enum Edit<R> {
     Replace(Vec<u8>, R),
 }
 
-/// Write `source` to `output` with the tensors `edit(name, info, bytes)` recomputes, plus
-/// `additions`. `other_inputs` are further directories the output must not lie inside.
-/// Nothing is visible at `output` until the caller commits [`Rewritten::out`].
+/// Write `source` to `to.dir` with the tensors `edit(name, info, bytes)` recomputes, plus
+/// `additions`. Nothing is visible at the destination until the caller commits
+/// [`Rewritten::out`].
 pub fn rewrite<R: Send>(
     source: &Checkpoint,
-    output: &Path,
-    other_inputs: &[&Path],
-    force: bool,
-    max_shard_size: u64,
+    to: &Destination,
     bar: &ProgressBar,
     additions: &Additions,
     edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Edit<R>> + Sync,
@@ -70,8 +78,8 @@ pub fn rewrite<R: Send>(
     planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
     let (planned, added): (Vec<PlannedTensor>, Vec<Option<usize>>) = planned.into_iter().unzip();
     let mut inputs = vec![source.dir.as_path()];
-    inputs.extend_from_slice(other_inputs);
-    let out = OutputDir::create(output, &inputs, force)?;
+    inputs.extend_from_slice(to.other_inputs);
+    let out = OutputDir::create(to.dir, &inputs, to.force)?;
     match &additions.config {
         Some(config) => out.write_json("config.json", config)?,
         None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
@@ -81,7 +89,7 @@ pub fn rewrite<R: Send>(
     writer::write_tensors(
         &out,
         &planned,
-        max_shard_size,
+        to.max_shard_size,
         Some((bar, Progress::Bytes)),
         |i| {
             if let Some(a) = added[i] {

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{QkNorm, TextConfig};
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -166,10 +166,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
     let rewritten = rewrite(
         &model,
-        &output,
-        &[],
-        args.out.force,
-        max_shard,
+        &Destination {
+            dir: &output,
+            other_inputs: &[],
+            force: args.out.force,
+            max_shard_size: max_shard,
+        },
         &bar,
         &Additions::default(),
         |name, info, bytes| {

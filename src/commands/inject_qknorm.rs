@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::writer::PlannedTensor;
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
@@ -64,10 +64,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
     let rewritten = rewrite(
         &model,
-        &output,
-        &[],
-        args.out.force,
-        max_shard,
+        &Destination {
+            dir: &output,
+            other_inputs: &[],
+            force: args.out.force,
+            max_shard_size: max_shard,
+        },
         &bar,
         &additions,
         |_, _, _| Ok(Edit::<()>::Copy),

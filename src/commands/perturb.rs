@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::{config, names, TextConfig};
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -126,10 +126,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     );
     let rewritten = rewrite(
         &reference,
-        &output,
-        &[&target.dir],
-        args.out.force,
-        max_shard,
+        &Destination {
+            dir: &output,
+            other_inputs: &[&target.dir],
+            force: args.out.force,
+            max_shard_size: max_shard,
+        },
         &bar,
         &Additions::default(),
         |name, info, w| {

@@ -13,7 +13,7 @@ use crate::analysis::heads::{self, check_same_geometry, diagnose, Layers, RankBy
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::names::standard_name;
 use crate::bail;
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -202,10 +202,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
     let rewritten = rewrite(
         &ckpts[1],
-        &output,
-        &[ckpts[0].dir.as_path()],
-        args.out.force,
-        max_shard,
+        &Destination {
+            dir: &output,
+            other_inputs: &[ckpts[0].dir.as_path()],
+            force: args.out.force,
+            max_shard_size: max_shard,
+        },
         &bar,
         &Additions::default(),
         |name, info, bytes| -> Result<Edit<TensorRepair>> {
