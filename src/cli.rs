@@ -107,12 +107,23 @@ pub struct OutputArgs {
 impl OutputArgs {
     /// The output directory (required by `command`) and the shard size in bytes.
     pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
-        let output = (self.output.clone())
+        let to = self.destination(command)?;
+        Ok((to.dir.to_path_buf(), to.max_shard_size))
+    }
+
+    /// Where a rewrite of one checkpoint goes (required by `command`), with no other inputs.
+    pub fn destination(
+        &self,
+        command: &str,
+    ) -> crate::error::Result<crate::checkpoint::rewrite::Destination<'_>> {
+        let dir = (self.output.as_deref())
             .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
-        Ok((
-            output,
-            crate::checkpoint::writer::parse_size(&self.max_shard_size)?,
-        ))
+        Ok(crate::checkpoint::rewrite::Destination {
+            dir,
+            other_inputs: &[],
+            force: self.force,
+            max_shard_size: crate::checkpoint::writer::parse_size(&self.max_shard_size)?,
+        })
     }
 }
 

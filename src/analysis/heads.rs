@@ -23,7 +23,7 @@ use crate::sink::backend::Backend;
 use crate::sink::forward::Model;
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;
-use crate::sink::score::{score, HeadPairStatistics, Input, PairStatistics, Settings};
+use crate::sink::score::{score, HeadPairStatistics, Input, PairStatistics, Scores, Settings};
 
 /// One of the four attention projections, as `--modules` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -352,26 +352,31 @@ pub enum RankBy {
 }
 
 impl RankBy {
-    fn value(self, row: &HeadRow) -> Option<f64> {
+    fn value(self, sink: &HeadPairStatistics) -> Option<f64> {
         match self {
-            RankBy::DeltaG => row.sink.delta_g,
-            RankBy::Margin => row.sink.margin,
+            RankBy::DeltaG => sink.delta_g,
+            RankBy::Margin => sink.margin,
         }
     }
 }
 
-/// Indices of `rows`, most damaged first under `rank_by`; heads without the measure last, ties
+/// Indices of `sinks`, most damaged first under `rank_by`; heads without the measure last, ties
 /// in layer and head order.
-pub fn rank(rows: &[HeadRow], rank_by: RankBy) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..rows.len()).collect();
+pub fn rank<'a>(
+    sinks: impl IntoIterator<Item = &'a HeadPairStatistics>,
+    rank_by: RankBy,
+) -> Vec<usize> {
+    let sinks: Vec<&HeadPairStatistics> = sinks.into_iter().collect();
+    let mut order: Vec<usize> = (0..sinks.len()).collect();
     order.sort_by(|&a, &b| {
-        match (rank_by.value(&rows[a]), rank_by.value(&rows[b])) {
+        let (a, b) = (sinks[a], sinks[b]);
+        match (rank_by.value(a), rank_by.value(b)) {
             (Some(x), Some(y)) => x.total_cmp(&y),
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
             (None, None) => std::cmp::Ordering::Equal,
         }
-        .then((rows[a].sink.layer, rows[a].sink.head).cmp(&(rows[b].sink.layer, rows[b].sink.head)))
+        .then((a.layer, a.head).cmp(&(b.layer, b.head)))
     });
     order
 }
@@ -548,30 +553,52 @@ impl Layers {
     }
 }
 
-/// Score the reference `pair[0]` and the target `pair[1]` in one pass and join each head's sink
-/// statistics to its drift over `layers`. `settings.last` is widened to reach the first listed
-/// layer; `on_layer` is called after each model finishes each layer.
+/// The sink half of [`diagnose`]: score the reference `pair[0]` and the target `pair[1]`
+/// (models of `num_layers` layers) in one pass and return each head of `layers` (ascending)
+/// against the reference, with the pass's reports. `settings.last` is widened to reach the
+/// first of `layers`; `on_layer` is called after each model finishes each layer.
+pub fn head_sinks<B: Backend>(
+    backend: &B,
+    pair: &[Input; 2],
+    layers: &[usize],
+    num_layers: usize,
+    mut settings: Settings,
+    on_layer: &dyn Fn(),
+) -> Result<(Vec<HeadPairStatistics>, Scores)> {
+    settings.last = num_layers - layers.first().copied().unwrap_or(0);
+    let scored = score(backend, pair, Some(0), settings, on_layer)?;
+    let sinks = (scored.observations.head_pairs(1).into_iter())
+        .filter(|h| layers.binary_search(&h.layer).is_ok())
+        .collect();
+    Ok((sinks, scored.scores))
+}
+
+/// Score the reference `pair[0]` and the target `pair[1]` in one pass ([`head_sinks`]) and join
+/// each head's sink statistics to its drift over `layers`.
 pub fn diagnose<B: Backend>(
     backend: &B,
     pair: &[Input; 2],
     layers: &Layers,
-    mut settings: Settings,
+    settings: Settings,
     on_layer: &dyn Fn(),
 ) -> Result<Diagnosis> {
     let (ref_model, target_model) = (Model::new(pair[0].ckpt)?, Model::new(pair[1].ckpt)?);
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
     let chosen = layers.of(spec.num_layers());
-    settings.last = spec.num_layers() - chosen.first().copied().unwrap_or(0);
-    let scored = score(backend, pair, Some(0), settings, on_layer)?;
-    let sink: Vec<HeadPairStatistics> = (scored.observations.head_pairs(1).into_iter())
-        .filter(|h| chosen.binary_search(&h.layer).is_ok())
-        .collect();
+    let (sinks, scores) = head_sinks(
+        backend,
+        pair,
+        &chosen,
+        spec.num_layers(),
+        settings,
+        on_layer,
+    )?;
     let drift = head_drift(&ref_model, &target_model, &chosen)?;
-    let models = &scored.scores.models;
+    let models = &scores.models;
     Ok(Diagnosis {
-        heads: join(spec, sink, drift),
-        pair: scored.scores.pairs[0].statistics.clone(),
+        heads: join(spec, sinks, drift),
+        pair: scores.pairs[0].statistics.clone(),
         sink_strength: [
             models[0].statistics.sink_strength,
             models[1].statistics.sink_strength,

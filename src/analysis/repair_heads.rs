@@ -172,13 +172,14 @@ pub struct TensorRepair {
 
 /// `target`'s bytes with the entries in `ranges` set to `(1 - lambda) target + lambda reference`
 /// (f32 arithmetic, rounded once to the dtype); at `lambda = 1` they are the reference's bytes,
-/// at 0 the target's. `what` names the tensor in errors.
+/// at 0 the target's. The report names `tensor`; `what` names it in errors.
 pub fn blend(
     dtype: safetensors::Dtype,
     target: &[u8],
     reference: &[u8],
     ranges: &[Range<usize>],
     lambda: f32,
+    tensor: &str,
     what: &str,
 ) -> Result<(Vec<u8>, TensorRepair)> {
     if target.len() != reference.len() {
@@ -207,7 +208,7 @@ pub fn blend(
     Ok((
         out,
         TensorRepair {
-            tensor: what.to_string(),
+            tensor: tensor.to_string(),
             entries,
             changed,
         },
@@ -265,14 +266,14 @@ mod tests {
         let t = dtype::encode(dt, &[1.0, 2.0, 3.0, 4.0]).unwrap();
         let r = dtype::encode(dt, &[5.0, 6.0, 7.0, 8.0]).unwrap();
         let middle: Vec<Range<usize>> = std::iter::once(1..3).collect();
-        let (one, rep) = blend(dt, &t, &r, &middle, 1.0, "x").unwrap();
+        let (one, rep) = blend(dt, &t, &r, &middle, 1.0, "x", "x").unwrap();
         assert_eq!(
             dtype::decode(dt, &one, "").unwrap(),
             vec![1.0, 6.0, 7.0, 4.0]
         );
         assert_eq!((rep.entries, rep.changed), (2, 2));
-        assert_eq!(blend(dt, &t, &r, &middle, 0.0, "x").unwrap().0, t);
-        let half = blend(dt, &t, &r, &[0..1, 3..4], 0.5, "x").unwrap().0;
+        assert_eq!(blend(dt, &t, &r, &middle, 0.0, "x", "x").unwrap().0, t);
+        let half = blend(dt, &t, &r, &[0..1, 3..4], 0.5, "x", "x").unwrap().0;
         assert_eq!(
             dtype::decode(dt, &half, "").unwrap(),
             vec![3.0, 2.0, 3.0, 6.0]

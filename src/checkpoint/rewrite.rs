@@ -23,6 +23,7 @@ pub struct Rewritten<R> {
 }
 
 /// Where the output goes.
+#[derive(Debug, Clone, Copy)]
 pub struct Destination<'a> {
     /// The output directory.
     pub dir: &'a Path,

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{QkNorm, TextConfig};
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -62,7 +62,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let (output, max_shard) = args.out.required("ablate")?;
+    let to = args.out.destination("ablate")?;
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }
@@ -166,12 +166,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
     let rewritten = rewrite(
         &model,
-        &Destination {
-            dir: &output,
-            other_inputs: &[],
-            force: args.out.force,
-            max_shard_size: max_shard,
-        },
+        &to,
         &bar,
         &Additions::default(),
         |name, info, bytes| {

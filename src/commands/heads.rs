@@ -164,23 +164,23 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     ];
     same_tokens(&pair[0], &pair[1], None)?;
 
-    let settings = Settings::default();
     let show = progress && !args.json;
+    let num_layers = spec.num_layers();
     let diagnosis = match args.device {
         Device::Cpu => run_on(
             &CpuBackend::new(args.precision),
             &pair,
             &layers,
-            settings,
+            num_layers,
             show,
         )?,
         Device::Cuda(ordinal) => {
             let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
-            run_on(&backend, &pair, &layers, settings, show)?
+            run_on(&backend, &pair, &layers, num_layers, show)?
         }
     };
     let report = Report {
-        ranking: heads::rank(&diagnosis.heads, args.rank_by),
+        ranking: heads::rank(diagnosis.heads.iter().map(|h| &h.sink), args.rank_by),
         correlations: heads::correlations(
             &diagnosis.heads,
             args.permutations,
@@ -233,12 +233,11 @@ fn run_on<B: Backend>(
     backend: &B,
     pair: &[Input; 2],
     layers: &Layers,
-    settings: Settings,
+    num_layers: usize,
     show: bool,
 ) -> Result<Diagnosis> {
-    let spec = DecoderSpec::from_model_config(&pair[0].ckpt.config)?;
-    let bar = crate::progress::items(2 * spec.num_layers() as u64, "layers", show);
-    let diagnosis = diagnose(backend, pair, layers, settings, &|| bar.inc(1))?;
+    let bar = crate::progress::items(2 * num_layers as u64, "layers", show);
+    let diagnosis = diagnose(backend, pair, layers, Settings::default(), &|| bar.inc(1))?;
     bar.finish_and_clear();
     Ok(diagnosis)
 }

@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::writer::PlannedTensor;
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
@@ -43,7 +43,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let (output, max_shard) = args.out.required("inject-qknorm")?;
+    let to = args.out.destination("inject-qknorm")?;
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;
 
@@ -62,18 +62,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             .collect::<Result<_>>()?,
     };
     let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
-    let rewritten = rewrite(
-        &model,
-        &Destination {
-            dir: &output,
-            other_inputs: &[],
-            force: args.out.force,
-            max_shard_size: max_shard,
-        },
-        &bar,
-        &additions,
-        |_, _, _| Ok(Edit::<()>::Copy),
-    )?;
+    let rewritten = rewrite(&model, &to, &bar, &additions, |_, _, _| {
+        Ok(Edit::<()>::Copy)
+    })?;
     let out = rewritten.out;
     let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
     if !args.out.no_model_card {

@@ -59,7 +59,7 @@ pub struct Args {
 const WARN_MISMATCH: f64 = 1e-3;
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let (output, max_shard) = args.out.required("perturb")?;
+    let to = args.out.destination("perturb")?;
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
     if let (Ok(a), Ok(b)) = (
@@ -127,10 +127,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let rewritten = rewrite(
         &reference,
         &Destination {
-            dir: &output,
             other_inputs: &[&target.dir],
-            force: args.out.force,
-            max_shard_size: max_shard,
+            ..to
         },
         &bar,
         &Additions::default(),

@@ -9,9 +9,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::score::{input, same_tokens};
-use crate::analysis::heads::{self, check_same_geometry, diagnose, Layers, RankBy};
+use crate::analysis::heads::{self, check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
-use crate::arch::names::standard_name;
 use crate::bail;
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::Checkpoint;
@@ -123,7 +122,7 @@ struct Recipe {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let (output, max_shard) = args.out.required("repair-heads")?;
+    let to = args.out.destination("repair-heads")?;
     if !(0.0..=1.0).contains(&args.lambda) {
         bail!("--lambda {} is outside [0, 1]", args.lambda);
     }
@@ -167,17 +166,19 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             ];
             same_tokens(&pair[0], &pair[1], None)?;
             let bar = crate::progress::items(2 * spec.num_layers() as u64, "scoring", show);
-            let d = diagnose(
+            // The ranking needs the sink statistics only, not the drift.
+            let (sinks, _) = heads::head_sinks(
                 &CpuBackend::default(),
                 &pair,
-                &layers,
+                &candidate_layers,
+                spec.num_layers(),
                 Settings::default(),
                 &|| bar.inc(1),
             )?;
             bar.finish_and_clear();
-            let order = heads::rank(&d.heads, args.rank_by);
+            let order = heads::rank(&sinks, args.rank_by);
             let mut top: Vec<(usize, usize)> = (order.iter().take(*k))
-                .map(|&i| (d.heads[i].sink.layer, d.heads[i].sink.head))
+                .map(|&i| (sinks[i].layer, sinks[i].head))
                 .collect();
             top.sort_unstable();
             top
@@ -185,28 +186,18 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
 
     let plan = repair_heads::plan(spec, &chosen, &modules);
-    // The target's stored names of the planned tensors (a VLM prefixes its language model).
-    let stored: HashMap<String, (&Vec<Range<usize>>, String)> = (ckpts[1].names().iter())
-        .filter_map(|n| {
-            let standard = standard_name(n)?;
-            plan.get(&standard).map(|r| (n.clone(), (r, standard)))
-        })
-        .collect();
-    if stored.len() != plan.len() {
-        let missing = (plan.keys())
-            .find(|k| !stored.values().any(|(_, s)| s == *k))
-            .expect("a planned tensor is missing");
-        bail!("{}: tensor `{missing}` is missing", ckpts[1].label);
+    // The planned tensors by the target's stored names (a VLM prefixes its language model).
+    let mut stored: HashMap<&str, (&[Range<usize>], &str)> = HashMap::new();
+    for (standard, ranges) in &plan {
+        stored.insert(target_model.stored_name(standard)?, (ranges, standard));
     }
     let lambda = args.lambda as f32;
     let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
     let rewritten = rewrite(
         &ckpts[1],
         &Destination {
-            dir: &output,
             other_inputs: &[ckpts[0].dir.as_path()],
-            force: args.out.force,
-            max_shard_size: max_shard,
+            ..to
         },
         &bar,
         &Additions::default(),
@@ -224,9 +215,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 );
             }
             let what = ckpts[1].describe(name);
-            let (out, mut report) =
-                repair_heads::blend(info.dtype, bytes, ref_bytes, ranges, lambda, &what)?;
-            report.tensor = name.to_string();
+            let (out, report) =
+                repair_heads::blend(info.dtype, bytes, ref_bytes, ranges, lambda, name, &what)?;
             Ok(Edit::Replace(out, report))
         },
     )?;

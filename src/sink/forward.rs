@@ -56,7 +56,8 @@ impl<'a> Model<'a> {
         Ok(model)
     }
 
-    fn stored_name(&self, name: &str) -> Result<&str> {
+    /// The stored name of the Hugging Face standard `name`.
+    pub fn stored_name(&self, name: &str) -> Result<&str> {
         self.stored.get(name).map(String::as_str).ok_or_else(|| {
             bad!(
                 "{}: tensor `{name}` is missing (a {} checkpoint needs it)",
