@@ -17,19 +17,8 @@ nice -n 10 cargo build -q --release --bin sinkmerge --example synth_checkpoint
 SM=target/release/sinkmerge
 TOK=tests/fixtures/models/qwen2
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-
-measure() {  # measure LABEL CMD...: appends "label wall_s cpu_s maxrss_kb" to $WORK/results.txt
-  local label=$1; shift
-  local log; log=$(mktemp)
-  /usr/bin/time -v "$@" >/dev/null 2>"$log"
-  local wall cpu rss
-  wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,t,":"); s=0; for(i=1;i<=n;i++) s=s*60+t[i]; print s}' "$log")
-  cpu=$(awk -F': ' '/User time/ {u=$2} /System time/ {s=$2} END {print u+s}' "$log")
-  rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$log")
-  echo "$label $wall $cpu $rss" | tee -a "$WORK/results.txt"
-  rm -f "$log"
-}
+# median, measure, summary
+source benches/timing.sh
 
 for seed in 0 1; do
   dir="$WORK/m$seed"
@@ -50,8 +39,6 @@ echo
 echo "Qwen2.5-7B shapes, $LAYERS layers, 15 default prompts; medians of $RUNS runs (load $(cut -d' ' -f1 /proc/loadavg))"
 printf '%-22s %9s %9s %12s\n' command wall_s cpu_s peak_rss_MB
 for label in heads score norms; do
-  w=$(awk -v l="$label" '$1==l {print $2}' "$WORK/results.txt" | median)
-  c=$(awk -v l="$label" '$1==l {print $3}' "$WORK/results.txt" | median)
-  r=$(awk -v l="$label" '$1==l {print $4}' "$WORK/results.txt" | median)
+  read -r w c r <<<"$(summary "$label")"
   printf '%-22s %9.1f %9.1f %12.0f\n' "$label" "$w" "$c" "$(echo "$r/1024" | bc -l)"
 done

@@ -23,20 +23,8 @@ nice -n 10 cargo build -q --release --bin sinkmerge --example synth_checkpoint
 SM=target/release/sinkmerge
 TOK=tests/fixtures/models/qwen2
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-
-# measure LABEL CMD...: appends "label wall_s cpu_s maxrss_kb" to $WORK/results.txt
-measure() {
-  local label=$1; shift
-  local log; log=$(mktemp)
-  /usr/bin/time -v "$@" >/dev/null 2>"$log"
-  local wall cpu rss
-  wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,t,":"); s=0; for(i=1;i<=n;i++) s=s*60+t[i]; print s}' "$log")
-  cpu=$(awk -F': ' '/User time/ {u=$2} /System time/ {s=$2} END {print u+s}' "$log")
-  rss=$(awk -F': ' '/Maximum resident set size/ {print $2}' "$log")
-  echo "$label $wall $cpu $rss" | tee -a "$WORK/results.txt"
-  rm -f "$log"
-}
+# median, measure, summary
+source benches/timing.sh
 
 synth() {  # synth DIR ARGS...: a synthetic checkpoint with the fixtures' tokenizer
   local dir=$1; shift
@@ -44,15 +32,6 @@ synth() {  # synth DIR ARGS...: a synthetic checkpoint with the fixtures' tokeni
     nice -n 10 target/release/examples/synth_checkpoint "$dir" "$@" --dtype bf16 >/dev/null
     cp "$TOK/tokenizer.json" "$TOK/tokenizer_config.json" "$dir/"
   fi
-}
-
-summary() {  # summary LABEL: median wall, cpu, rss of the runs labelled LABEL
-  local label=$1
-  local w c r
-  w=$(awk -v l="$label" '$1==l {print $2}' "$WORK/results.txt" | median)
-  c=$(awk -v l="$label" '$1==l {print $3}' "$WORK/results.txt" | median)
-  r=$(awk -v l="$label" '$1==l {print $4}' "$WORK/results.txt" | median)
-  echo "$w $c $r"
 }
 
 if [ "$MODE" = small ]; then

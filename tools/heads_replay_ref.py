@@ -7,7 +7,7 @@ The Rust test feeds the same dumped scores to sinkmerge's per-head accumulators,
 scores and any difference is in the metric code alone (the through-the-forward goldens of heads_ref.py also
 carry the two forward passes' float32 rounding, about 5e-6 in G).
 
-    python3 tools/heads_replay_ref.py     # numpy only; writes tests/fixtures/heads/replay_heads.json
+    tools/.venv/bin/python tools/heads_replay_ref.py     # writes tests/fixtures/heads/replay_heads.json
 
 G, pos0, the valid queries and B are sink_metrics_ref.py's head_observations and head_gap_perturbation, with the
 causal mask; medians are numpy.median, means numpy.mean; every prompt and layer (the window is all 6 layers).
@@ -20,30 +20,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
-# sink_metrics_ref imports torch and transformers at module level; only its numpy functions are used here.
+# Both import torch and transformers at module level; only their numpy functions are used here.
 import sink_metrics_ref as smr  # noqa: E402
+from paper_metrics_ref import replay_read  # noqa: E402  (the reader of the replay golden's dumps)
 
 REPLAY = ROOT / "tests" / "fixtures" / "score" / "paper" / "replay"
 OUT = ROOT / "tests" / "fixtures" / "heads" / "replay_heads.json"
-
-
-def read(path, n_layers, n_heads, lengths):
-    """[layer][prompt] -> float64 [H, T, T] scores (upper triangle -inf)."""
-    flat = np.fromfile(path, dtype="<f4")
-    assert flat.size == n_layers * n_heads * sum(t * (t + 1) // 2 for t in lengths), path
-    out, off = [], 0
-    for _ in range(n_layers):
-        row = []
-        for t in lengths:
-            n = t * (t + 1) // 2
-            block = flat[off:off + n_heads * n].reshape(n_heads, n).astype(np.float64)
-            off += n_heads * n
-            s = np.full((n_heads, t, t), -np.inf)
-            qi, pi = np.tril_indices(t)
-            s[:, qi, pi] = block
-            row.append(s)
-        out.append(row)
-    return out
 
 
 def fin(x):
@@ -55,8 +37,8 @@ def main():
     lengths = meta["prompts"]["lengths"]
     m0, m1 = meta["models"]
     n_layers, n_heads = m0["num_layers"], m0["num_heads"]
-    ref = read(REPLAY / m0["scores_file"], n_layers, n_heads, lengths)
-    tgt = read(REPLAY / m1["scores_file"], n_layers, n_heads, lengths)
+    ref = replay_read(REPLAY / m0["scores_file"], n_layers, n_heads, lengths)
+    tgt = replay_read(REPLAY / m1["scores_file"], n_layers, n_heads, lengths)
     heads = []
     for layer in range(n_layers):
         for h in range(n_heads):
