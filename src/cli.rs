@@ -21,8 +21,10 @@ Repo ids are looked up in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, 
 ~/.cache/huggingface/hub); one missing from it is downloaded there from the Hub (config, tokenizer \
 and safetensors files only), honouring HF_ENDPOINT, HF_TOKEN (or the token file) and \
 HF_HUB_OFFLINE=1. --no-download never downloads.\n\n\
-Exit codes: 0 success, 1 failure while writing or an internal error, 2 bad input or usage, \
-3 `inspect --check` found NaN/Inf.",
+Exit codes, the same in every command: 0 success; 1 a failure while writing, or an internal \
+error (a device error, a decomposition that did not converge on finite values); 2 bad input or \
+usage; 3 NaN or Inf values, stored in an input (`inspect --check` lists them) or produced by the \
+arithmetic (activations or merged values overflowing f32).",
     after_help = "Run `sinkmerge <COMMAND> --help` for each command's options."
 )]
 pub struct Cli {

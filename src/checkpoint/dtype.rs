@@ -119,11 +119,11 @@ pub fn encode_into(dtype: Dtype, values: &[f32], out: &mut [u8]) -> Result<()> {
     }
     let size = byte_size(dtype);
     if out.len() != values.len() * size {
-        bail!(
+        return Err(crate::internal!(
             "internal: {} bytes cannot hold {} {dtype:?} values",
             out.len(),
             values.len()
-        );
+        ));
     }
     out.par_chunks_mut(CHUNK * size)
         .zip(values.par_chunks(CHUNK))

@@ -253,9 +253,9 @@ pub fn serialize(tensors: &[TensorInfo], metadata: &BTreeMap<String, String>) ->
             .collect()
     });
     let header = safetensors::tensor::Metadata::new(meta, infos)
-        .map_err(|e| bad!("internal: cannot build a safetensors header: {e}"))?;
-    let mut json =
-        serde_json::to_vec(&header).map_err(|e| bad!("internal: cannot serialize header: {e}"))?;
+        .map_err(|e| crate::internal!("internal: cannot build a safetensors header: {e}"))?;
+    let mut json = serde_json::to_vec(&header)
+        .map_err(|e| crate::internal!("internal: cannot serialize header: {e}"))?;
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());

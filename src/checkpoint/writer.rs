@@ -133,7 +133,10 @@ where
     let mut seen = std::collections::HashSet::new();
     for t in tensors {
         if !seen.insert(t.name.as_str()) {
-            bail!("internal: tensor `{}` planned twice", t.name);
+            return Err(crate::internal!(
+                "internal: tensor `{}` planned twice",
+                t.name
+            ));
         }
     }
     let ranges = plan_shards(tensors, max_shard_size);
@@ -179,12 +182,12 @@ where
             let bytes = bytes?;
             let t = &tensors[i];
             if bytes.len() != t.byte_len() {
-                bail!(
+                return Err(crate::internal!(
                     "internal: tensor `{}` produced {} bytes, expected {}",
                     t.name,
                     bytes.len(),
                     t.byte_len()
-                );
+                ));
             }
             let (path, w) = &mut files[shard_of(i)];
             w.write_all(&bytes).map_err(|e| Error::write(path, e))?;

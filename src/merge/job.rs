@@ -236,22 +236,22 @@ impl<'a> TensorJob<'a> {
             let mut buf = Scratch::for_overwrite(block.len());
             source.read(block.range.start, &mut buf)?;
             if let Some(k) = buf.iter().position(|v| !v.is_finite()) {
-                bail!(
+                return Err(crate::non_finite!(
                     "{}: holds {} at flat index {}; merging would spread it into `{}`",
                     source.describe(),
                     buf[k],
                     block.range.start + k,
                     self.name
-                );
+                ));
             }
         }
         let k = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
-        bail!(
+        Err(crate::non_finite!(
             "merged tensor `{}` overflows to {} at flat index {} (all inputs are finite; check weights and lambda)",
             self.name,
             values[k],
             block.range.start + k
-        )
+        ))
     }
 }
 

@@ -18,12 +18,12 @@
 use rayon::prelude::*;
 
 use super::params::{Default, Kind, ParamSpec, Scope};
-use super::tsv::{is_spectral, row_major, SVD_EMBEDDINGS};
+use super::tsv::{is_spectral, row_major, svd_failed, SVD_EMBEDDINGS};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use crate::bail;
 use crate::error::Result;
 use crate::linalg::svd::{matmul, small_side_svd};
 use crate::tensor::Tensor;
-use crate::{bad, bail};
 use faer::Mat;
 
 pub struct Star;
@@ -76,7 +76,9 @@ impl MergeMethod for Star {
             .map(|i| {
                 let delta = job.read_delta(i)?;
                 if spectral {
-                    truncate(&delta, eta).map_err(|e| bad!("star: tensor `{}`: {e}", job.name))
+                    truncate(&delta, eta).map_err(|e| {
+                        e.context(format!("star: tensor `{}`, task vector {i}", job.name))
+                    })
                 } else {
                     Ok(delta.data)
                 }
@@ -144,7 +146,7 @@ pub fn certain_kept_rank(s: &[f32], eta: f64, err: &[f64]) -> Option<usize> {
 pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let (m, n) = (delta.rows(), delta.cols());
     let (s, top) = small_side_svd(delta.mat(), |s, err| certain_kept_rank(s, eta, err))
-        .map_err(|e| bad!("{e}"))?;
+        .map_err(|_| svd_failed(&[&delta.data]))?;
     let total: f64 = s.iter().map(|&x| x as f64).sum();
     if total == 0.0 {
         return Ok(vec![0.0; m * n]);

@@ -23,10 +23,10 @@ use rayon::prelude::*;
 
 use super::params::{Default, Kind, ParamSpec, Scope};
 use super::{MergeMethod, Prepared, TensorJob, TensorParams};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::linalg::svd::{matmul, polar, top_svd};
 use crate::tensor::Tensor;
-use crate::{bad, bail};
+use crate::{internal, non_finite};
 use faer::Mat;
 
 pub struct Tsv;
@@ -91,7 +91,7 @@ impl MergeMethod for Tsv {
             .map(|i| job.read_delta(i))
             .collect::<Result<Vec<_>>>()?;
         let merged = if is_spectral(job, params.flag("svd_embeddings")) {
-            merge_matrix(&deltas).map_err(|e| bad!("tsv: tensor `{}`: {e}", job.name))?
+            merge_matrix(&deltas).map_err(|e| e.context(format!("tsv: tensor `{}`", job.name)))?
         } else {
             running_mean(&deltas)
         };
@@ -102,6 +102,23 @@ impl MergeMethod for Tsv {
         }
         job.encode(&out)
     }
+}
+
+/// The error for a task vector's SVD that did not converge: faer fails on NaN or Inf, which is
+/// then the input's (exit 3, as any NaN/Inf the arithmetic meets); on finite values it is an
+/// internal failure of the decomposition (exit 1).
+/// With one task vector the message names none: the caller's context says which.
+pub fn svd_failed(task_vectors: &[&[f32]]) -> Error {
+    for (i, delta) in task_vectors.iter().enumerate() {
+        if let Some(v) = delta.iter().find(|v| !v.is_finite()) {
+            let which = match task_vectors.len() {
+                1 => "the task vector".to_string(),
+                _ => format!("task vector {i}"),
+            };
+            return non_finite!("{which} holds {v}, so its SVD cannot run");
+        }
+    }
+    internal!("the SVD did not converge on finite values")
 }
 
 /// The merged task vector of one matrix (row-major, like the inputs).
@@ -118,7 +135,10 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
         .par_iter()
         .map(|d| top_svd(d.mat(), r))
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad!("{e}"))?;
+        .map_err(|_| {
+            let values: Vec<&[f32]> = deltas.iter().map(|d| d.data.as_slice()).collect();
+            svd_failed(&values)
+        })?;
     let kept: Vec<(usize, usize)> = (0..tasks)
         .flat_map(|i| (0..r).map(move |j| (i, j)))
         .filter(|&(i, j)| svds[i].s[j] > 0.0)
@@ -134,7 +154,11 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
     let (pu, pv) = rayon::join(|| polar(u_cat.as_ref()), || polar(v_cat.as_ref()));
     let (pu, pv) = match (pu, pv) {
         (Ok(a), Ok(b)) => (a, b),
-        _ => bail!("the SVD of the concatenated singular vectors did not converge"),
+        _ => {
+            return Err(internal!(
+                "the SVD of the concatenated singular vectors did not converge"
+            ))
+        }
     };
     let scaled = Mat::<f32>::from_fn(m, p, |row, c| pu[(row, c)] * s_cat[c]);
     let merged = matmul(scaled.as_ref(), pv.transpose());
@@ -153,4 +177,29 @@ pub fn row_major(x: &Mat<f32>) -> Vec<f32> {
             }
         });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+
+    #[test]
+    fn an_svd_failure_is_non_finite_when_a_task_vector_holds_nan_and_internal_otherwise() {
+        let finite = [1.0f32, 2.0];
+        let nan = [0.5f32, f32::NAN];
+        let err = svd_failed(&[&finite, &nan]);
+        assert_eq!(
+            (err.kind(), err.to_string()),
+            (
+                Kind::NonFinite,
+                "task vector 1 holds NaN, so its SVD cannot run".into()
+            )
+        );
+        assert_eq!(
+            svd_failed(&[&nan]).to_string(),
+            "the task vector holds NaN, so its SVD cannot run"
+        );
+        assert_eq!(svd_failed(&[&finite]).kind(), Kind::Internal);
+    }
 }

@@ -731,7 +731,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .unwrap_or_else(|| {
                 "no weight of the layer holds NaN/Inf, so activations overflowed f32".into()
             });
-        bad!(
+        crate::non_finite!(
             "{}: values became NaN/Inf in layer {layer}'s {what}: {culprit}",
             self.model.ckpt.dir.display()
         )

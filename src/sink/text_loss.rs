@@ -19,9 +19,9 @@ use super::backend::Backend;
 use super::forward::{to_logits, HeadView, Model};
 use super::model::DecoderSpec;
 use super::tokenize::TextEncoder;
+use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::{bad, bail};
 
 /// Tokens per window when `--text-window` is not given (capped at the model's context).
 pub const DEFAULT_WINDOW: usize = 1024;
@@ -133,7 +133,7 @@ pub fn text_loss<B: Backend>(
         tick(batch.len());
     }
     if !nll.is_finite() {
-        return Err(bad!(
+        return Err(crate::non_finite!(
             "{}: the loss on {file} is not finite (a logit row holds NaN or Inf)",
             ckpt.label
         ));

@@ -373,18 +373,18 @@ fn check_finite(inputs: &Inputs, job: &Job, ref_norm: f64, diff_norm: f64) -> Re
     };
     let hint = "(`sinkmerge inspect --check` lists every one)";
     if non_finite(inputs.reference, &pair.reference)? {
-        return Err(bad!(
+        return Err(crate::non_finite!(
             "{}: holds NaN or Inf values {hint}",
             inputs.reference.describe(&pair.reference)
         ));
     }
     if non_finite(inputs.target, &pair.target)? {
-        return Err(bad!(
+        return Err(crate::non_finite!(
             "{}: holds NaN or Inf values {hint}",
             inputs.target.describe(&pair.target)
         ));
     }
-    Err(bad!(
+    Err(crate::non_finite!(
         "{}: the norm of TARGET - REF overflows (values near the f32 limit)",
         inputs.target.describe(&pair.target)
     ))

@@ -331,11 +331,11 @@ impl<'a> PlanBuilder<'a> {
             numel += p.piece.numel();
         }
         if numel != t.numel() {
-            bail!(
+            return Err(crate::internal!(
                 "internal: `{}` planned with {numel} elements for shape {:?}",
                 t.name,
                 t.shape
-            );
+            ));
         }
         if let Some(prev) = self.origin.insert(t.name.clone(), stored.to_string()) {
             bail!(

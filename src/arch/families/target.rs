@@ -87,11 +87,11 @@ pub fn standalone_config(
 ) -> Result<Value> {
     let c = TextConfig::from_text_section(fields, top)?;
     if c.model_type != target.model_type() {
-        bail!(
+        return Err(crate::internal!(
             "internal: a `{}` text config cannot become {}",
             c.model_type,
             target.architecture()
-        );
+        ));
     }
     let mut out = Map::new();
     let mut put = |k: &str, v: Value| {
