@@ -11,20 +11,17 @@ use serde_json::Value;
 
 use crate::arch::families::Target;
 use crate::checkpoint::output::OutputDir;
-use crate::checkpoint::{read_json, Checkpoint};
+use crate::checkpoint::{read_json, Checkpoint, AUX_FILES};
 use crate::error::Result;
 
-/// Copied byte for byte when present.
-const VERBATIM: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-];
+/// Copied byte for byte when present: the files every output carries over, but for the two this
+/// module rewrites.
+fn verbatim() -> impl Iterator<Item = &'static str> {
+    AUX_FILES
+        .iter()
+        .copied()
+        .filter(|name| !matches!(*name, "tokenizer_config.json" | "chat_template.json"))
+}
 
 /// What was written, and where the chat template came from.
 pub struct Aux {
@@ -40,7 +37,7 @@ pub fn copy(out: &OutputDir, ckpt: &Checkpoint, target: Target) -> Result<Aux> {
         chat_template: String::new(),
         notes: Vec::new(),
     };
-    for name in VERBATIM {
+    for name in verbatim() {
         let path = dir.join(name);
         if path.is_file() {
             out.copy_file(&path, name)?;
