@@ -13,7 +13,6 @@ use rayon::prelude::*;
 use safetensors::Dtype;
 
 use crate::arch::names::{self, Module};
-use crate::bail;
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::error::Result;
 use crate::tensor::{matrix_shape, Tensor};
