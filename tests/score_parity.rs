@@ -9,12 +9,10 @@ use safetensors::SafeTensors;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::sink::forward::trace;
 
+use crate::util::{fixture, root};
+
 const ATTENTION_TOL: f32 = 1e-5;
 const LOGITS_TOL: f32 = 1e-4;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 struct Golden {
     ids: Vec<u32>,
@@ -113,10 +111,6 @@ fn check(case: &str, dir: &Path) {
     );
 }
 
-fn shared(name: &str) -> PathBuf {
-    root().join("tests/fixtures/models").join(name)
-}
-
 fn extra(name: &str) -> PathBuf {
     root().join("tests/fixtures/score/models").join(name)
 }
@@ -131,13 +125,13 @@ macro_rules! parity {
 }
 
 parity! {
-    qwen2_tied_f32: "qwen2", shared("qwen2");
-    qwen2_sharded_4x_config: "qwen2-sharded", shared("qwen2-sharded");
-    qwen3_per_head_qk_norm: "qwen3", shared("qwen3");
-    llama31_tied_llama3_rope: "llama31-tied", shared("llama31-tied");
-    mistral_f16_sliding_window: "mistral", shared("mistral");
-    olmo3_yarn_on_full_layers: "olmo3", shared("olmo3");
-    qwen3_vl_language_model: "qwen3_vl", shared("qwen3_vl");
+    qwen2_tied_f32: "qwen2", fixture("qwen2");
+    qwen2_sharded_4x_config: "qwen2-sharded", fixture("qwen2-sharded");
+    qwen3_per_head_qk_norm: "qwen3", fixture("qwen3");
+    llama31_tied_llama3_rope: "llama31-tied", fixture("llama31-tied");
+    mistral_f16_sliding_window: "mistral", fixture("mistral");
+    olmo3_yarn_on_full_layers: "olmo3", fixture("olmo3");
+    qwen3_vl_language_model: "qwen3_vl", fixture("qwen3_vl");
     olmo2_post_norm: "olmo2", extra("olmo2");
     qwen3_moe_routing: "qwen3_moe", extra("qwen3_moe");
     olmoe_routing_and_clip: "olmoe", extra("olmoe");
@@ -163,7 +157,7 @@ fn four_x_configs_give_the_same_forward_pass() {
         ("olmo3", "olmo3"),
     ] {
         let cfg = root().join(format!("tests/fixtures/configs/{config}.4x.json"));
-        let dir = with_config(&shared(case), &cfg);
+        let dir = with_config(&fixture(case), &cfg);
         check(case, dir.path());
     }
 }
