@@ -273,12 +273,12 @@ fn default_output_is_named_after_the_directory_alias_or_repo() {
 
     // `qwen2.5-vl` resolves through the HF cache: models--ORG--NAME/snapshots/<refs/main>.
     let cache = tmp.path().join("hub");
-    let repo = cache.join("models--Qwen--Qwen2.5-VL-7B-Instruct");
-    fs::create_dir_all(repo.join("refs")).unwrap();
-    fs::write(repo.join("refs/main"), "0123abcd").unwrap();
-    copy_dir(
+    fake_hub_cache(
+        &cache,
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        "0123abcd",
+        &["main"],
         &root().join("tests/fixtures/models/qwen2_5_vl"),
-        &repo.join("snapshots/0123abcd"),
     );
     let o = sinkmerge(["extract", "qwen2.5-vl", "-q"])
         .current_dir(&cwd)

@@ -5,11 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::util::{fixture, read_json, root, sinkmerge, Sinkmerge};
-
-fn extra(name: &str) -> PathBuf {
-    root().join("tests/fixtures/score/models").join(name)
-}
+use crate::util::{fixture, read_json, root, score_fixture, sinkmerge, Sinkmerge};
 
 /// `sinkmerge score ARGS`.
 fn score(args: &[&str]) -> Sinkmerge {
@@ -112,7 +108,7 @@ fn reports_a_before_after_table_and_json() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let model = extra("olmoe");
+    let model = score_fixture("olmoe");
     let args = ["--ref", s(&model), s(&model), "--n", "6", "--json"];
     let one = score(&args).threads("1").output();
     let two = score(&args).threads("2").output();
@@ -131,7 +127,7 @@ fn results_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn seeded_draws_and_prompt_files() {
-    let m = extra("qwen3_bias");
+    let m = score_fixture("qwen3_bias");
     let run = |extra: &[&str]| json_report(&m, extra);
     let a = run(&["--n", "7", "--seed", "3"]);
     assert_eq!(a["settings"]["n_prompts"], 7);

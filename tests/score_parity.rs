@@ -3,13 +3,13 @@
 //! config dialect, sharded and tied layout, and a VLM's language model. Goldens:
 //! `tools/gen_score_goldens.py` (logits of the last 8 positions, attentions of all).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::SafeTensors;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::sink::forward::trace;
 
-use crate::util::{fixture, root};
+use crate::util::{fixture, root, score_fixture};
 
 const ATTENTION_TOL: f32 = 1e-5;
 const LOGITS_TOL: f32 = 1e-4;
@@ -111,10 +111,6 @@ fn check(case: &str, dir: &Path) {
     );
 }
 
-fn extra(name: &str) -> PathBuf {
-    root().join("tests/fixtures/score/models").join(name)
-}
-
 macro_rules! parity {
     ($($test:ident: $case:expr, $dir:expr;)*) => {$(
         #[test]
@@ -132,17 +128,17 @@ parity! {
     mistral_f16_sliding_window: "mistral", fixture("mistral");
     olmo3_yarn_on_full_layers: "olmo3", fixture("olmo3");
     qwen3_vl_language_model: "qwen3_vl", fixture("qwen3_vl");
-    olmo2_post_norm: "olmo2", extra("olmo2");
-    qwen3_moe_routing: "qwen3_moe", extra("qwen3_moe");
-    olmoe_routing_and_clip: "olmoe", extra("olmoe");
-    qwen2_sliding_layers_4x: "qwen2_sliding", extra("qwen2_sliding");
-    qwen2_yarn_4x_type_key: "qwen2_yarn", extra("qwen2_yarn");
-    llama_linear_rope_with_biases: "llama_linear", extra("llama_linear");
-    llama_dynamic_rope_past_context: "llama_dynamic", extra("llama_dynamic");
-    qwen3_with_attention_bias: "qwen3_bias", extra("qwen3_bias");
-    olmo3_short_window_yarn: "olmo3_sw", extra("olmo3_sw");
-    llama31_rope_scaling_bites: "llama31_rope", extra("llama31_rope");
-    mistral_explicit_head_dim: "mistral_hd", extra("mistral_hd");
+    olmo2_post_norm: "olmo2", score_fixture("olmo2");
+    qwen3_moe_routing: "qwen3_moe", score_fixture("qwen3_moe");
+    olmoe_routing_and_clip: "olmoe", score_fixture("olmoe");
+    qwen2_sliding_layers_4x: "qwen2_sliding", score_fixture("qwen2_sliding");
+    qwen2_yarn_4x_type_key: "qwen2_yarn", score_fixture("qwen2_yarn");
+    llama_linear_rope_with_biases: "llama_linear", score_fixture("llama_linear");
+    llama_dynamic_rope_past_context: "llama_dynamic", score_fixture("llama_dynamic");
+    qwen3_with_attention_bias: "qwen3_bias", score_fixture("qwen3_bias");
+    olmo3_short_window_yarn: "olmo3_sw", score_fixture("olmo3_sw");
+    llama31_rope_scaling_bites: "llama31_rope", score_fixture("llama31_rope");
+    mistral_explicit_head_dim: "mistral_hd", score_fixture("mistral_hd");
 }
 
 /// The 4.x config of each shared fixture gives the same forward pass (the golden script checks

@@ -1,6 +1,7 @@
 //! The integration tests, one module per command or area, in one binary (as ripgrep does): the
 //! crate is linked once instead of once per file. `util` holds what the modules share, above all
-//! [`util::sinkmerge`], which runs the binary with the Hugging Face environment isolated.
+//! [`util::sinkmerge`], which runs the binary with the Hugging Face environment isolated. A new
+//! file of tests is a new `mod` line here; `cargo test --test tests MODULE::` runs one module.
 
 mod util;
 

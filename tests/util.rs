@@ -49,6 +49,11 @@ pub fn fixture(name: &str) -> PathBuf {
     fixtures().join("models").join(name)
 }
 
+/// A model directory of `tests/fixtures/score/models`, the scorer's extra architectures.
+pub fn score_fixture(name: &str) -> PathBuf {
+    fixtures().join("score/models").join(name)
+}
+
 /// A JSON file, parsed.
 pub fn read_json<T: DeserializeOwned>(path: impl AsRef<Path>) -> T {
     let path = path.as_ref();
@@ -165,19 +170,17 @@ impl Sinkmerge {
 
     /// Run, expect it [`refused`] with `needles`, return the error line.
     pub fn refused(self, needles: &[&str]) -> String {
-        let (args, output) = self.output_and_args();
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "sinkmerge {args:?}: {}",
-            stderr(&output)
-        );
-        refused(&output, needles)
+        refused(&self.exit_2(), needles)
     }
 
     /// Run, expect exit code 2 as [`refused`] does but allow the usage lines that clap adds after
     /// an argument error; return stderr.
     pub fn refused_with_usage(self, needles: &[&str]) -> String {
+        exit_2_naming(&self.exit_2(), needles)
+    }
+
+    /// Run, expect exit code 2 (else name the arguments).
+    fn exit_2(self) -> Output {
         let (args, output) = self.output_and_args();
         assert_eq!(
             output.status.code(),
@@ -185,7 +188,7 @@ impl Sinkmerge {
             "sinkmerge {args:?}: {}",
             stderr(&output)
         );
-        exit_2_naming(&output, needles)
+        output
     }
 
     fn output_and_args(self) -> (Vec<String>, Output) {
