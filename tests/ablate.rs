@@ -1,12 +1,10 @@
 //! `sinkmerge ablate`: exactly K entries of each listed norm scale become its mean; everything
 //! else is byte-identical.
 
-mod controls_common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use controls_common::*;
+use crate::util::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;
@@ -57,7 +55,7 @@ fn top_k_channels_become_the_mean_and_nothing_else_changes() {
     let model = tmp.path().join("m");
     let before = gamma_model(&model);
     let out = tmp.path().join("ablated");
-    let report: Value = serde_json::from_str(&ok(&[
+    let report: Value = sinkmerge([
         "ablate",
         model.to_str().unwrap(),
         "--norms",
@@ -67,8 +65,8 @@ fn top_k_channels_become_the_mean_and_nothing_else_changes() {
         "-o",
         out.to_str().unwrap(),
         "--json",
-    ]))
-    .unwrap();
+    ])
+    .json();
     let after = load(&out);
     assert_eq!(
         before.keys().collect::<Vec<_>>(),
@@ -122,7 +120,7 @@ fn layer_selection_leaves_other_layers_alone() {
     let model = tmp.path().join("m");
     let before = gamma_model(&model);
     let out = tmp.path().join("o");
-    let text = ok(&[
+    let text = sinkmerge([
         "ablate",
         model.to_str().unwrap(),
         "--norms",
@@ -133,7 +131,8 @@ fn layer_selection_leaves_other_layers_alone() {
         "1",
         "-o",
         out.to_str().unwrap(),
-    ]);
+    ])
+    .ok();
     assert!(text.contains("ablated 1 tensors"), "{text}");
     let after = load(&out);
     for (name, b) in &before {
@@ -151,7 +150,7 @@ fn vlm_language_model_norms_are_found_under_their_prefix() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("o");
     let model = fixture("qwen2_5_vl-new");
-    let o = sinkmerge(&[
+    let o = sinkmerge([
         "ablate",
         model.to_str().unwrap(),
         "--norms",
@@ -161,7 +160,8 @@ fn vlm_language_model_norms_are_found_under_their_prefix() {
         "-o",
         out.to_str().unwrap(),
         "--json",
-    ]);
+    ])
+    .output();
     assert!(o.status.success(), "{}", stderr(&o));
     let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
     let names: Vec<&str> = report["tensors"]
@@ -195,14 +195,15 @@ fn norms_the_architecture_lacks_are_clear_errors() {
     let out = tmp.path().join("o");
     let o = out.to_str().unwrap();
     let qwen2 = fixture("qwen2");
-    let err = bad_input(&[
+    let err = sinkmerge([
         "ablate",
         qwen2.to_str().unwrap(),
         "--norms",
         "input_layernorm,q_norm",
         "-o",
         o,
-    ]);
+    ])
+    .refused(&[]);
     assert!(
         err.contains("no `q_norm` tensors")
             && err.contains("QK-norm class: none")
@@ -210,14 +211,15 @@ fn norms_the_architecture_lacks_are_clear_errors() {
         "{err}"
     );
     // Olmo-3 is post-norm: no input_layernorm.
-    let err = bad_input(&[
+    let err = sinkmerge([
         "ablate",
         fixture("olmo3").to_str().unwrap(),
         "--norms",
         "input_layernorm",
         "-o",
         o,
-    ]);
+    ])
+    .refused(&[]);
     assert!(
         err.contains("no `input_layernorm`") && err.contains("q_norm"),
         "{err}"
@@ -234,16 +236,16 @@ fn bad_arguments_and_values_are_refused() {
     let out = tmp.path().join("o");
     let (m, o) = (model.to_str().unwrap(), out.to_str().unwrap());
 
-    let err = bad_input(&["ablate", m, "--norms", "q_norm", "--top-k", "40", "-o", o]);
+    let err = sinkmerge(["ablate", m, "--norms", "q_norm", "--top-k", "40", "-o", o]).refused(&[]);
     assert!(
         err.contains("fewer than --top-k 40") && err.contains("q_norm"),
         "{err}"
     );
-    let err = bad_input(&["ablate", m, "--norms", "q_norm", "--top-k", "0", "-o", o]);
+    let err = sinkmerge(["ablate", m, "--norms", "q_norm", "--top-k", "0", "-o", o]).refused(&[]);
     assert!(err.contains("at least 1"), "{err}");
-    let err = bad_input(&["ablate", m, "--norms", "q_norm", "--layers", "2", "-o", o]);
+    let err = sinkmerge(["ablate", m, "--norms", "q_norm", "--layers", "2", "-o", o]).refused(&[]);
     assert!(err.contains("0-1"), "{err}");
-    let unknown = sinkmerge(&["ablate", m, "--norms", "gamma", "-o", o]);
+    let unknown = sinkmerge(["ablate", m, "--norms", "gamma", "-o", o]).output();
     assert_eq!(unknown.status.code(), Some(2));
     assert!(stderr(&unknown).contains("input_layernorm"));
 
@@ -256,14 +258,15 @@ fn bad_arguments_and_values_are_refused() {
     );
     let nan_model = tmp.path().join("nan");
     write_model(&nan_model, &config(&model), &tensors, None);
-    let err = bad_input(&[
+    let err = sinkmerge([
         "ablate",
         nan_model.to_str().unwrap(),
         "--norms",
         "k_norm",
         "-o",
         o,
-    ]);
+    ])
+    .refused(&[]);
     assert!(err.contains(name) && err.contains("NaN"), "{err}");
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
@@ -286,7 +289,7 @@ fn the_model_card_records_the_ablation_and_its_replay() {
         "--layers",
         "1",
     ];
-    ok(&[&args[..], &["-o", out.to_str().unwrap()]].concat());
+    sinkmerge([&args[..], &["-o", out.to_str().unwrap()]].concat()).ok();
     let (meta, body) = model_card(&out);
     // A local directory has no repo id: no base_model, and the body gives its path.
     assert!(meta.get("base_model").is_none(), "{meta:?}");
@@ -317,15 +320,18 @@ fn the_model_card_records_the_ablation_and_its_replay() {
         ]
     );
     let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
-    ok(&replay);
+    sinkmerge(&replay).ok();
     assert_eq!(load(&out), load(&tmp.path().join("again")));
 
     let bare = tmp.path().join("bare");
-    ok(&[
-        &args[..],
-        &["-o", bare.to_str().unwrap(), "--no-model-card"],
-    ]
-    .concat());
+    sinkmerge(
+        [
+            &args[..],
+            &["-o", bare.to_str().unwrap(), "--no-model-card"],
+        ]
+        .concat(),
+    )
+    .ok();
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
 }

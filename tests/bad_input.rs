@@ -1,27 +1,19 @@
 //! Every malformed checkpoint of tests/fixtures/bad gets one clear error naming the file (and the
 //! tensor when there is one), exit code 2, no panic and no output on stdout.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use crate::util::{fixtures, read_json, sinkmerge};
 
 fn inspect(dir: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(["inspect", "--check", dir.to_str().unwrap()])
-        .output()
-        .expect("run sinkmerge")
+    sinkmerge(["inspect", "--check"]).args([dir]).output()
 }
 
 #[test]
 fn every_bad_case_fails_cleanly_naming_file_and_tensor() {
-    let cases: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(fixtures().join("bad/cases.json")).unwrap())
-            .unwrap();
+    let cases: Vec<Value> = read_json(fixtures().join("bad/cases.json"));
     assert!(cases.len() >= 20);
     let mut failures = Vec::new();
     for case in &cases {

@@ -3,42 +3,24 @@
 //! fields), both Qwen3-VL-MoE expert orientations, determinism, default output paths, and bad input
 //! (exit code 2, one clear message, nothing left behind). No Python needed.
 
-mod controls_common;
-
 use std::collections::BTreeMap;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use controls_common::{model_card, replay_args, strings};
+use crate::util::{
+    fake_hub_cache, model_card, read_json, refused, replay_args, root, sinkmerge, stderr, strings,
+};
 use sinkmerge::checkpoint::Checkpoint;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sinkmerge");
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn goldens() -> serde_json::Map<String, Value> {
-    let text = fs::read_to_string(root().join("tests/fixtures/goldens/extract.json")).unwrap();
-    let mut g: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap();
+    let mut g: serde_json::Map<String, Value> =
+        read_json(root().join("tests/fixtures/goldens/extract.json"));
     g.remove("_meta");
     g
-}
-
-fn run(args: &[&str], cwd: &Path, env: &[(&str, &Path)]) -> Output {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .current_dir(cwd)
-        .env_remove("HF_HUB_CACHE")
-        .env_remove("HF_HOME");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().unwrap()
 }
 
 fn extract(src: &Path, out: &Path, extra: &[&str]) -> Output {
@@ -50,11 +32,7 @@ fn extract(src: &Path, out: &Path, extra: &[&str]) -> Output {
         "--json",
     ];
     args.extend_from_slice(extra);
-    run(&args, &root(), &[])
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    sinkmerge(&args).output()
 }
 
 fn same_json(a: &Value, b: &Value) -> bool {
@@ -135,8 +113,7 @@ fn every_family_matches_its_goldens() {
             assert_eq!(sha, w["sha256"].as_str().unwrap(), "{case}: {name} bytes");
         }
 
-        let config: Value =
-            serde_json::from_str(&fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+        let config: Value = read_json(out.join("config.json"));
         for (key, want) in g["config"].as_object().unwrap() {
             let have = config.get(key).unwrap_or(&Value::Null);
             assert!(
@@ -195,21 +172,18 @@ fn output_bytes_do_not_depend_on_threads_or_shard_size_beyond_sharding() {
     let mut trees = Vec::new();
     for threads in ["1", "2"] {
         let out = tmp.path().join(format!("t{threads}"));
-        let o = run(
-            &[
-                "--threads",
-                threads,
-                "extract",
-                src.to_str().unwrap(),
-                "-o",
-                out.to_str().unwrap(),
-                "--max-shard-size",
-                "8k",
-                "-q",
-            ],
-            &root(),
-            &[],
-        );
+        let o = sinkmerge([
+            "--threads",
+            threads,
+            "extract",
+            src.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--max-shard-size",
+            "8k",
+            "-q",
+        ])
+        .output();
         assert!(o.status.success(), "{}", stderr(&o));
         let mut files: Vec<(String, Vec<u8>)> = fs::read_dir(&out)
             .unwrap()
@@ -269,17 +243,14 @@ fn json_summary_and_text_report() {
     }
     assert!(s["dropped"]["vision"]["tensors"].as_u64().unwrap() > 0);
     assert!(s["dropped"]["projector"]["tensors"].as_u64().unwrap() > 0);
-    let o = run(
-        &[
-            "extract",
-            src.to_str().unwrap(),
-            "-o",
-            tmp.path().join("b").to_str().unwrap(),
-            "--no-verify",
-        ],
-        &root(),
-        &[],
-    );
+    let o = sinkmerge([
+        "extract",
+        src.to_str().unwrap(),
+        "-o",
+        tmp.path().join("b").to_str().unwrap(),
+        "--no-verify",
+    ])
+    .output();
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success());
     assert!(
@@ -294,31 +265,31 @@ fn default_output_is_named_after_the_directory_alias_or_repo() {
     let cwd = tmp.path().join("work");
     fs::create_dir(&cwd).unwrap();
     let src = root().join("tests/fixtures/families/qwen2_vl");
-    let o = run(&["extract", src.to_str().unwrap(), "-q"], &cwd, &[]);
+    let o = sinkmerge(["extract", src.to_str().unwrap(), "-q"])
+        .current_dir(&cwd)
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(cwd.join("qwen2_vl-lm/model.safetensors").is_file());
 
     // `qwen2.5-vl` resolves through the HF cache: models--ORG--NAME/snapshots/<refs/main>.
     let cache = tmp.path().join("hub");
-    let repo = cache.join("models--Qwen--Qwen2.5-VL-7B-Instruct");
-    fs::create_dir_all(repo.join("refs")).unwrap();
-    fs::write(repo.join("refs/main"), "0123abcd").unwrap();
-    copy_dir(
+    fake_hub_cache(
+        &cache,
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        "0123abcd",
+        &["main"],
         &root().join("tests/fixtures/models/qwen2_5_vl"),
-        &repo.join("snapshots/0123abcd"),
     );
-    let o = run(
-        &["extract", "qwen2.5-vl", "-q"],
-        &cwd,
-        &[("HF_HUB_CACHE", &cache)],
-    );
+    let o = sinkmerge(["extract", "qwen2.5-vl", "-q"])
+        .current_dir(&cwd)
+        .env("HF_HUB_CACHE", &cache)
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(cwd.join("qwen2.5-vl-lm/config.json").is_file());
-    let o = run(
-        &["extract", "Qwen/Qwen2.5-VL-7B-Instruct", "-q"],
-        &cwd,
-        &[("HF_HUB_CACHE", &cache)],
-    );
+    let o = sinkmerge(["extract", "Qwen/Qwen2.5-VL-7B-Instruct", "-q"])
+        .current_dir(&cwd)
+        .env("HF_HUB_CACHE", &cache)
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(cwd.join("Qwen2.5-VL-7B-Instruct-lm/config.json").is_file());
     assert_only(
@@ -331,7 +302,7 @@ fn default_output_is_named_after_the_directory_alias_or_repo() {
 fn inspect_reports_the_family_of_every_fixture() {
     for (case, g) in goldens() {
         let src = root().join(g["dir"].as_str().unwrap());
-        let o = run(&["inspect", src.to_str().unwrap(), "--json"], &root(), &[]);
+        let o = sinkmerge(["inspect", src.to_str().unwrap(), "--json"]).output();
         assert!(o.status.success(), "{case}: {}", stderr(&o));
         let r: Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(r["family"], g["family"], "{case}");
@@ -341,16 +312,6 @@ fn inspect_reports_the_family_of_every_fixture() {
 // ---------------------------------------------------------------------------------------------
 // Bad input: exit 2, one clear message naming file and tensor, nothing written.
 // ---------------------------------------------------------------------------------------------
-
-fn assert_bad(o: &Output, needles: &[&str]) {
-    let err = stderr(o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` not in: {err}");
-    }
-    assert!(!err.contains("panicked"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-}
 
 /// Rewrite `dir/model.safetensors` keeping only the tensors `keep` accepts.
 fn filter_tensors(dir: &Path, keep: impl Fn(&str) -> bool) {
@@ -371,7 +332,7 @@ fn a_vlm_missing_a_language_tensor_is_refused() {
     let gone = "model.language_model.layers.1.mlp.up_proj.weight";
     filter_tensors(&src, |n| n != gone);
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(&o, &["model.layers.1.mlp.up_proj.weight", gone, "missing"]);
+    refused(&o, &["model.layers.1.mlp.up_proj.weight", gone, "missing"]);
     assert_only(tmp.path(), &["vlm"]);
 }
 
@@ -389,7 +350,7 @@ fn a_truncated_shard_is_refused() {
         .set_len(len - 100)
         .unwrap();
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(&o, &["model.safetensors"]);
+    refused(&o, &["model.safetensors"]);
     assert_only(tmp.path(), &["vlm"]);
 }
 
@@ -402,7 +363,7 @@ fn an_unknown_family_lists_the_supported_ones() {
         &tmp.path().join("out"),
         &[],
     );
-    assert_bad(
+    refused(
         &o,
         &[
             "cannot tell which VLM family",
@@ -423,7 +384,7 @@ fn an_unknown_family_lists_the_supported_ones() {
     )
     .unwrap();
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(&o, &["`fancy_vl`", "internvl", "minicpm-v"]);
+    refused(&o, &["`fancy_vl`", "internvl", "minicpm-v"]);
     // A family name clap does not know: usage error, exit 2, with the possible values.
     let o = extract(&src, &tmp.path().join("out"), &["--family", "gpt4v"]);
     assert_eq!(o.status.code(), Some(2));
@@ -439,7 +400,7 @@ fn a_wrong_family_names_the_first_foreign_tensor() {
         &tmp.path().join("out"),
         &["--family", "idefics3"],
     );
-    assert_bad(
+    refused(
         &o,
         &["model.safetensors", "not part of the idefics3 layout"],
     );
@@ -468,7 +429,7 @@ fn out_equal_to_or_inside_source_is_refused() {
         tmp.path().join("x/../vlm"),
     ] {
         let o = extract(&src, &out, &["--force"]);
-        assert_bad(&o, &["input", "vlm"]);
+        refused(&o, &["input", "vlm"]);
     }
     assert_eq!(listing(&src), files);
     assert_eq!(tensor_digests(&src), before);
@@ -503,7 +464,7 @@ fn ambiguous_expert_shapes_are_refused() {
     .unwrap();
     fs::write(src.join("model.safetensors"), bytes).unwrap();
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(&o, &["gate_up_proj", "refusing to guess"]);
+    refused(&o, &["gate_up_proj", "refusing to guess"]);
     assert_only(tmp.path(), &["vlm"]);
 }
 
@@ -512,12 +473,11 @@ fn a_tie_flag_contradicting_a_distinct_head_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("vlm");
     copy_dir(&root().join("tests/fixtures/models/qwen3_vl"), &src);
-    let mut cfg: Value =
-        serde_json::from_str(&fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut cfg: Value = read_json(src.join("config.json"));
     cfg["text_config"]["tie_word_embeddings"] = Value::Bool(true);
     fs::write(src.join("config.json"), cfg.to_string()).unwrap();
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(&o, &["lm_head.weight", "tie_word_embeddings"]);
+    refused(&o, &["lm_head.weight", "tie_word_embeddings"]);
     assert_only(tmp.path(), &["vlm"]);
 }
 
@@ -528,7 +488,7 @@ fn an_existing_output_needs_force() {
     fs::create_dir(&out).unwrap();
     fs::write(out.join("keep.txt"), "mine").unwrap();
     let src = root().join("tests/fixtures/families/qwen2_vl");
-    assert_bad(&extract(&src, &out, &[]), &["--force"]);
+    refused(&extract(&src, &out, &[]), &["--force"]);
     assert_eq!(fs::read_to_string(out.join("keep.txt")).unwrap(), "mine");
     assert!(extract(&src, &out, &["--force"]).status.success());
     assert!(!out.join("keep.txt").exists() && out.join("model.safetensors").is_file());
@@ -540,12 +500,11 @@ fn a_fused_projection_that_does_not_match_the_config_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("vlm");
     copy_dir(&root().join("tests/fixtures/families/molmo2-o"), &src);
-    let mut cfg: Value =
-        serde_json::from_str(&fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut cfg: Value = read_json(src.join("config.json"));
     cfg["text_config"]["num_key_value_heads"] = Value::from(2);
     fs::write(src.join("config.json"), cfg.to_string()).unwrap();
     let o = extract(&src, &tmp.path().join("out"), &[]);
-    assert_bad(
+    refused(
         &o,
         &[
             "model.transformer.blocks.0.self_attn.att_proj.weight",
@@ -596,24 +555,13 @@ fn the_model_card_names_a_cached_source_with_its_commit_and_replays() {
     let tmp = tempfile::tempdir().unwrap();
     // An HF cache as the Hub client writes it: refs/main and a snapshot of symlinks.
     let cache = tmp.path().join("hub");
-    let repo = cache.join("models--Org--Tiny-VL");
     let commit = "0123456789abcdef0123456789abcdef01234567";
-    let snapshot = repo.join("snapshots").join(commit);
-    fs::create_dir_all(&snapshot).unwrap();
-    fs::create_dir_all(repo.join("refs")).unwrap();
-    fs::write(repo.join("refs/main"), commit).unwrap();
     let src = root().join("tests/fixtures/models/qwen2_5_vl");
-    for e in fs::read_dir(&src).unwrap() {
-        let path = e.unwrap().path();
-        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
-    }
-    let env = [("HF_HUB_CACHE", cache.as_path())];
+    fake_hub_cache(&cache, "Org/Tiny-VL", commit, &["main"], &src);
     let out = tmp.path().join("tiny-lm");
-    let o = run(
-        &["extract", "Org/Tiny-VL", "-o", out.to_str().unwrap(), "-q"],
-        &root(),
-        &env,
-    );
+    let o = sinkmerge(["extract", "Org/Tiny-VL", "-o", out.to_str().unwrap(), "-q"])
+        .env("HF_HUB_CACHE", &cache)
+        .output();
     assert!(o.status.success(), "{}", stderr(&o));
     let (meta, body) = model_card(&out);
     assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-VL"]);
@@ -641,7 +589,7 @@ fn the_model_card_names_a_cached_source_with_its_commit_and_replays() {
         ]
     );
     let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
-    let o = run(&replay, &root(), &env);
+    let o = sinkmerge(&replay).env("HF_HUB_CACHE", &cache).output();
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(tensor_digests(&out), tensor_digests(&again));
 }

@@ -2,12 +2,10 @@
 //! 2 KV heads of dim 32, hidden 128, 6 layers, bf16): the JSON report, exact slice repair, the
 //! seeded control, and the bad-input errors.
 
-mod controls_common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use controls_common::*;
+use crate::util::*;
 use serde_json::Value;
 
 const HEADS: usize = 4;
@@ -16,18 +14,12 @@ const HEAD_DIM: usize = 32;
 const HIDDEN: usize = 128;
 
 fn asset(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("assets/models")
-        .join(name)
+    root().join("assets/models").join(name)
 }
 
 fn pair() -> (String, String) {
     let s = |p: PathBuf| p.display().to_string();
     (s(asset("tiny-qwen3/ref")), s(asset("tiny-qwen3/vl")))
-}
-
-fn json(args: &[&str]) -> Value {
-    serde_json::from_str(&ok(args)).expect("JSON on stdout")
 }
 
 /// Every element index of `tensor` that repairing `heads` in `modules` may change, written out
@@ -98,7 +90,7 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
     let (r, t) = pair();
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("heads.csv");
-    let v = json(&[
+    let v = sinkmerge([
         "heads",
         &r,
         &t,
@@ -107,7 +99,8 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
         "--json",
         "--csv",
         csv.to_str().unwrap(),
-    ]);
+    ])
+    .json();
     let heads = v["heads"].as_array().unwrap();
     assert_eq!(heads.len(), 3 * HEADS);
     for (i, h) in heads.iter().enumerate() {
@@ -147,11 +140,11 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
     let dg = |i: usize| heads[i]["delta_g"].as_f64().unwrap();
     assert!(ranking.windows(2).all(|w| dg(w[0]) <= dg(w[1])));
     // The same S as `score` over the same window.
-    let s = json(&["score", "--ref", &r, &t, "--last", "3", "--json"]);
+    let s = sinkmerge(["score", "--ref", &r, &t, "--last", "3", "--json"]).json();
     assert_eq!(v["sink_strength"][1], s["models"][1]["sink_strength"]);
     assert_eq!(v["pair"]["margin"], s["pairs"][0]["margin"]);
     let svg_path = dir.path().join("heads.svg");
-    ok(&[
+    sinkmerge([
         "heads",
         &r,
         &t,
@@ -159,7 +152,8 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
         "3",
         "--heatmap",
         svg_path.to_str().unwrap(),
-    ]);
+    ])
+    .ok();
     let svg = std::fs::read_to_string(svg_path).unwrap();
     for title in [
         "ΔG (target - ref)",
@@ -178,7 +172,7 @@ fn heads_reports_every_head_of_the_window_with_drift_and_correlations() {
     assert!(csv.starts_with("layer,head,kv_head,g_base_median"));
     // A fixed permutation seed gives the same p-values.
     assert_eq!(
-        json(&["heads", &r, &t, "--last", "3", "--json"])["correlations"],
+        sinkmerge(["heads", &r, &t, "--last", "3", "--json"]).json()["correlations"],
         v["correlations"]
     );
 }
@@ -190,7 +184,7 @@ fn repair_at_lambda_one_gives_the_references_bytes_in_the_slices_and_nothing_els
     let out = dir.path().join("repaired");
     let heads = [(2, 0), (2, 1), (5, 3)];
     let o = out.to_str().unwrap();
-    ok(&[
+    sinkmerge([
         "repair-heads",
         "--ref",
         &r,
@@ -201,7 +195,8 @@ fn repair_at_lambda_one_gives_the_references_bytes_in_the_slices_and_nothing_els
         "q,k,v,o",
         "-o",
         o,
-    ]);
+    ])
+    .ok();
     check_repair(&out, &heads, "q,k,v,o", |_, reference| reference.to_vec());
     let recipe = std::fs::read_to_string(out.join("sinkmerge_config.yml")).unwrap();
     assert!(
@@ -213,7 +208,7 @@ fn repair_at_lambda_one_gives_the_references_bytes_in_the_slices_and_nothing_els
     let replay_out = dir.path().join("replayed");
     let args = replay_args(&body, &replay_out);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ok(&args);
+    sinkmerge(&args).ok();
     assert_eq!(load(&out), load(&replay_out));
 }
 
@@ -223,7 +218,7 @@ fn repair_at_half_lambda_blends_in_f32_and_rounds_once() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("half");
     let o = out.to_str().unwrap();
-    ok(&[
+    sinkmerge([
         "repair-heads",
         "--ref",
         &r,
@@ -234,7 +229,8 @@ fn repair_at_half_lambda_blends_in_f32_and_rounds_once() {
         "0.25",
         "-o",
         o,
-    ]);
+    ])
+    .ok();
     let bf16 = |b: &[u8]| half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
     check_repair(&out, &[(4, 2)], "q,k", |t, r| {
         let mixed = 0.75f32 * bf16(t) + 0.25f32 * bf16(r);
@@ -258,7 +254,7 @@ fn random_selection_is_seeded_and_top_selection_follows_the_heads_ranking() {
             out.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        (json(&args), out)
+        (sinkmerge(&args).json(), out)
     };
     let (a, out_a) = run("a", &["--heads", "random:3", "--seed", "7"]);
     let (b, out_b) = run("b", &["--heads", "random:3", "--seed", "7"]);
@@ -270,7 +266,7 @@ fn random_selection_is_seeded_and_top_selection_follows_the_heads_ranking() {
         std::fs::read(out_b.join("model.safetensors")).unwrap()
     );
 
-    let report = json(&["heads", &r, &t, "--json"]);
+    let report = sinkmerge(["heads", &r, &t, "--json"]).json();
     let ranked: Vec<String> = (report["ranking"].as_array().unwrap().iter().take(2))
         .map(|i| {
             let h = &report["heads"][i.as_u64().unwrap() as usize];
@@ -318,11 +314,11 @@ fn bad_selections_and_mismatched_models_exit_2_without_output() {
     for (extra, message) in cases {
         let mut args = vec!["repair-heads", "--ref", &r, &t, "-o", o];
         args.extend_from_slice(extra);
-        let err = bad_input(&args);
+        let err = sinkmerge(&args).refused(&[]);
         assert!(err.contains(message), "{extra:?}: {err}");
         assert!(!out.exists(), "{extra:?} left no output");
     }
-    let err = bad_input(&[
+    let err = sinkmerge([
         "repair-heads",
         "--ref",
         &r,
@@ -331,11 +327,12 @@ fn bad_selections_and_mismatched_models_exit_2_without_output() {
         "1.1",
         "-o",
         o,
-    ]);
+    ])
+    .refused(&[]);
     assert!(err.contains("different geometry"), "{err}");
-    let err = bad_input(&["heads", &r, &other]);
+    let err = sinkmerge(["heads", &r, &other]).refused(&[]);
     assert!(err.contains("different geometry"), "{err}");
-    let err = bad_input(&["heads", &r, &t, "--layers", "7"]);
+    let err = sinkmerge(["heads", &r, &t, "--layers", "7"]).refused(&[]);
     assert!(err.contains("outside the model's layers"), "{err}");
     assert!(leftovers(dir.path()).is_empty());
 }
@@ -344,9 +341,9 @@ fn bad_selections_and_mismatched_models_exit_2_without_output() {
 /// (transformers' eager attention, numpy in float64): sink statistics (absolute), drift
 /// (relative), and the Spearman rhos (absolute).
 fn golden_differences(golden: &str) -> (f64, f64, f64) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = root();
     let path = root.join("tests/fixtures/heads").join(golden);
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let want: Value = read_json(&path);
     let mut args: Vec<String> = (want["cli"].as_array().unwrap().iter())
         .map(|a| a.as_str().unwrap().to_string())
         .collect();
@@ -359,7 +356,7 @@ fn golden_differences(golden: &str) -> (f64, f64, f64) {
     }
     args.push("--json".into());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let got = json(&args);
+    let got = sinkmerge(&args).json();
     let (gh, wh) = (
         got["heads"].as_array().unwrap(),
         want["heads"].as_array().unwrap(),

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use sha1::Digest as _;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::util::{fixture, ok, refused, sinkmerge};
 
 /// One file of a served repository.
 #[derive(Clone)]
@@ -355,7 +353,6 @@ const COMMIT_B: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
 /// - `test-org/gated` (qwen2, needs the token `hf_secret`);
 /// - `test-org/bin-only` (pytorch_model.bin only).
 fn repos() -> HashMap<String, ServedRepo> {
-    let fixture = |n: &str| root().join("tests/fixtures/models").join(n);
     let single = |dir: &str, commit: &str, extra: &[(&str, &[u8])]| {
         let files = files_of(&fixture(dir), extra);
         let mut revisions = HashMap::new();
@@ -436,18 +433,13 @@ impl User {
     }
 
     fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
-        cmd.args(args)
+        sinkmerge(args)
             .current_dir(self.home.path())
             .env_remove("HF_HUB_CACHE")
-            .env_remove("HF_TOKEN")
-            .env_remove("HF_HUB_OFFLINE")
             .env("HF_HOME", self.home.path().join("hf"))
-            .env("HF_ENDPOINT", &self.endpoint);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd.output().unwrap()
+            .env("HF_ENDPOINT", &self.endpoint)
+            .envs(env.iter().copied())
+            .output()
     }
 
     /// Every file under the cache, relative, sorted (links as they are).
@@ -475,22 +467,6 @@ impl User {
         out.sort();
         out
     }
-}
-
-fn ok(o: &Output) -> String {
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Exit 2, one line naming `needles`, nothing in the cache for the repo.
-fn refused(o: &Output, needles: &[&str]) {
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    for n in needles {
-        assert!(err.contains(n), "expected {n:?} in {err}");
-    }
-    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]
@@ -526,7 +502,7 @@ fn a_fresh_download_fills_the_standard_cache_layout_and_a_second_run_stays_offli
     let body = std::fs::read(&weights).unwrap();
     assert_eq!(
         body,
-        std::fs::read(root().join("tests/fixtures/models/qwen2/model.safetensors")).unwrap()
+        std::fs::read(fixture("qwen2").join("model.safetensors")).unwrap()
     );
     assert_eq!(
         std::fs::read_to_string(user.cache().join(repo).join("refs/main")).unwrap(),
@@ -575,7 +551,7 @@ fn a_dropped_connection_resumes_where_it_stopped() {
     let server = Server::start(repos(), faults);
     let user = User::new(server.endpoint());
     ok(&user.run(&["fetch", "test-org/tiny-qwen2"], &[]));
-    let size = std::fs::metadata(root().join("tests/fixtures/models/qwen2/model.safetensors"))
+    let size = std::fs::metadata(fixture("qwen2").join("model.safetensors"))
         .unwrap()
         .len();
     let ranges: Vec<String> = server
@@ -599,8 +575,7 @@ fn a_dropped_connection_resumes_where_it_stopped() {
 fn a_part_left_by_a_killed_run_is_resumed() {
     let server = Server::start(repos(), Faults::default());
     let user = User::new(server.endpoint());
-    let weights =
-        std::fs::read(root().join("tests/fixtures/models/qwen2/model.safetensors")).unwrap();
+    let weights = std::fs::read(fixture("qwen2").join("model.safetensors")).unwrap();
     let blobs = user
         .cache()
         .join(".sinkmerge-staging/models--test-org--tiny-qwen2/blobs");

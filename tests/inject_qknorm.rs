@@ -1,23 +1,21 @@
 //! `sinkmerge inject-qknorm`: a Qwen2 checkpoint becomes a Qwen3 one with unit QK norms, every
 //! original tensor byte-identical.
 
-mod controls_common;
-
 use std::path::Path;
 
-use controls_common::*;
+use crate::util::*;
 use safetensors::Dtype;
 use serde_json::{json, Value};
 
 fn inject(model: &Path, out: &Path) -> Value {
-    serde_json::from_str(&ok(&[
+    sinkmerge([
         "inject-qknorm",
         model.to_str().unwrap(),
         "-o",
         out.to_str().unwrap(),
         "--json",
-    ]))
-    .unwrap()
+    ])
+    .json()
 }
 
 /// Everything the output must satisfy for a Qwen2 input with `layers`, `hidden`, `head_dim`.
@@ -61,13 +59,8 @@ fn check(model: &Path, out: &Path, dtype: Dtype, layers: usize, hidden: usize, h
         );
     }
     // The output is a per-head QK-norm model to sinkmerge's own reader.
-    let inspected: Value = serde_json::from_str(&ok(&[
-        "inspect",
-        out.to_str().unwrap(),
-        "--json",
-        "--check",
-    ]))
-    .unwrap();
+    let inspected: Value =
+        sinkmerge(["inspect", out.to_str().unwrap(), "--json", "--check"]).json();
     assert_eq!(inspected["qk_norm"], "per-head");
     assert_eq!(inspected["architecture"], "Qwen3ForCausalLM");
 }
@@ -109,12 +102,13 @@ fn inputs_that_are_not_plain_qwen2_are_refused() {
         ("llama31-tied", "not model_type `llama`"),
         ("qwen2_5_vl", "vision-language model (family qwen2.5-vl)"),
     ] {
-        let err = bad_input(&[
+        let err = sinkmerge([
             "inject-qknorm",
             fixture(fixture_name).to_str().unwrap(),
             "-o",
             o,
-        ]);
+        ])
+        .refused(&[]);
         assert!(err.contains(needle), "{fixture_name}: {err}");
     }
 
@@ -127,7 +121,7 @@ fn inputs_that_are_not_plain_qwen2_are_refused() {
     );
     let with_norms = tmp.path().join("with-norms");
     write_model(&with_norms, &config(&model), &tensors, None);
-    let err = bad_input(&["inject-qknorm", with_norms.to_str().unwrap(), "-o", o]);
+    let err = sinkmerge(["inject-qknorm", with_norms.to_str().unwrap(), "-o", o]).refused(&[]);
     assert!(
         err.contains("already has QK norms") && err.contains("q_norm"),
         "{err}"
@@ -138,18 +132,19 @@ fn inputs_that_are_not_plain_qwen2_are_refused() {
     tensors.remove("model.layers.1.self_attn.k_proj.bias");
     let no_bias = tmp.path().join("no-bias");
     write_model(&no_bias, &config(&model), &tensors, None);
-    let err = bad_input(&["inject-qknorm", no_bias.to_str().unwrap(), "-o", o]);
+    let err = sinkmerge(["inject-qknorm", no_bias.to_str().unwrap(), "-o", o]).refused(&[]);
     assert!(
         err.contains("model.layers.1.self_attn.k_proj.bias"),
         "{err}"
     );
 
-    let err = bad_input(&[
+    let err = sinkmerge([
         "inject-qknorm",
         model.to_str().unwrap(),
         "-o",
         model.to_str().unwrap(),
-    ]);
+    ])
+    .refused(&[]);
     assert!(err.contains("is input"), "{err}");
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
@@ -160,18 +155,22 @@ fn the_model_card_names_the_hub_model_and_its_commit() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("hub");
     let commit = "4c1d2e3f00000000000000000000000000000abc";
-    fake_hub_cache(&cache, "Org/Tiny-Qwen2", commit, &fixture("qwen2"));
-    let out = tmp.path().join("o");
-    let env = [("HF_HUB_CACHE", cache.as_path())];
-    ok_env(
-        &[
-            "inject-qknorm",
-            "Org/Tiny-Qwen2",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &env,
+    fake_hub_cache(
+        &cache,
+        "Org/Tiny-Qwen2",
+        commit,
+        &["main"],
+        &fixture("qwen2"),
     );
+    let out = tmp.path().join("o");
+    sinkmerge([
+        "inject-qknorm",
+        "Org/Tiny-Qwen2",
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .env("HF_HUB_CACHE", &cache)
+    .ok();
     let (meta, body) = model_card(&out);
     assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-Qwen2"]);
     assert!(meta.get("base_model_relation").is_none(), "{meta:?}");
@@ -195,17 +194,18 @@ fn the_model_card_names_the_hub_model_and_its_commit() {
         ]
     );
     let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
-    ok_env(&replay, &env);
+    sinkmerge(&replay).env("HF_HUB_CACHE", &cache).ok();
     assert_eq!(load(&out), load(&again));
 
     let bare = tmp.path().join("bare");
-    ok(&[
+    sinkmerge([
         "inject-qknorm",
         fixture("qwen2").to_str().unwrap(),
         "-o",
         bare.to_str().unwrap(),
         "--no-model-card",
-    ]);
+    ])
+    .ok();
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
 }

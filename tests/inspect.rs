@@ -1,40 +1,20 @@
 //! `sinkmerge inspect` on every fixture, checked against goldens computed in Python from the
 //! safetensors headers and configs (tools/gen_fixtures.py), and the config-dialect equivalence.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use serde_json::Value;
 use sinkmerge::arch::TextConfig;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-fn run(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(args)
-        .output()
-        .expect("run sinkmerge")
-}
+use crate::util::{fixtures, read_json, sinkmerge};
 
 fn inspect_json(dir: &Path) -> Value {
-    let out = run(&["inspect", "--json", dir.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "inspect {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("inspect --json prints JSON")
+    sinkmerge(["inspect", "--json", dir.to_str().unwrap()]).json()
 }
 
 #[test]
 fn inspect_matches_python_goldens_for_every_fixture() {
-    let goldens: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("goldens/inspect.json")).unwrap(),
-    )
-    .unwrap();
+    let goldens: Value = read_json(fixtures().join("goldens/inspect.json"));
     let mut checked = 0;
     for (name, want) in goldens.as_object().unwrap() {
         if name.starts_with('_') {
@@ -80,11 +60,8 @@ fn four_x_and_five_x_configs_normalize_identically() {
         let Some(stem) = name.strip_suffix(".4x.json") else {
             continue;
         };
-        let read = |p: &Path| -> Value {
-            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-        };
-        let v4 = read(&path);
-        let v5 = read(&path.with_file_name(format!("{stem}.5x.json")));
+        let v4: Value = read_json(&path);
+        let v5: Value = read_json(path.with_file_name(format!("{stem}.5x.json")));
         assert_ne!(v4, v5, "{stem}: the two files should differ in dialect");
         let a = TextConfig::from_model_config(&v4).unwrap();
         let b = TextConfig::from_model_config(&v5).unwrap();
@@ -97,9 +74,8 @@ fn four_x_and_five_x_configs_normalize_identically() {
 #[test]
 fn check_reports_nan_and_inf_by_name_with_exit_code_3() {
     let dir = fixtures().join("nonfinite");
-    let expected: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    let out = run(&["inspect", "--check", "--json", dir.to_str().unwrap()]);
+    let expected: Value = read_json(dir.join("expected.json"));
+    let out = sinkmerge(["inspect", "--check", "--json", dir.to_str().unwrap()]).output();
     assert_eq!(
         out.status.code(),
         Some(3),
@@ -128,21 +104,23 @@ fn check_reports_nan_and_inf_by_name_with_exit_code_3() {
     );
 
     // A clean model passes the check.
-    let out = run(&[
+    let out = sinkmerge([
         "inspect",
         "--check",
         fixtures().join("models/qwen3").to_str().unwrap(),
-    ]);
+    ])
+    .output();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("no NaN or Inf"));
 }
 
 #[test]
 fn plain_output_names_the_essentials() {
-    let out = run(&[
+    let out = sinkmerge([
         "inspect",
         fixtures().join("models/qwen3_vl").to_str().unwrap(),
-    ]);
+    ])
+    .output();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [

@@ -3,44 +3,15 @@
 //! rescales, TIES trimming rules, determinism across thread counts, replay of the recorded
 //! config, the output directory, and bad input.
 
-mod controls_common;
-
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use sinkmerge::checkpoint::{dtype, Checkpoint, Shard};
 
-use controls_common::{model_card, strings};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::util::{fake_hub_cache, model_card, ok, root, sinkmerge, strings};
 
 fn model(name: &str) -> String {
     format!("tests/fixtures/merge/models/{name}")
-}
-
-fn sinkmerge(args: &[&str]) -> Output {
-    sinkmerge_env(args, &[])
-}
-
-fn sinkmerge_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
-    cmd.current_dir(root()).args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run sinkmerge")
-}
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
@@ -104,7 +75,7 @@ fn linear_task_arithmetic_and_ties_match_mergekit() {
         let tmp = tempfile::tempdir().unwrap();
         let out_dir = tmp.path().join("out");
         let cfg = format!("tests/fixtures/merge/configs/{config}.yml");
-        let out = sinkmerge(&["merge", &cfg, "-o", out_dir.to_str().unwrap(), "--json"]);
+        let out = sinkmerge(["merge", &cfg, "-o", out_dir.to_str().unwrap(), "--json"]).output();
         ok(&out);
         let golden =
             read_file(&root().join(format!("tests/fixtures/merge/goldens/{config}.safetensors")));
@@ -119,7 +90,7 @@ fn merge_one(method_args: &[&str]) -> (tempfile::TempDir, Tensors) {
     let out_dir = tmp.path().join("out");
     let mut args: Vec<&str> = method_args.to_vec();
     args.extend(["-o", out_dir.to_str().unwrap()]);
-    ok(&sinkmerge(&args));
+    sinkmerge(&args).ok();
     let tensors = read_model(&out_dir);
     (tmp, tensors)
 }
@@ -233,7 +204,7 @@ fn dare_masks_follow_the_seed() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |seed: &str, name: &str| {
         let out = tmp.path().join(name);
-        ok(&sinkmerge(&[
+        sinkmerge([
             "dare",
             "--base",
             &model("base"),
@@ -248,7 +219,8 @@ fn dare_masks_follow_the_seed() {
             seed,
             "-o",
             out.to_str().unwrap(),
-        ]));
+        ])
+        .ok();
         model_bytes(&out)
     };
     let a = run("7", "a");
@@ -416,7 +388,7 @@ fn outputs_do_not_depend_on_the_thread_count() {
             let mut args = expand(run);
             args.extend(["-o".into(), out.to_str().unwrap().into()]);
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-            ok(&sinkmerge_env(&argv, &[("RAYON_NUM_THREADS", threads)]));
+            sinkmerge(&argv).threads(threads).ok();
             bytes.push(model_bytes(&out));
         }
         assert!(
@@ -440,17 +412,18 @@ fn the_recorded_config_replays_to_identical_bytes() {
             "bf16".into(),
         ]);
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        ok(&sinkmerge(&argv));
+        sinkmerge(&argv).ok();
         let record = first.join("sinkmerge_config.yml");
         let text = std::fs::read_to_string(&record).unwrap();
         assert!(text.contains("sinkmerge_version"), "{text}");
         let second = tmp.path().join("second");
-        ok(&sinkmerge(&[
+        sinkmerge([
             "merge",
             record.to_str().unwrap(),
             "-o",
             second.to_str().unwrap(),
-        ]));
+        ])
+        .ok();
         assert!(
             model_bytes(&first) == model_bytes(&second),
             "{}: replay differs",
@@ -471,7 +444,7 @@ fn the_recorded_config_replays_to_identical_bytes() {
 fn the_output_is_a_complete_model_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let out_dir = tmp.path().join("out");
-    let out = sinkmerge(&[
+    let out = sinkmerge([
         "task-arithmetic",
         "--base",
         &model("base"),
@@ -483,7 +456,8 @@ fn the_output_is_a_complete_model_directory() {
         "--json",
         "-o",
         out_dir.to_str().unwrap(),
-    ]);
+    ])
+    .output();
     ok(&out);
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(summary["method"], "task_arithmetic");
@@ -510,14 +484,15 @@ fn the_output_is_a_complete_model_directory() {
 
     // Tied inputs only: no lm_head; the bf16 base dtype is kept without --out-dtype.
     let tied = tmp.path().join("tied");
-    ok(&sinkmerge(&[
+    sinkmerge([
         "linear",
         "--models",
         &model("task_c"),
         &model("base"),
         "-o",
         tied.to_str().unwrap(),
-    ]));
+    ])
+    .ok();
     let ckpt = Checkpoint::open_dir(&tied, "tied").unwrap();
     assert!(!ckpt.contains("lm_head.weight"));
     assert!(ckpt
@@ -532,14 +507,7 @@ fn fails(args: &[&str], expected: &[&str]) {
     let out_dir = tmp.path().join("out");
     let mut argv = args.to_vec();
     argv.extend(["-o", out_dir.to_str().unwrap()]);
-    let out = sinkmerge(&argv);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
-    for e in expected {
-        assert!(stderr.contains(e), "{args:?}: `{e}` not in: {stderr}");
-    }
-    assert!(!stderr.contains("panicked"));
+    sinkmerge(&argv).refused(expected);
     assert_eq!(
         std::fs::read_dir(tmp.path()).unwrap().count(),
         0,
@@ -626,7 +594,7 @@ fn bad_input_is_refused_before_anything_is_written() {
         &["--out-dtype int8"],
     );
     // The output may not be an input.
-    let out = sinkmerge(&["linear", "--models", &a, &base, "-o", &a, "--force"]);
+    let out = sinkmerge(["linear", "--models", &a, &base, "-o", &a, "--force"]).output();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("inputs are never written"));
 }
@@ -665,12 +633,7 @@ fn tsv_and_star_match_the_torch_reference() {
         let tmp = tempfile::tempdir().unwrap();
         let out_dir = tmp.path().join("out");
         let cfg = format!("tests/fixtures/merge/configs/{config}.yml");
-        ok(&sinkmerge(&[
-            "merge",
-            &cfg,
-            "-o",
-            out_dir.to_str().unwrap(),
-        ]));
+        sinkmerge(["merge", &cfg, "-o", out_dir.to_str().unwrap()]).ok();
         let reference =
             read_file(&root().join(format!("tests/fixtures/merge/goldens/{config}.safetensors")));
         let out = read_model(&out_dir);
@@ -858,7 +821,7 @@ fn large_tensors_are_identical_at_any_thread_count() {
             let out = tmp.path().join(format!("{}-{threads}", run[0]));
             let mut args = run.clone();
             args.extend(["-o", out.to_str().unwrap(), "--force"]);
-            ok(&sinkmerge_env(&args, &[("RAYON_NUM_THREADS", threads)]));
+            sinkmerge(&args).threads(threads).ok();
             bytes.push(model_bytes(&out));
         }
         assert!(
@@ -905,16 +868,17 @@ fn every_merge_command_writes_a_model_card() {
         let mut args = expand(run);
         args.extend(["-o".into(), out.to_str().unwrap().into()]);
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        ok(&sinkmerge(&argv));
+        sinkmerge(&argv).ok();
         check_local_merge_card(&out, run[0]);
     }
     let out = tmp.path().join("config");
-    ok(&sinkmerge(&[
+    sinkmerge([
         "merge",
         "tests/fixtures/merge/configs/ties.yml",
         "-o",
         out.to_str().unwrap(),
-    ]));
+    ])
+    .ok();
     check_local_merge_card(&out, "merge ties.yml");
 }
 
@@ -922,36 +886,31 @@ fn every_merge_command_writes_a_model_card() {
 fn a_cached_base_is_the_base_model_and_the_card_replays() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("hub");
-    let repo = cache.join("models--Org--Tiny-Base");
     let commit = "feedface00000000000000000000000000000001";
-    let snapshot = repo.join("snapshots").join(commit);
-    std::fs::create_dir_all(&snapshot).unwrap();
-    std::fs::create_dir_all(repo.join("refs")).unwrap();
-    std::fs::write(repo.join("refs/main"), commit).unwrap();
-    for e in std::fs::read_dir(root().join(model("base"))).unwrap() {
-        let path = e.unwrap().path();
-        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
-    }
-    let cache_env = cache.to_str().unwrap();
-    let env = [("HF_HUB_CACHE", cache_env)];
+    fake_hub_cache(
+        &cache,
+        "Org/Tiny-Base",
+        commit,
+        &["main"],
+        &root().join(model("base")),
+    );
     let out = tmp.path().join("merged");
-    ok(&sinkmerge_env(
-        &[
-            "ties",
-            "--base",
-            "Org/Tiny-Base",
-            "--models",
-            &model("task_a"),
-            &model("task_b"),
-            "--density",
-            "0.5",
-            "--tokenizer-from",
-            &model("task_c"),
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &env,
-    ));
+    sinkmerge([
+        "ties",
+        "--base",
+        "Org/Tiny-Base",
+        "--models",
+        &model("task_a"),
+        &model("task_b"),
+        "--density",
+        "0.5",
+        "--tokenizer-from",
+        &model("task_c"),
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .env("HF_HUB_CACHE", &cache)
+    .ok();
     let (meta, body) = model_card(&out);
     // Only the repo id; the local models and the tokenizer donor are in the body.
     assert_eq!(strings(&meta["base_model"]), ["Org/Tiny-Base"]);
@@ -982,18 +941,15 @@ fn a_cached_base_is_the_base_model_and_the_card_replays() {
 
     // The replay, run in OUT as the card says.
     let again = tmp.path().join("again");
-    let o = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .current_dir(&out)
-        .args([
-            "merge",
-            "sinkmerge_config.yml",
-            "-o",
-            again.to_str().unwrap(),
-        ])
-        .env("HF_HUB_CACHE", cache_env)
-        .output()
-        .unwrap();
-    ok(&o);
+    sinkmerge([
+        "merge",
+        "sinkmerge_config.yml",
+        "-o",
+        again.to_str().unwrap(),
+    ])
+    .current_dir(&out)
+    .env("HF_HUB_CACHE", &cache)
+    .ok();
     assert!(model_bytes(&out) == model_bytes(&again), "replay differs");
     assert_eq!(
         std::fs::read(out.join("tokenizer.json")).unwrap(),
@@ -1030,7 +986,7 @@ fn no_model_card_writes_none_and_changes_nothing_else() {
         ];
         args.extend(flag.map(String::from));
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        ok(&sinkmerge(&argv));
+        sinkmerge(&argv).ok();
         trees.push(listing(&out));
     }
     assert!(trees[0].iter().any(|(n, _)| n == "README.md"));
@@ -1058,7 +1014,7 @@ fn partial_outputs_of_killed_runs_are_removed_on_the_next_run() {
     ));
     std::fs::create_dir(&live).unwrap();
     let out_dir = tmp.path().join("merged");
-    let out = sinkmerge(&[
+    let out = sinkmerge([
         "linear",
         "--models",
         &model("task_a"),
@@ -1066,7 +1022,8 @@ fn partial_outputs_of_killed_runs_are_removed_on_the_next_run() {
         "-o",
         out_dir.to_str().unwrap(),
         "-q",
-    ]);
+    ])
+    .output();
     ok(&out);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!dead.exists(), "the dead run's partial output is gone");

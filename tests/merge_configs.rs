@@ -1,13 +1,15 @@
 //! Every YAML in merge-configs/ parses as a merge config without warnings, and each pair has the
 //! paper's seven settings with their hyperparameters.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sinkmerge::merge::params::{Setting, Value};
 use sinkmerge::merge::MergeSpec;
 
+use crate::util::root;
+
 fn configs() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("merge-configs")
+    root().join("merge-configs")
 }
 
 fn number(s: Option<&Setting>) -> Option<f64> {

@@ -3,43 +3,24 @@
 //! independence, the CSV and SVG outputs, and one clear error (exit 2, nothing written) per kind
 //! of bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
+use crate::util::{fixtures, ok, read_json, refused, sinkmerge, stderr};
 
 fn fixture(rel: &str) -> String {
     fixtures().join(rel).to_string_lossy().into_owned()
 }
 
-fn run_with(args: &[&str], threads: Option<&str>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
-    cmd.arg("norms").args(args);
-    if let Some(t) = threads {
-        cmd.env("RAYON_NUM_THREADS", t);
-    }
-    cmd.output().expect("run sinkmerge")
-}
-
+/// `sinkmerge norms ARGS`.
 fn run(args: &[&str]) -> Output {
-    run_with(args, None)
+    sinkmerge(["norms"]).args(args).output()
 }
 
 fn json_of(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "norms failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("--json prints JSON")
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    serde_json::from_str(&ok(out)).expect("--json prints JSON")
 }
 
 /// Relative tolerance per reported key: op 1e-5 and fro 1e-6 (the acceptance figures), and what
@@ -71,8 +52,7 @@ fn close(got: &Value, want: &Value, tol: f64, what: &str) {
 }
 
 fn goldens() -> Vec<Value> {
-    let text = std::fs::read_to_string(fixtures().join("norms/goldens.json")).unwrap();
-    let v: Value = serde_json::from_str(&text).unwrap();
+    let v: Value = read_json(fixtures().join("norms/goldens.json"));
     v["cases"].as_array().unwrap().clone()
 }
 
@@ -209,9 +189,9 @@ fn same_bytes_at_any_thread_count() {
         &fixture("norms/spectra-target"),
         "--json",
     ];
-    let one = run_with(&args, Some("1"));
-    let two = run_with(&args, Some("2"));
-    let three = run_with(&args, Some("3"));
+    let one = sinkmerge(["norms"]).args(args).threads("1").output();
+    let two = sinkmerge(["norms"]).args(args).threads("2").output();
+    let three = sinkmerge(["norms"]).args(args).threads("3").output();
     assert!(one.status.success());
     assert_eq!(one.stdout, two.stdout);
     assert_eq!(one.stdout, three.stdout);
@@ -335,16 +315,6 @@ fn selections_and_warnings() {
     assert!(text.contains("expert_up_proj") && text.contains("one row per expert"));
 }
 
-fn assert_bad(out: &Output, needles: &[&str]) {
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(out));
-    let err = stderr(out);
-    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    for n in needles {
-        assert!(err.contains(n), "`{n}` missing from: {err}");
-    }
-    assert!(out.stdout.is_empty());
-}
-
 #[test]
 fn bad_inputs_give_one_clear_error_and_write_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -358,7 +328,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
     let bad_shape = fixture("norms/bad-shape");
     let k = ["--modules", "k_proj", "--layers", "0:1"];
     let out = run(&[&[&r[..], &bad_shape][..], &k, &outputs].concat());
-    assert_bad(
+    refused(
         &out,
         &[
             "shape mismatch",
@@ -377,7 +347,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
         &outputs,
     ]
     .concat());
-    assert_bad(
+    refused(
         &out,
         &[
             "model.layers.0.self_attn.k_proj.weight",
@@ -394,7 +364,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
         &outputs,
     ]
     .concat());
-    assert_bad(
+    refused(
         &out,
         &[
             "nonfinite/model.safetensors",
@@ -405,7 +375,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
 
     let (moe, fused) = (fixture("norms/moe-ref"), fixture("norms/moe-fused-target"));
     let out = run(&[&[&moe[..], &fused, "--layers", "0:1"][..], &outputs].concat());
-    assert_bad(
+    refused(
         &out,
         &[
             "model.layers.0.mlp.experts.0.down_proj.weight",
@@ -419,7 +389,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
         &outputs[..],
     ]
     .concat());
-    assert_bad(
+    refused(
         &out,
         &["different architectures", "model_type", "qwen2", "qwen3"],
     );
@@ -446,7 +416,7 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
     // A report file inside an input model is refused before any work.
     let inside = format!("{}/drift.csv", fixture("norms/spectra-target"));
     let out = run(&[&r, &t, "--csv", &inside]);
-    assert_bad(&out, &["lies inside input"]);
+    refused(&out, &["lies inside input"]);
     assert!(!Path::new(&inside).exists());
 
     assert!(!csv.exists() && !svg.exists());

@@ -1,12 +1,10 @@
 //! `sinkmerge perturb`: the random-dW control matches TARGET's per-tensor drift with noise that
 //! is unrelated to TARGET's change, and leaves every other byte alone.
 
-mod controls_common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use controls_common::*;
+use crate::util::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -103,7 +101,7 @@ fn noise_matches_target_drift_on_the_qwen2_fixture() {
     let target_dir = tmp.path().join("vlm-lm");
     write_model(&target_dir, &config(&reference), &target, None);
     let out = tmp.path().join("random-dw");
-    let report: serde_json::Value = serde_json::from_str(&ok(&[
+    let report: serde_json::Value = sinkmerge([
         "perturb",
         reference.to_str().unwrap(),
         "--match",
@@ -111,8 +109,8 @@ fn noise_matches_target_drift_on_the_qwen2_fixture() {
         "-o",
         out.to_str().unwrap(),
         "--json",
-    ]))
-    .unwrap();
+    ])
+    .json();
     let cosines = check_output(&reference, &target, &out);
     assert_eq!(cosines.len(), 14, "7 projections in each of 2 layers");
     assert_eq!(report["perturbed"], 14);
@@ -200,7 +198,7 @@ fn bf16_noise_is_orthogonal_to_target_dw_per_tensor() {
     let target_dir = tmp.path().join("target");
     write_model(&target_dir, &config(&reference), &target, None);
     let out = tmp.path().join("out");
-    ok(&[
+    sinkmerge([
         "perturb",
         reference.to_str().unwrap(),
         "--match",
@@ -209,7 +207,8 @@ fn bf16_noise_is_orthogonal_to_target_dw_per_tensor() {
         out.to_str().unwrap(),
         "--seed",
         "3",
-    ]);
+    ])
+    .ok();
     let cosines = check_output(&reference, &target, &out);
     assert_eq!(cosines.len(), 14);
     for (name, c) in &cosines {
@@ -226,7 +225,7 @@ fn output_is_deterministic_across_threads_and_follows_the_seed() {
     write_model(&target_dir, &config(&reference), &target, None);
     let run = |threads: &str, seed: &str, name: &str| {
         let out = tmp.path().join(name);
-        ok(&[
+        sinkmerge([
             "perturb",
             reference.to_str().unwrap(),
             "--match",
@@ -237,7 +236,8 @@ fn output_is_deterministic_across_threads_and_follows_the_seed() {
             seed,
             "--threads",
             threads,
-        ]);
+        ])
+        .ok();
         std::fs::read(out.join("model.safetensors")).unwrap()
     };
     let one = run("1", "0", "a");
@@ -254,7 +254,7 @@ fn sharded_bf16_reference_keeps_untouched_tensors_byte_identical() {
     let target_dir = tmp.path().join("t");
     write_model(&target_dir, &config(&reference), &target, None);
     let out = tmp.path().join("o");
-    ok(&[
+    sinkmerge([
         "perturb",
         reference.to_str().unwrap(),
         "--match",
@@ -263,7 +263,8 @@ fn sharded_bf16_reference_keeps_untouched_tensors_byte_identical() {
         out.to_str().unwrap(),
         "--max-shard-size",
         "40k",
-    ]);
+    ])
+    .ok();
     assert!(out.join("model.safetensors.index.json").exists());
     check_output(&reference, &target, &out);
 }
@@ -277,14 +278,15 @@ fn mismatched_inputs_are_refused_with_nothing_written() {
     let o = out.to_str().unwrap();
 
     // A different architecture.
-    let err = bad_input(&[
+    let err = sinkmerge([
         "perturb",
         r,
         "--match",
         fixture("qwen3").to_str().unwrap(),
         "-o",
         o,
-    ]);
+    ])
+    .refused(&[]);
     assert!(err.contains("different architectures"), "{err}");
 
     // TARGET lacks one projection.
@@ -292,7 +294,7 @@ fn mismatched_inputs_are_refused_with_nothing_written() {
     target.remove("model.language_model.layers.1.mlp.up_proj.weight");
     let t = tmp.path().join("t");
     write_model(&t, &config(&reference), &target, None);
-    let err = bad_input(&["perturb", r, "--match", t.to_str().unwrap(), "-o", o]);
+    let err = sinkmerge(["perturb", r, "--match", t.to_str().unwrap(), "-o", o]).refused(&[]);
     assert!(
         err.contains("model.layers.1.mlp.up_proj.weight") && err.contains("no matching tensor"),
         "{err}"
@@ -306,7 +308,7 @@ fn mismatched_inputs_are_refused_with_nothing_written() {
     );
     let t2 = tmp.path().join("t2");
     write_model(&t2, &config(&reference), &target, None);
-    let err = bad_input(&["perturb", r, "--match", t2.to_str().unwrap(), "-o", o]);
+    let err = sinkmerge(["perturb", r, "--match", t2.to_str().unwrap(), "-o", o]).refused(&[]);
     assert!(err.contains("k_proj") && err.contains("[16, 64]"), "{err}");
 
     // The output may not be an input.
@@ -318,12 +320,12 @@ fn mismatched_inputs_are_refused_with_nothing_written() {
         None,
     );
     let g = good.to_str().unwrap();
-    let err = bad_input(&["perturb", r, "--match", g, "-o", g]);
+    let err = sinkmerge(["perturb", r, "--match", g, "-o", g]).refused(&[]);
     assert!(err.contains("is input"), "{err}");
-    let err = bad_input(&["perturb", r, "--match", g, "-o", &format!("{r}/sub")]);
+    let err = sinkmerge(["perturb", r, "--match", g, "-o", &format!("{r}/sub")]).refused(&[]);
     assert!(err.contains("lies inside input"), "{err}");
 
-    let err = bad_input(&["perturb", r, "--match", g]);
+    let err = sinkmerge(["perturb", r, "--match", g]).refused(&[]);
     assert!(err.contains("-o OUT"), "{err}");
 
     assert!(!out.exists());
@@ -338,14 +340,15 @@ fn a_vlm_checkpoint_can_be_the_target() {
     let reference = fixture("qwen2");
     let vlm = fixture("qwen2_5_vl-new");
     let out = tmp.path().join("o");
-    ok(&[
+    sinkmerge([
         "perturb",
         reference.to_str().unwrap(),
         "--match",
         vlm.to_str().unwrap(),
         "-o",
         out.to_str().unwrap(),
-    ]);
+    ])
+    .ok();
     let cosines = check_output(&reference, &load(&vlm), &out);
     assert_eq!(cosines.len(), 14);
 }
@@ -359,23 +362,21 @@ fn the_model_card_lists_ref_as_base_model_and_both_inputs() {
     write_model(&target_dir, &config(&reference), &target, None);
     let cache = tmp.path().join("hub");
     let commit = "aa11bb22cc33dd44ee55ff6600000000000000ff";
-    fake_hub_cache(&cache, "Org/Ref", commit, &reference);
-    let env = [("HF_HUB_CACHE", cache.as_path())];
+    fake_hub_cache(&cache, "Org/Ref", commit, &["main"], &reference);
     let out = tmp.path().join("o");
     let t = target_dir.to_str().unwrap();
-    ok_env(
-        &[
-            "perturb",
-            "Org/Ref",
-            "--match",
-            t,
-            "--seed",
-            "5",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-        &env,
-    );
+    sinkmerge([
+        "perturb",
+        "Org/Ref",
+        "--match",
+        t,
+        "--seed",
+        "5",
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .env("HF_HUB_CACHE", &cache)
+    .ok();
     let (meta, body) = model_card(&out);
     // TARGET only sizes the noise: it is listed, but not a base model.
     assert_eq!(strings(&meta["base_model"]), ["Org/Ref"]);
@@ -407,12 +408,12 @@ fn the_model_card_lists_ref_as_base_model_and_both_inputs() {
         ]
     );
     let replay: Vec<&str> = replay.iter().map(String::as_str).collect();
-    ok_env(&replay, &env);
+    sinkmerge(&replay).env("HF_HUB_CACHE", &cache).ok();
     assert_eq!(load(&out), load(&again));
 
     let bare = tmp.path().join("bare");
     let r = reference.to_str().unwrap();
-    ok(&[
+    sinkmerge([
         "perturb",
         r,
         "--match",
@@ -422,7 +423,8 @@ fn the_model_card_lists_ref_as_base_model_and_both_inputs() {
         "-o",
         bare.to_str().unwrap(),
         "--no-model-card",
-    ]);
+    ])
+    .ok();
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
 }

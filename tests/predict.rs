@@ -1,14 +1,12 @@
 //! `sinkmerge predict` against the paper's own figures (arXiv 2609.00746, Tables 10-12).
 
-mod controls_common;
-
-use controls_common::{bad_input, ok};
+use crate::util::sinkmerge;
 use serde_json::Value;
 
 fn json(args: &[&str]) -> Value {
     let mut all = vec!["predict", "--json"];
     all.extend_from_slice(args);
-    serde_json::from_str(&ok(&all)).unwrap()
+    sinkmerge(&all).json()
 }
 
 fn f(v: &Value) -> f64 {
@@ -170,7 +168,7 @@ fn a_new_backbone_gets_prediction_similar_range_and_rank() {
     assert!(narrow["query"]["similar_range"].is_null());
     assert_eq!(narrow["query"]["rank"], 1);
 
-    let text = ok(&["predict", "--s", "-0.5"]);
+    let text = sinkmerge(["predict", "--s", "-0.5"]).ok();
     assert!(text.contains("rank          18 of 18"), "{text}");
     assert!(text.contains("no panel pair within"), "{text}");
 }
@@ -179,7 +177,7 @@ fn a_new_backbone_gets_prediction_similar_range_and_rank() {
 #[test]
 fn a_model_is_scored_then_placed() {
     let model = "assets/models/tiny-qwen3/ref";
-    let score: Value = serde_json::from_str(&ok(&["score", model, "--json"])).unwrap();
+    let score: Value = sinkmerge(["score", model, "--json"]).json();
     let s = f(&score["models"][0]["sink_strength"]);
     let r = json(&["--model", model]);
     assert_eq!(r["measured"]["model"], model);
@@ -188,18 +186,18 @@ fn a_model_is_scored_then_placed() {
     let by_value = json(&["--s", &s.to_string()]);
     assert_eq!(r["query"], by_value["query"]);
 
-    let text = ok(&["predict", "--model", model]);
+    let text = sinkmerge(["predict", "--model", model]).ok();
     assert!(
         text.contains(&format!("measured      S = {s:.4} for {model}")),
         "{text}"
     );
-    let err = bad_input(&["predict", "--model", "tests/fixtures/no-such-model"]);
+    let err = sinkmerge(["predict", "--model", "tests/fixtures/no-such-model"]).refused(&[]);
     assert!(err.contains("no-such-model"), "{err}");
 }
 
 #[test]
 fn text_report_lists_every_pair_and_the_summary() {
-    let text = ok(&["predict"]);
+    let text = sinkmerge(["predict"]).ok();
     for needle in [
         "Spearman rho  0.877",
         "LOO MAE",
@@ -215,7 +213,7 @@ fn text_report_lists_every_pair_and_the_summary() {
 fn plot_is_an_svg_with_pair_labels_and_the_fit() {
     let tmp = tempfile::tempdir().unwrap();
     let svg = tmp.path().join("fig3.svg");
-    ok(&["predict", "--plot", svg.to_str().unwrap()]);
+    sinkmerge(["predict", "--plot", svg.to_str().unwrap()]).ok();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg"));
     for label in ["Molmo2-O-7B", "Qwen2.5-VL", "fit: y = -16.65 + 5.85 x"] {
@@ -253,13 +251,14 @@ fn own_panel_plot_labels_points_by_pair_not_by_path() {
     )
     .unwrap();
     let svg = tmp.path().join("own.svg");
-    ok(&[
+    sinkmerge([
         "predict",
         "--panel",
         csv.to_str().unwrap(),
         "--plot",
         svg.to_str().unwrap(),
-    ]);
+    ])
+    .ok();
     let text = std::fs::read_to_string(&svg).unwrap();
     for label in ["base-A", "base-B", "base-C", "fit: y = "] {
         assert!(text.contains(label), "{label}");
@@ -290,21 +289,21 @@ fn a_margin_column_adds_the_margin_correlation() {
     for key in ["spearman", "pearson", "loo_mae", "constant_mae", "held_out"] {
         assert!(!r[key].is_null(), "{key}");
     }
-    let text = ok(&["predict", "--panel", path]);
+    let text = sinkmerge(["predict", "--panel", path]).ok();
     for needle in [
         "margin rho    0.975   (Spearman, margin G_base - B_gap vs delta_ifeval, 5 pairs; Pearson r 0.965)",
         "no margin     F",
     ] {
         assert!(text.contains(needle), "missing `{needle}` in\n{text}");
     }
-    assert!(!ok(&["predict"]).contains("margin rho"));
+    assert!(!sinkmerge(["predict"]).ok().contains("margin rho"));
 
     std::fs::write(
         &csv,
         "pair,sink_strength,margin,delta_x\nA,1,0.5,2\nB,2,,3\nC,3,x,4\n",
     )
     .unwrap();
-    let err = bad_input(&["predict", "--panel", path]);
+    let err = sinkmerge(["predict", "--panel", path]).refused(&[]);
     assert!(
         err.contains("margins.csv:4") && err.contains("`margin`"),
         "{err}"
@@ -315,31 +314,32 @@ fn a_margin_column_adds_the_margin_correlation() {
 fn bad_panels_and_arguments_are_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let svg = tmp.path().join("never.svg");
-    let err = bad_input(&["predict", "--task", "mmlu", "--plot", svg.to_str().unwrap()]);
+    let err =
+        sinkmerge(["predict", "--task", "mmlu", "--plot", svg.to_str().unwrap()]).refused(&[]);
     assert!(
         err.contains("delta_mmlu") && err.contains("delta_ifeval"),
         "{err}"
     );
     assert!(!svg.exists());
 
-    let err = bad_input(&["predict", "--pairs", "Qwen2.5-VL,Nope"]);
+    let err = sinkmerge(["predict", "--pairs", "Qwen2.5-VL,Nope"]).refused(&[]);
     assert!(err.contains("`Nope`"), "{err}");
 
-    let err = bad_input(&["predict", "--panel", "/no/such/panel.csv"]);
+    let err = sinkmerge(["predict", "--panel", "/no/such/panel.csv"]).refused(&[]);
     assert!(err.contains("paper-17"), "{err}");
 
     let csv = tmp.path().join("bad.csv");
     std::fs::write(&csv, "pair,sink_strength,delta_x\nA,1,2\nB,oops,3\n").unwrap();
-    let err = bad_input(&["predict", "--panel", csv.to_str().unwrap()]);
+    let err = sinkmerge(["predict", "--panel", csv.to_str().unwrap()]).refused(&[]);
     assert!(
         err.contains("bad.csv:3") && err.contains("sink_strength"),
         "{err}"
     );
 
     std::fs::write(&csv, "pair,sink_strength,delta_x\nA,1,2\nB,1,3\nC,1,4\n").unwrap();
-    let err = bad_input(&["predict", "--panel", csv.to_str().unwrap()]);
+    let err = sinkmerge(["predict", "--panel", csv.to_str().unwrap()]).refused(&[]);
     assert!(err.contains("constant"), "{err}");
 
-    let err = bad_input(&["predict", "--pairs", "Qwen2.5-VL,Qwen3-VL-8B"]);
+    let err = sinkmerge(["predict", "--pairs", "Qwen2.5-VL,Qwen3-VL-8B"]).refused(&[]);
     assert!(err.contains("at least 3"), "{err}");
 }

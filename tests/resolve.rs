@@ -1,49 +1,28 @@
 //! Model references: directories, Hugging Face cache repo ids (with revisions and the cache
 //! environment variables) and the paper's aliases, through the real binary.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/models")
-        .join(name)
-}
-
-/// Lay out `models--ORG--NAME` in an HF hub cache as `huggingface_hub` does: refs/<rev> holds a
-/// commit hash, snapshots/<hash>/ holds the files (symlinks to blobs in the real cache).
-fn cache_repo(hub: &Path, repo: &str, commit: &str, refs: &[&str], from: &Path) {
-    let repo_dir = hub.join(format!("models--{}", repo.replace('/', "--")));
-    let snapshot = repo_dir.join("snapshots").join(commit);
-    std::fs::create_dir_all(&snapshot).unwrap();
-    std::fs::create_dir_all(repo_dir.join("refs")).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let path = entry.unwrap().path();
-        std::os::unix::fs::symlink(&path, snapshot.join(path.file_name().unwrap())).unwrap();
-    }
-    for r in refs {
-        std::fs::write(repo_dir.join("refs").join(r), commit).unwrap();
-    }
-}
+use crate::util::{fake_hub_cache, fixture, sinkmerge};
 
 fn inspect(reference: &str, env: &[(&str, &Path)]) -> (Option<i32>, String, String) {
     inspect_with(&[], reference, env)
 }
 
+/// `inspect --json REFERENCE FLAGS` with `env` set.
 fn inspect_with(
     flags: &[&str],
     reference: &str,
     env: &[(&str, &Path)],
 ) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
-    cmd.args(["inspect", "--json", reference])
+    let mut run = sinkmerge(["inspect", "--json", reference])
         .args(flags)
-        .env_remove("HF_HUB_CACHE")
-        .env_remove("HF_HOME");
-    for (k, v) in env {
-        cmd.env(k, v);
+        .envs(env.iter().copied());
+    // HF_HOME/hub is the cache only while HF_HUB_CACHE is unset.
+    if env.iter().any(|(k, _)| *k == "HF_HOME") {
+        run = run.env_remove("HF_HUB_CACHE");
     }
-    let out = cmd.output().unwrap();
+    let out = run.output();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -55,14 +34,14 @@ fn inspect_with(
 fn repo_ids_resolve_through_hf_hub_cache_and_revisions() {
     let tmp = tempfile::tempdir().unwrap();
     let hub = tmp.path().join("hub");
-    cache_repo(
+    fake_hub_cache(
         &hub,
         "Qwen/Qwen3-8B",
         "aaaa1111",
         &["main"],
         &fixture("qwen3"),
     );
-    cache_repo(
+    fake_hub_cache(
         &hub,
         "Qwen/Qwen3-8B",
         "bbbb2222",
@@ -89,14 +68,14 @@ fn repo_ids_resolve_through_hf_hub_cache_and_revisions() {
 #[test]
 fn aliases_resolve_to_the_paper_pairs() {
     let tmp = tempfile::tempdir().unwrap();
-    cache_repo(
+    fake_hub_cache(
         tmp.path(),
         "Qwen/Qwen2.5-VL-7B-Instruct",
         "c0ffee",
         &["main"],
         &fixture("qwen2_5_vl"),
     );
-    cache_repo(
+    fake_hub_cache(
         tmp.path(),
         "Qwen/Qwen2.5-7B-Instruct",
         "beef",
@@ -125,7 +104,7 @@ fn models_missing_from_the_cache_name_the_download_command() {
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
-    cache_repo(
+    fake_hub_cache(
         tmp.path(),
         "Qwen/Qwen3-8B",
         "aaaa",

@@ -2,59 +2,30 @@
 //! clear error with exit code 2 (and nothing written) for every kind of bad input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::util::{fixture, read_json, root, score_fixture, sinkmerge, Sinkmerge};
 
-fn fixture(name: &str) -> PathBuf {
-    root().join("tests/fixtures/models").join(name)
-}
-
-fn extra(name: &str) -> PathBuf {
-    root().join("tests/fixtures/score/models").join(name)
-}
-
-fn sinkmerge(args: &[&str], threads: Option<&str>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sinkmerge"));
-    cmd.arg("score").args(args);
-    if let Some(t) = threads {
-        cmd.env("RAYON_NUM_THREADS", t);
-    }
-    cmd.output().unwrap()
+/// `sinkmerge score ARGS`.
+fn score(args: &[&str]) -> Sinkmerge {
+    sinkmerge(["score"]).args(args)
 }
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-/// Run, expect exit code 2 and one error line containing every `needles`.
+/// `score ARGS`, refused: exit code 2 and an error naming every one of `needles`.
 fn fails_with(args: &[&str], needles: &[&str]) -> String {
-    let out = sinkmerge(args, None);
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "args {args:?}: {err}");
-    assert!(out.stdout.is_empty(), "nothing on stdout on error");
-    for n in needles {
-        assert!(err.contains(n), "expected {n:?} in: {err}");
-    }
-    assert!(!err.contains("panicked"), "{err}");
-    err
+    score(args).refused_with_usage(needles)
 }
 
 /// `score MODEL --json EXTRA...`, which must succeed, as JSON.
 fn json_report(model: &Path, extra: &[&str]) -> Value {
     let mut args = vec![s(model), "--json"];
     args.extend_from_slice(extra);
-    let out = sinkmerge(&args, None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice::<Value>(&out.stdout).unwrap()
+    score(&args).json()
 }
 
 /// A copy of a fixture directory (symlinked files) with some files replaced or removed.
@@ -77,7 +48,7 @@ fn variant(from: &Path, replace: &[(&str, Option<Vec<u8>>)]) -> tempfile::TempDi
 }
 
 fn edited_json(path: &Path, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
-    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut v: Value = read_json(path);
     edit(&mut v);
     serde_json::to_vec_pretty(&v).unwrap()
 }
@@ -85,7 +56,7 @@ fn edited_json(path: &Path, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
 #[test]
 fn reports_a_before_after_table_and_json() {
     let (r, t) = (fixture("qwen2"), fixture("qwen2-sharded"));
-    let out = sinkmerge(&["--ref", s(&r), s(&t)], None);
+    let out = score(&["--ref", s(&r), s(&t)]).output();
     assert!(
         out.status.success(),
         "{}",
@@ -102,7 +73,7 @@ fn reports_a_before_after_table_and_json() {
     ] {
         assert!(text.contains(col), "{col} missing from:\n{text}");
     }
-    let out = sinkmerge(&["--ref", s(&r), s(&t), "--json"], None);
+    let out = score(&["--ref", s(&r), s(&t), "--json"]).output();
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let models = v["models"].as_array().unwrap();
@@ -137,11 +108,11 @@ fn reports_a_before_after_table_and_json() {
 
 #[test]
 fn results_do_not_depend_on_the_thread_count() {
-    let model = extra("olmoe");
+    let model = score_fixture("olmoe");
     let args = ["--ref", s(&model), s(&model), "--n", "6", "--json"];
-    let one = sinkmerge(&args, Some("1"));
-    let two = sinkmerge(&args, Some("2"));
-    let four = sinkmerge(&args, Some("4"));
+    let one = score(&args).threads("1").output();
+    let two = score(&args).threads("2").output();
+    let four = score(&args).threads("4").output();
     assert!(
         one.status.success(),
         "{}",
@@ -156,7 +127,7 @@ fn results_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn seeded_draws_and_prompt_files() {
-    let m = extra("qwen3_bias");
+    let m = score_fixture("qwen3_bias");
     let run = |extra: &[&str]| json_report(&m, extra);
     let a = run(&["--n", "7", "--seed", "3"]);
     assert_eq!(a["settings"]["n_prompts"], 7);
@@ -178,20 +149,18 @@ fn seeded_draws_and_prompt_files() {
 fn writes_plot_and_heatmap_svgs() {
     let dir = tempfile::tempdir().unwrap();
     let (plot, heat) = (dir.path().join("layers.svg"), dir.path().join("heads.svg"));
-    let out = sinkmerge(
-        &[
-            "--ref",
-            s(&fixture("olmo3")),
-            s(&fixture("olmo3")),
-            "--plot",
-            s(&plot),
-            "--heatmap",
-            s(&heat),
-            "--n",
-            "3",
-        ],
-        None,
-    );
+    let out = score(&[
+        "--ref",
+        s(&fixture("olmo3")),
+        s(&fixture("olmo3")),
+        "--plot",
+        s(&plot),
+        "--heatmap",
+        s(&heat),
+        "--n",
+        "3",
+    ])
+    .output();
     assert!(
         out.status.success(),
         "{}",
@@ -310,26 +279,16 @@ fn a_qwen2_reference_pairs_with_its_qk_norm_injected_copy() {
     // `inject-qknorm` turns Qwen2 into Qwen3 with unit QK norms: other model type, same layout.
     let dir = tempfile::tempdir().unwrap();
     let injected = dir.path().join("injected");
-    let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(["inject-qknorm", s(&fixture("qwen2")), "-o", s(&injected)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = sinkmerge(
-        &[
-            "--ref",
-            s(&fixture("qwen2")),
-            s(&injected),
-            "--n",
-            "2",
-            "--json",
-        ],
-        None,
-    );
+    sinkmerge(["inject-qknorm", s(&fixture("qwen2")), "-o", s(&injected)]).ok();
+    let out = score(&[
+        "--ref",
+        s(&fixture("qwen2")),
+        s(&injected),
+        "--n",
+        "2",
+        "--json",
+    ])
+    .output();
     assert!(
         out.status.success(),
         "{}",
@@ -479,25 +438,14 @@ fn text_loss_matches_transformers() {
     assert!(goldens.len() >= 8, "{}", dir.display());
     let mut worst = 0f64;
     for path in goldens {
-        let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let golden: Value = read_json(&path);
         let mut args: Vec<&str> = (golden["cli"].as_array().unwrap().iter())
             .map(|a| a.as_str().unwrap())
             .collect();
         args.extend(["--json", "--n", "1"]);
-        // The goldens' paths are relative to the repository root.
-        let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-            .current_dir(root())
-            .arg("score")
-            .args(&args)
-            .output()
-            .unwrap();
+        // The goldens' paths are relative to the repository root, where the binary runs.
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = score(&args).json();
         let t = &v["models"][0]["text"];
         for key in ["window", "windows", "tokens_predicted"] {
             assert_eq!(t[key], golden[key], "{name}: {key}");
@@ -532,7 +480,7 @@ fn text_loss_table_and_json() {
     );
     let text = sample_text();
     let args = ["--ref", s(&r), s(&t), "--n", "2", "--text", s(&text)];
-    let out = sinkmerge(&args, None);
+    let out = score(&args).output();
     assert!(
         out.status.success(),
         "{}",
@@ -550,7 +498,7 @@ fn text_loss_table_and_json() {
     }
     let mut json = args.to_vec();
     json.push("--json");
-    let out = sinkmerge(&json, None);
+    let out = score(&json).output();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     for m in v["models"].as_array().unwrap() {
         let t = &m["text"];
@@ -569,7 +517,7 @@ fn text_loss_table_and_json() {
     // Without --text nothing of it appears.
     let v = json_report(&r, &["--n", "2"]);
     assert!(v["models"][0].get("text").is_none());
-    let out = sinkmerge(&[s(&r), "--n", "2"], None);
+    let out = score(&[s(&r), "--n", "2"]).output();
     assert!(!String::from_utf8(out.stdout).unwrap().contains("text loss"));
 }
 
@@ -601,6 +549,6 @@ fn text_loss_errors_name_the_file() {
         &[s(&m), "--text", s(&text), "--text-window", "600"],
         &["--text-window 600", "max_position_embeddings = 512"],
     );
-    let out = sinkmerge(&[s(&m), "--text-window", "64"], None);
+    let out = score(&[s(&m), "--text-window", "64"]).output();
     assert_eq!(out.status.code(), Some(2), "--text-window needs --text");
 }

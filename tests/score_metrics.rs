@@ -3,21 +3,16 @@
 //! S, pos0_share, strong_sink_frac, b_gap_median and margin agree within 1e-4, and so do the
 //! per-layer, per-head and Theorem-1 numbers; observation counts and modal sink positions exactly.
 
-use std::cell::Cell;
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
+use std::cell::Cell;
+
+use crate::util::{read_json, root, sinkmerge};
 
 const TOL: f64 = 1e-4;
 
 thread_local! {
     /// Largest |ours - reference| seen by `close` in this test.
     static WORST: Cell<f64> = const { Cell::new(0.0) };
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn num(v: &Value, key: &str, what: &str) -> Option<f64> {
@@ -70,26 +65,14 @@ fn close_list(ours: &Value, want: &Value, key: &str, what: &str) {
 
 fn check(case: &str) {
     let path = root().join(format!("tests/fixtures/score/metrics/{case}.json"));
-    let want: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let want: Value = read_json(&path);
     let cli: Vec<String> = want["cli"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
-    let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .current_dir(root())
-        .arg("score")
-        .args(&cli)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{case}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ours: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ours = sinkmerge(["score"]).args(&cli).args(["--json"]).json();
     let (om, wm) = (
         ours["models"].as_array().unwrap(),
         want["models"].as_array().unwrap(),

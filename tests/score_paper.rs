@@ -10,40 +10,21 @@
 //! whose f32 scores differ from torch's by rounding (about 1e-6 at |s| ~ 8), so they agree to
 //! 1e-5. Draws agree exactly.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use serde_json::Value;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::sink::backend::cpu::CpuBackend;
 use sinkmerge::sink::backend::Precision;
 use sinkmerge::sink::forward::trace_on;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::util::{read_json, root, sinkmerge};
 
 fn golden(name: &str) -> Value {
-    let path = root().join("tests/fixtures/score/paper").join(name);
-    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    read_json(root().join("tests/fixtures/score/paper").join(name))
 }
 
 /// `sinkmerge score ARGS --json`, run from the repository root (the goldens' paths are relative).
 fn score(args: &[String]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .current_dir(root())
-        .arg("score")
-        .args(args)
-        .arg("--json")
-        .env("HF_HUB_CACHE", root().join("target/no-hub-cache"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "score {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    sinkmerge(["score"]).args(args).args(["--json"]).json()
 }
 
 fn cli(case: &Value) -> Vec<String> {
@@ -294,16 +275,9 @@ fn bf16_matches_transformers_bf16_on_three_architectures() {
 #[test]
 fn paper_flags_refuse_bad_values() {
     let fails = |args: &[&str], needle: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-            .current_dir(root())
-            .arg("score")
+        sinkmerge(["score"])
             .args(args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err}");
-        assert!(out.stdout.is_empty(), "{args:?}: no report");
+            .refused_with_usage(&[needle]);
     };
     let model = "assets/models/tiny-qwen3/ref";
     fails(&[model, "--n", "101"], "pool holds 100");
@@ -461,7 +435,7 @@ fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
     let observations = Observations::new(models, Some(0), settings.stat);
     // Per head (sinkmerge heads), against tools/heads_replay_ref.py on the same dumped scores.
     let path = root().join("tests/fixtures/heads/replay_heads.json");
-    let heads: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let heads: Value = read_json(path);
     let ours_heads = serde_json::to_value(observations.head_pairs(1)).unwrap();
     let mut worst_head = 0f64;
     for (o, w) in ours_heads

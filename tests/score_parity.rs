@@ -3,18 +3,16 @@
 //! config dialect, sharded and tied layout, and a VLM's language model. Goldens:
 //! `tools/gen_score_goldens.py` (logits of the last 8 positions, attentions of all).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use safetensors::SafeTensors;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::sink::forward::trace;
 
+use crate::util::{fixture, root, score_fixture};
+
 const ATTENTION_TOL: f32 = 1e-5;
 const LOGITS_TOL: f32 = 1e-4;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 struct Golden {
     ids: Vec<u32>,
@@ -113,14 +111,6 @@ fn check(case: &str, dir: &Path) {
     );
 }
 
-fn shared(name: &str) -> PathBuf {
-    root().join("tests/fixtures/models").join(name)
-}
-
-fn extra(name: &str) -> PathBuf {
-    root().join("tests/fixtures/score/models").join(name)
-}
-
 macro_rules! parity {
     ($($test:ident: $case:expr, $dir:expr;)*) => {$(
         #[test]
@@ -131,24 +121,24 @@ macro_rules! parity {
 }
 
 parity! {
-    qwen2_tied_f32: "qwen2", shared("qwen2");
-    qwen2_sharded_4x_config: "qwen2-sharded", shared("qwen2-sharded");
-    qwen3_per_head_qk_norm: "qwen3", shared("qwen3");
-    llama31_tied_llama3_rope: "llama31-tied", shared("llama31-tied");
-    mistral_f16_sliding_window: "mistral", shared("mistral");
-    olmo3_yarn_on_full_layers: "olmo3", shared("olmo3");
-    qwen3_vl_language_model: "qwen3_vl", shared("qwen3_vl");
-    olmo2_post_norm: "olmo2", extra("olmo2");
-    qwen3_moe_routing: "qwen3_moe", extra("qwen3_moe");
-    olmoe_routing_and_clip: "olmoe", extra("olmoe");
-    qwen2_sliding_layers_4x: "qwen2_sliding", extra("qwen2_sliding");
-    qwen2_yarn_4x_type_key: "qwen2_yarn", extra("qwen2_yarn");
-    llama_linear_rope_with_biases: "llama_linear", extra("llama_linear");
-    llama_dynamic_rope_past_context: "llama_dynamic", extra("llama_dynamic");
-    qwen3_with_attention_bias: "qwen3_bias", extra("qwen3_bias");
-    olmo3_short_window_yarn: "olmo3_sw", extra("olmo3_sw");
-    llama31_rope_scaling_bites: "llama31_rope", extra("llama31_rope");
-    mistral_explicit_head_dim: "mistral_hd", extra("mistral_hd");
+    qwen2_tied_f32: "qwen2", fixture("qwen2");
+    qwen2_sharded_4x_config: "qwen2-sharded", fixture("qwen2-sharded");
+    qwen3_per_head_qk_norm: "qwen3", fixture("qwen3");
+    llama31_tied_llama3_rope: "llama31-tied", fixture("llama31-tied");
+    mistral_f16_sliding_window: "mistral", fixture("mistral");
+    olmo3_yarn_on_full_layers: "olmo3", fixture("olmo3");
+    qwen3_vl_language_model: "qwen3_vl", fixture("qwen3_vl");
+    olmo2_post_norm: "olmo2", score_fixture("olmo2");
+    qwen3_moe_routing: "qwen3_moe", score_fixture("qwen3_moe");
+    olmoe_routing_and_clip: "olmoe", score_fixture("olmoe");
+    qwen2_sliding_layers_4x: "qwen2_sliding", score_fixture("qwen2_sliding");
+    qwen2_yarn_4x_type_key: "qwen2_yarn", score_fixture("qwen2_yarn");
+    llama_linear_rope_with_biases: "llama_linear", score_fixture("llama_linear");
+    llama_dynamic_rope_past_context: "llama_dynamic", score_fixture("llama_dynamic");
+    qwen3_with_attention_bias: "qwen3_bias", score_fixture("qwen3_bias");
+    olmo3_short_window_yarn: "olmo3_sw", score_fixture("olmo3_sw");
+    llama31_rope_scaling_bites: "llama31_rope", score_fixture("llama31_rope");
+    mistral_explicit_head_dim: "mistral_hd", score_fixture("mistral_hd");
 }
 
 /// The 4.x config of each shared fixture gives the same forward pass (the golden script checks
@@ -163,7 +153,7 @@ fn four_x_configs_give_the_same_forward_pass() {
         ("olmo3", "olmo3"),
     ] {
         let cfg = root().join(format!("tests/fixtures/configs/{config}.4x.json"));
-        let dir = with_config(&shared(case), &cfg);
+        let dir = with_config(&fixture(case), &cfg);
         check(case, dir.path());
     }
 }

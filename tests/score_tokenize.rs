@@ -3,14 +3,10 @@
 //! `tools/gen_score_goldens.py` for every tokenizer flavour of the fixtures (Qwen, generic,
 //! Llama-3 with its BOS; tokenizer-config and processor `chat_template.json` templates).
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 use sinkmerge::sink::tokenize::TextEncoder;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::util::{read_json, root};
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
@@ -23,7 +19,7 @@ fn ids(v: &Value) -> Vec<u32> {
 #[test]
 fn token_ids_match_transformers() {
     let path = root().join("tests/fixtures/score/tokenization.json");
-    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let golden: Value = read_json(path);
     let cases = golden["cases"].as_array().unwrap();
     assert!(cases.len() >= 30);
     let (mut plain, mut chat) = (0, 0);
@@ -69,7 +65,7 @@ fn llama3_tokenizer_adds_its_bos() {
 #[test]
 fn bundled_tokenizer_matches_transformers_on_the_default_prompts() {
     let path = root().join("tests/fixtures/goldens/tiny_default_prompt_ids.json");
-    let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let golden: Value = read_json(path);
     let prompts = golden["prompts"].as_array().unwrap();
     assert_eq!(prompts.len(), 15);
     let defaults = sinkmerge::sink::prompts::default_prompts();

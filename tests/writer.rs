@@ -2,15 +2,15 @@
 //! the reference `safetensors` parser); a write that fails part-way leaves nothing behind.
 
 use std::borrow::Cow;
-use std::path::Path;
 
 use sinkmerge::checkpoint::output::OutputDir;
 use sinkmerge::checkpoint::writer::{write_tensors, PlannedTensor};
 use sinkmerge::checkpoint::Checkpoint;
 
+use crate::util::fixture;
+
 fn source() -> Checkpoint {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models/qwen2-sharded");
-    Checkpoint::open_dir(&dir, "qwen2-sharded").unwrap()
+    Checkpoint::open_dir(&fixture("qwen2-sharded"), "qwen2-sharded").unwrap()
 }
 
 fn plan(ckpt: &Checkpoint) -> Vec<PlannedTensor> {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that a Hugging Face cache filled by sinkmerge's downloader loads in transformers offline.
 
-    SINKMERGE_KEEP_HUB_CACHE=/tmp/hub-cache cargo test --test hub a_fresh_download
+    SINKMERGE_KEEP_HUB_CACHE=/tmp/hub-cache cargo test --test tests hub::a_fresh_download
     tools/.venv/bin/python tools/check_hub_cache.py /tmp/hub-cache test-org/tiny-qwen2
 
 The test downloads `test-org/tiny-qwen2` from its local Hub server and copies the cache there;

@@ -1,0 +1,26 @@
+//! The integration tests, one module per command or area, in one binary (as ripgrep does): the
+//! crate is linked once instead of once per file. `util` holds what the modules share, above all
+//! [`util::sinkmerge`], which runs the binary with the Hugging Face environment isolated. A new
+//! file of tests is a new `mod` line here; `cargo test --test tests MODULE::` runs one module.
+
+mod util;
+
+mod ablate;
+mod bad_input;
+mod extract;
+mod heads;
+mod hub;
+mod inject_qknorm;
+mod inspect;
+mod merge;
+mod merge_configs;
+mod norms;
+mod perturb;
+mod predict;
+mod resolve;
+mod score_cli;
+mod score_metrics;
+mod score_paper;
+mod score_parity;
+mod score_tokenize;
+mod writer;
