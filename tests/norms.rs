@@ -8,7 +8,7 @@ use std::process::Output;
 
 use serde_json::Value;
 
-use crate::util::{fixtures, ok, read_json, refused, sinkmerge, stderr};
+use crate::util::{fixtures, non_finite, ok, read_json, refused, sinkmerge, stderr};
 
 fn fixture(rel: &str) -> String {
     fixtures().join(rel).to_string_lossy().into_owned()
@@ -364,7 +364,8 @@ fn bad_inputs_give_one_clear_error_and_write_nothing() {
         &outputs,
     ]
     .concat());
-    refused(
+    // NaN or Inf in an input is exit 3 in every command (tests/exit_codes.rs).
+    non_finite(
         &out,
         &[
             "nonfinite/model.safetensors",

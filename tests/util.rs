@@ -170,21 +170,26 @@ impl Sinkmerge {
 
     /// Run, expect it [`refused`] with `needles`, return the error line.
     pub fn refused(self, needles: &[&str]) -> String {
-        refused(&self.exit_2(), needles)
+        refused(&self.exit(2), needles)
     }
 
     /// Run, expect exit code 2 as [`refused`] does but allow the usage lines that clap adds after
     /// an argument error; return stderr.
     pub fn refused_with_usage(self, needles: &[&str]) -> String {
-        exit_2_naming(&self.exit_2(), needles)
+        exit_naming(&self.exit(2), 2, needles)
     }
 
-    /// Run, expect exit code 2 (else name the arguments).
-    fn exit_2(self) -> Output {
+    /// Run, expect it failed on NaN or Inf as [`non_finite`] says, return the error line.
+    pub fn non_finite(self, needles: &[&str]) -> String {
+        non_finite(&self.exit(3), needles)
+    }
+
+    /// Run, expect exit code `code` (else name the arguments).
+    fn exit(self, code: i32) -> Output {
         let (args, output) = self.output_and_args();
         assert_eq!(
             output.status.code(),
-            Some(2),
+            Some(code),
             "sinkmerge {args:?}: {}",
             stderr(&output)
         );
@@ -211,17 +216,26 @@ pub fn ok(output: &Output) -> String {
 /// Exit code 2 with one error line that names every one of `needles`, no panic, nothing on
 /// stdout: how every command refuses bad input. Returns the error line.
 pub fn refused(output: &Output, needles: &[&str]) -> String {
-    let err = exit_2_naming(output, needles);
+    one_line(exit_naming(output, 2, needles))
+}
+
+/// Exit code 3 with one error line that names every one of `needles`, no panic, nothing on
+/// stdout: how every command stops on NaN or Inf, in an input or produced by the arithmetic.
+pub fn non_finite(output: &Output, needles: &[&str]) -> String {
+    one_line(exit_naming(output, 3, needles))
+}
+
+fn one_line(err: String) -> String {
     assert_eq!(err.trim_end().lines().count(), 1, "one error line: {err}");
     err
 }
 
-/// Exit code 2, stderr naming every one of `needles`, no panic, nothing on stdout.
-fn exit_2_naming(output: &Output, needles: &[&str]) -> String {
+/// Exit code `code`, stderr naming every one of `needles`, no panic, nothing on stdout.
+fn exit_naming(output: &Output, code: i32, needles: &[&str]) -> String {
     let err = stderr(output);
     assert_eq!(
         output.status.code(),
-        Some(2),
+        Some(code),
         "stdout {} stderr {err}",
         stdout(output)
     );
