@@ -1,5 +1,5 @@
 //! Decode throughput: bf16 -> f32 against a plain memcpy of the same output size, on one core
-//! (the acceptance figure is per core), and reading every tensor of a checkpoint against reading
+//! (the figure docs/benchmarks.md reports is per core), and reading every tensor of a checkpoint against reading
 //! its files' bytes. `benches/read_vs_cat.sh` compares whole-checkpoint reads with `cat`.
 
 use std::borrow::Cow;

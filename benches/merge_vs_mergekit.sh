@@ -7,10 +7,14 @@
 #   benches/merge_vs_mergekit.sh [DATA_DIR]
 #
 # env: RUNS     runs per tool and method, median reported (default 3)
-#      PY       python with torch + mergekit 0.1.5 (default tools/.venv/bin/python)
+#      PYTHON   python with torch (default python3)
+#      MERGEKIT mergekit 0.1.5's mergekit-yaml (default: the one beside PYTHON, else on PATH)
+#      SPECTRUM lowrank (default) or flat: the task vectors of benches/gen_merge_tasks.py
+#      HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB  the model's widths (default Qwen2.5-7B's,
+#               vocab 16384)
 #      METHODS  subset of: linear task_arithmetic ties dare_linear tsv star (default all)
 #      REF_TSV_S / REF_STAR_S  reuse an earlier reference time in seconds instead of rerunning
-#               the torch reference (TSV's takes over 15 minutes); accuracy is then not rechecked
+#               the torch reference (TSV's took 322 s at 7B widths on 2 cores); accuracy is then not rechecked
 #      REF_ONLY=q,k  time the reference on these decomposed tensors only (full names, comma-separated)
 #               and charge each other one the time of a computed one of its shape (extrapolation,
 #               flagged in the table; the accuracy check then covers the computed tensors)
@@ -18,25 +22,30 @@
 #      PREPARE_ONLY=1  generate the models and configs, time nothing (implies KEEP=1)
 # Inputs are read once beforehand, so every run reads from the page cache. Wall time and peak RSS
 # come from /usr/bin/time. sinkmerge fsyncs its output before it returns; mergekit does not, so
-# the table also gives mergekit followed by `sync` of its output.
+# the table also gives mergekit followed by `sync` of its output. DATA_DIR defaults to
+# $TMPDIR/sinkmerge-bench-merge-SPECTRUM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
-PY=${PY:-tools/.venv/bin/python}
-MERGEKIT=${MERGEKIT:-$(dirname "$PY")/mergekit-yaml}
+PY=${PYTHON:-python3}
+SPECTRUM=${SPECTRUM:-lowrank}
+beside=$(dirname "$(command -v "$PY")")/mergekit-yaml
+[ -x "$beside" ] || beside=$(command -v mergekit-yaml || echo mergekit-yaml)
+MERGEKIT=${MERGEKIT:-$beside}
 METHODS=${METHODS:-linear task_arithmetic ties dare_linear tsv star}
-DATA=${1:-${TMPDIR:-/tmp}/sinkmerge-bench-merge}
+DATA=${1:-${TMPDIR:-/tmp}/sinkmerge-bench-merge-$SPECTRUM}
 SM=target/release/sinkmerge
 
 cargo build -q --release --bin sinkmerge --example synth_checkpoint
 mkdir -p "$DATA/configs"
 if [ ! -d "$DATA/base" ]; then
-  target/release/examples/synth_checkpoint "$DATA/base" --layers 1 --hidden 3584 \
-    --intermediate 18944 --heads 28 --kv-heads 4 --vocab 16384 --dtype f32 --seed 0 >/dev/null
+  target/release/examples/synth_checkpoint "$DATA/base" --layers 1 --hidden "${HIDDEN:-3584}" \
+    --intermediate "${INTERMEDIATE:-18944}" --heads "${HEADS:-28}" --kv-heads "${KV_HEADS:-4}" \
+    --vocab "${VOCAB:-16384}" --dtype f32 --seed 0 >/dev/null
 fi
 for t in a:1 b:2; do
   [ -d "$DATA/task_${t%%:*}" ] || nice -n 10 "$PY" benches/gen_merge_tasks.py "$DATA/base" \
-    "$DATA/task_${t%%:*}" --seed "${t##*:}" >/dev/null
+    "$DATA/task_${t%%:*}" --seed "${t##*:}" --spectrum "$SPECTRUM" >/dev/null
 done
 for d in base task_a task_b; do cp tests/fixtures/models/qwen2/tokenizer*.json "$DATA/$d/"; done
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The torch peer of `sinkmerge norms` for benches/norms_vs_torch.sh: the same per-tensor table.
 
-    tools/.venv/bin/python benches/norms_torch.py REF_DIR TARGET_DIR [--threads N] [--layers N]
+    "${PYTHON:-python3}" benches/norms_torch.py REF_DIR TARGET_DIR [--threads N] [--layers N] [--modules q_proj,...]
 
 What a researcher would write: load each tensor pair from safetensors, dW = T - R in float32,
 `torch.linalg.matrix_norm(dW, ord=2)` and `ord='fro'` (and the same for R, for the relative
 norms), stable rank; `vector_norm` for 1-D tensors. Prints one line per tensor, so the run can be
 checked against sinkmerge's output. `--layers N` keeps layers 0..N only (no embeddings or head),
-like `sinkmerge norms --layers 0:N`.
+like `sinkmerge norms --layers 0:N`. `--modules` keeps those module types (weights and biases), like
+`sinkmerge norms --modules`.
 """
 import argparse
 import json
@@ -36,12 +37,15 @@ def main():
     ap.add_argument("target")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--layers", type=int)
+    ap.add_argument("--modules", help="comma-separated module types, e.g. q_proj,k_proj")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ref, tgt = tensors(args.ref), tensors(args.target)
     for name in sorted(set(ref) & set(tgt)):
         layer = re.match(r"model\.layers\.(\d+)\.", name)
         if args.layers is not None and (layer is None or int(layer.group(1)) >= args.layers):
+            continue
+        if args.modules and name.rsplit(".", 2)[-2] not in args.modules.split(","):
             continue
         with safe_open(str(ref[name]), "pt") as s:
             r = s.get_tensor(name).float()

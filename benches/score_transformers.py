@@ -6,7 +6,7 @@ each prompt through the model with output_attentions=True (no cache, batch of on
 attention on the sink column only (P[..., 0]) so memory stays bounded. It does not compute the metrics, so its
 time is a lower bound for a transformers-based scorer.
 
-    tools/.venv/bin/python benches/score_transformers.py MODEL PROMPTS [--threads N]
+    "${PYTHON:-python3}" benches/score_transformers.py MODEL PROMPTS [--threads N]
 Prints one line: load seconds, forward seconds, tokens.
 """
 import argparse

@@ -11,12 +11,12 @@
 #                                            #     prompts) and prompt length (32/64/128 tokens at 28 layers).
 #                                            #     The checkpoint is generated (niced) and deleted afterwards
 #                                            #     unless KEEP=1.
-# Environment: RUNS (default 3 for small, 1 for 7b), PYTHON (default tools/.venv/bin/python),
+# Environment: RUNS (default 3 for small, 1 for 7b), PYTHON (default python3),
 # WORK (default $TMPDIR/sinkmerge-bench-score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-small}
-PY=${PYTHON:-tools/.venv/bin/python}
+PY=${PYTHON:-python3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-score}
 mkdir -p "$WORK"
 nice -n 10 cargo build -q --release --bin sinkmerge --example synth_checkpoint

@@ -1,9 +1,11 @@
 //! The spectral-norm kernel on one 7B-class down_proj-shaped matrix (3584 x 18944): Lanczos
 //! (`linalg::spectral`, certified to 1e-6) against faer's dense `singular_values`, which is what
-//! a full SVD costs. Two spectra: a drift-like one (rank-32 decaying + noise; the common case)
-//! and a plain Gaussian matrix (top singular values clustered at the Marchenko-Pastur edge; the
-//! hard case). Lanczos also runs on bf16 bytes as `sinkmerge norms` does: TARGET - REF decoded
-//! row by row, with REF's own norm in the same passes.
+//! a full SVD costs. Three spectra: a drift-like one (rank-32 decaying + noise; the common case),
+//! the flat-tailed drift of docs/benchmarks.md (rank 16 with singular values 1/(j+1) at 0.9% of
+//! ||REF||_F plus dense noise at 0.4%), and a plain Gaussian matrix (top singular values
+//! clustered at the Marchenko-Pastur edge; the hard case). Lanczos also runs on bf16 bytes as
+//! `sinkmerge norms` does: TARGET - REF decoded row by row, with REF's own norm in the same
+//! passes.
 //!
 //!     cargo bench --bench spectral_norm
 //!
@@ -32,12 +34,12 @@ fn gaussian(rows: usize, cols: usize, scale: f32, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Rank-32 term with singular values 0.8^i plus Gaussian noise at a tenth of its entries' size.
-fn drift_like(seed: u64) -> Vec<f32> {
-    let rank = 32;
+/// U diag(s) V with Gaussian U (ROWS x rank) and V (rank x COLS): singular values close to
+/// `s` times sqrt(ROWS * COLS) (the columns of U and rows of V are nearly orthogonal at these sizes).
+fn low_rank(rank: usize, s: impl Fn(usize) -> f32 + 'static, seed: u64) -> Mat<f32> {
     let u = Mat::<f32>::from_fn(ROWS, rank, {
         let g = gaussian(ROWS, rank, 1.0, seed);
-        move |i, j| g[i * rank + j] * 0.8f32.powi(j as i32)
+        move |i, j| g[i * rank + j] * s(j)
     });
     let v = {
         let g = gaussian(rank, COLS, 1.0, seed + 1);
@@ -45,9 +47,32 @@ fn drift_like(seed: u64) -> Vec<f32> {
     };
     let mut low = Mat::<f32>::zeros(ROWS, COLS);
     faer::linalg::matmul::matmul(low.as_mut(), Accum::Replace, &u, &v, 1.0, Par::rayon(0));
+    low
+}
+
+fn frobenius(x: impl Iterator<Item = f32>) -> f32 {
+    x.map(|v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt() as f32
+}
+
+/// Rank-32 term with singular values 0.8^i plus Gaussian noise at a tenth of its entries' size.
+fn drift_like(seed: u64) -> Vec<f32> {
+    let low = low_rank(32, |j| 0.8f32.powi(j as i32), seed);
     let noise = gaussian(ROWS, COLS, 0.1, seed + 2);
     (0..ROWS * COLS)
         .map(|k| low[(k / COLS, k % COLS)] + noise[k])
+        .collect()
+}
+
+/// The flat-tailed drift: a rank-16 term with singular values 1/(j+1), scaled to 0.9% of
+/// ||reference||_F, plus dense Gaussian noise scaled to 0.4% of it.
+fn flat_tailed(reference: &[f32], seed: u64) -> Vec<f32> {
+    let size = frobenius(reference.iter().copied());
+    let low = low_rank(16, |j| 1.0 / (1.0 + j as f32), seed);
+    let low_scale = 0.009 * size / frobenius((0..ROWS * COLS).map(|k| low[(k / COLS, k % COLS)]));
+    let noise = gaussian(ROWS, COLS, 1.0, seed + 2);
+    let noise_scale = 0.004 * size / frobenius(noise.iter().copied());
+    (0..ROWS * COLS)
+        .map(|k| low_scale * low[(k / COLS, k % COLS)] + noise_scale * noise[k])
         .collect()
 }
 
@@ -60,6 +85,7 @@ fn bench(c: &mut Criterion) {
         let d = (1.0 + i as f32).powf(-0.3);
         row.iter_mut().for_each(|x| *x *= d);
     }
+    let flat = flat_tailed(&reference, 7);
     let target: Vec<f32> = reference.iter().zip(&drift).map(|(r, d)| r + d).collect();
     let (t16, r16) = (
         dtype::encode(Dtype::BF16, &target).unwrap(),
@@ -72,7 +98,11 @@ fn bench(c: &mut Criterion) {
     )
     .unwrap();
 
-    for (what, data) in [("drift-like", &drift), ("gaussian", &random)] {
+    for (what, data) in [
+        ("drift-like", &drift),
+        ("flat-tailed", &flat),
+        ("gaussian", &random),
+    ] {
         let n = spectral_norm(&DenseRows::new(data, ROWS, COLS), TOL);
         println!(
             "{what}: op {} certified {} in {} passes",
@@ -86,6 +116,9 @@ fn bench(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     g.bench_function("lanczos_f32_drift_like", |b| {
         b.iter(|| spectral_norm(&DenseRows::new(black_box(&drift), ROWS, COLS), TOL))
+    });
+    g.bench_function("lanczos_f32_flat_tailed", |b| {
+        b.iter(|| spectral_norm(&DenseRows::new(black_box(&flat), ROWS, COLS), TOL))
     });
     g.bench_function("lanczos_f32_gaussian", |b| {
         b.iter(|| spectral_norm(&DenseRows::new(black_box(&random), ROWS, COLS), TOL))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check `sinkmerge extract` against the real ecosystem (extraction.md 1.6).
 
-Run by hand after building (see README.md, extract, "Checking an extraction against the VLM"):
+Run by hand after building (see docs/commands/extract.md, "Checking an extraction against the VLM"):
 
     cargo build --release
     nice -n 10 tools/.venv/bin/python tools/check_extract.py [--bin target/release/sinkmerge] [--out DIR]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that every merge method's output, and repair-heads' outputs, load with transformers and run.
 
-Run by hand from the repository root after `cargo build` (documented in README.md, merges):
+Run by hand from the repository root after `cargo build` (documented in docs/reference/merges.md, "Goldens and tools"):
 
     nice -n 10 tools/.venv/bin/python tools/check_merge_loads.py [target/debug/sinkmerge]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Goldens for `sinkmerge extract`: what a correct extraction of every VLM fixture contains.
 
-Run by hand (see README.md, extract, "Fixtures and goldens"):
+Run by hand (see docs/commands/extract.md, "Fixtures and goldens"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_extract_goldens.py
 

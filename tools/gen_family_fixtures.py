@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Generate the VLM-family fixtures for `sinkmerge extract` (tests/fixtures/families/<case>/).
 
-Run by hand (see README.md, extract, "Fixtures and goldens"):
+Run by hand (see docs/commands/extract.md, "Fixtures and goldens"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_family_fixtures.py
 
 It complements tools/gen_fixtures.py (which writes qwen2_5_vl, qwen2_5_vl-new, qwen3_vl, llava_onevision,
 idefics3 and internvl_remote under tests/fixtures/models/) with the families and layouts that script does not
-cover, following the layouts of the README's extract family table. It reuses that script's tokenizer and file writers.
+cover, following the layouts of docs/reference/vlm-layouts.md. It reuses that script's tokenizer and file writers.
 
 How each case is made (class = a real transformers 5.23 class; hand = laid out by this script from extraction.md):
 

@@ -9,7 +9,7 @@ Everything is seeded; rerunning gives identical bytes. The script
   1. builds (once) and reads tools/tokenizer/corpus.txt, trains one tiny byte-level BPE tokenizer,
   2. builds each model with the real transformers 5.x class, random init, `save_pretrained`,
   3. rewrites tensor names / config.json to the on-disk layout that the Hub repos use
-     (the layouts of the README's extract family table),
+     (the layouts of docs/reference/vlm-layouts.md),
   4. writes 4.x/5.x config pairs (4.x ones with transformers 4.57.1 in tools/.venv4, via tools/configs_4x.py),
   5. loads every fixture back with transformers and checks it,
   6. writes tests/fixtures/goldens/inspect.json from the safetensors headers and the configs only.

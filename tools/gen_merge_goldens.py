@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures and mergekit goldens for sinkmerge's merge tests (tests/fixtures/merge/).
 
-Run by hand from the repository root (documented in README.md, merges, "Goldens and tools"):
+Run by hand from the repository root (documented in docs/reference/merges.md, "Goldens and tools"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_merge_goldens.py
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures and goldens for `sinkmerge norms` (tests/fixtures/norms/).
 
-Run by hand from the repository root (see README.md, norms, "Goldens and benchmarks"):
+Run by hand from the repository root (see docs/commands/norms.md, "Goldens and benchmarks"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_norms_goldens.py
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parity goldens for `sinkmerge score`: attention probabilities and logits from transformers' eager attention.
 
-Run by hand from the repository root (see README.md, score, "How parity was checked"):
+Run by hand from the repository root (see docs/commands/score.md, "How parity was checked"):
 
     nice -n 10 tools/.venv/bin/python tools/gen_score_goldens.py
 

@@ -3,7 +3,7 @@
 and the official code, and the goldens sinkmerge's tests compare against.
 
 Run by hand from the repository root, after tools/gen_merge_goldens.py (documented in
-README.md, merges, "Goldens and tools"):
+docs/reference/merges.md, "Goldens and tools"):
 
     nice -n 10 tools/.venv/bin/python tools/tsv_star_ref.py
 

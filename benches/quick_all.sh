@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Short versions of the headline comparisons of docs/benchmarks.md in one run: each pair of tools
+# interleaved (A, B, A, B, ...), RUNS runs each (default 3), medians printed as one table at the end.
+#
+#   PYTHON=path/to/python benches/quick_all.sh        # a Python with torch, transformers, safetensors
+#
+# The comparisons, and what is shorter than the full scripts:
+#   score     sinkmerge score vs transformers (benches/score_transformers.py), Qwen2.5-0.5B shapes,
+#             the 15 default prompts: the same as `benches/score_vs_transformers.sh small`.
+#   norms     sinkmerge norms vs torch matrix_norm (full SVD), one fp32 layer at Qwen2.5-7B widths,
+#             the attention projections q/k/v/o only (the full script's torch peer also takes the
+#             18944-row MLP matrices, minutes each); on both inputs, lowrank and flat (SPECTRUM in
+#             benches/gen_norms_bench.py).
+#   star, tsv sinkmerge merge vs the full-SVD torch reference (benches/spectral_ref.py), one fp32
+#             layer at Qwen2.5-1.5B widths (hidden 1536, intermediate 8960), vocab 2048, on both
+#             inputs (benches/gen_merge_tasks.py --spectrum). The full script uses 7B widths, where
+#             each torch run takes 3-5 minutes; SPECTRAL_SHAPE overrides the widths.
+#   extract   sinkmerge extract vs cp of the same shards, a Qwen2.5-VL of 2 language layers at 7B
+#             widths (the full script has 4).
+#   linear    sinkmerge merge vs mergekit-yaml on the lowrank models of star/tsv; skipped when no
+#             mergekit-yaml is found (MERGEKIT, or beside PYTHON, or on PATH).
+# On an idle 2-core machine the whole run is estimated at 15-20 minutes, data generation included.
+# Scratch data (about 6 GB at its peak) goes to WORK (default $TMPDIR/sinkmerge-quick-all) and is
+# deleted at the end unless KEEP=1. SMOKE=1 runs every step on tiny shapes to check the script
+# (its timings mean nothing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+RUNS=${RUNS:-3}
+WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-quick-all}
+beside=$(dirname "$(command -v "$PY")")/mergekit-yaml
+[ -x "$beside" ] || beside=$(command -v mergekit-yaml || true)
+MERGEKIT=${MERGEKIT:-$beside}
+# BIN_DIR: a directory holding sinkmerge and examples/synth_checkpoint already built (default: a
+# release build here).
+if [ -z "${BIN_DIR:-}" ]; then
+  cargo build -q --release --bin sinkmerge --example synth_checkpoint
+  BIN_DIR=target/release
+fi
+SM=$BIN_DIR/sinkmerge
+SYNTH=$BIN_DIR/examples/synth_checkpoint
+TOK=tests/fixtures/models/qwen2
+ATTENTION=q_proj,k_proj,v_proj,o_proj
+
+if [ "${SMOKE:-0}" = 1 ]; then
+  SCORE_SHAPE="--layers 2 --hidden 64 --intermediate 128 --heads 4 --kv-heads 2 --vocab 384 --tie 1"
+  NORMS_SHAPE="--hidden 64 --intermediate 128 --heads 4 --kv-heads 2"
+  SPECTRAL_SHAPE=${SPECTRAL_SHAPE:-"--hidden 64 --intermediate 128 --heads 4 --kv-heads 2 --vocab 384"}
+  EXTRACT_SHAPE="--layers 2 --hidden 64 --intermediate 128 --heads 4 --kv-heads 2 --vocab 384"
+else
+  SCORE_SHAPE="--layers 24 --hidden 896 --intermediate 4864 --heads 14 --kv-heads 2 --vocab 151936 --tie 1"
+  NORMS_SHAPE="--hidden 3584 --intermediate 18944 --heads 28 --kv-heads 4"
+  SPECTRAL_SHAPE=${SPECTRAL_SHAPE:-"--hidden 1536 --intermediate 8960 --heads 12 --kv-heads 2 --vocab 2048"}
+  EXTRACT_SHAPE="--layers 2 --hidden 3584 --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000"
+fi
+
+mkdir -p "$WORK"
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
+# median, measure (appends "label wall cpu rss" to $WORK/results.txt), summary
+source benches/timing.sh
+: >"$WORK/results.txt"
+: >"$WORK/notes.txt"
+echo "machine: $(nproc) cores; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+start=$(date +%s)
+
+# interleave LABEL_A "CMD A" LABEL_B "CMD B": RUNS alternating runs of the two commands.
+interleave() {
+  for _ in $(seq "$RUNS"); do
+    measure "$1" bash -c "$2"
+    measure "$3" bash -c "$4"
+  done
+}
+
+# score
+M=$WORK/score-model
+# shellcheck disable=SC2086
+$SYNTH "$M" $SCORE_SHAPE --dtype bf16 >/dev/null
+cp "$TOK/tokenizer.json" "$TOK/tokenizer_config.json" "$M/"
+P=assets/prompts/default.txt
+interleave score:sinkmerge "$SM score '$M' --prompts '$P' --json" \
+  score:transformers "'$PY' benches/score_transformers.py '$M' '$P'"
+rm -rf "$M"
+
+# norms, both inputs
+for spectrum in lowrank flat; do
+  D=$WORK/norms-$spectrum
+  # shellcheck disable=SC2086
+  nice -n 10 "$PY" benches/gen_norms_bench.py "$D" --layers 1 --spectrum "$spectrum" --dtype f32 \
+    $NORMS_SHAPE >/dev/null
+  interleave "norms-$spectrum:sinkmerge" \
+    "$SM norms --quiet --json --layers 0:1 --modules $ATTENTION '$D/ref' '$D/target'" \
+    "norms-$spectrum:torch" \
+    "'$PY' benches/norms_torch.py '$D/ref' '$D/target' --threads $(nproc) --layers 1 --modules $ATTENTION"
+  rm -rf "$D"
+done
+
+# star and tsv, both inputs; linear against mergekit on the lowrank models
+for spectrum in lowrank flat; do
+  D=$WORK/merge-$spectrum
+  # shellcheck disable=SC2086
+  $SYNTH "$D/base" --layers 1 $SPECTRAL_SHAPE --dtype f32 --seed 0 >/dev/null
+  for t in a:1 b:2; do
+    nice -n 10 "$PY" benches/gen_merge_tasks.py "$D/base" "$D/task_${t%%:*}" --seed "${t##*:}" \
+      --spectrum "$spectrum" >/dev/null
+  done
+  for d in base task_a task_b; do cp "$TOK"/tokenizer*.json "$D/$d/"; done
+  printf 'merge_method: star\nbase_model: %s\nmodels:\n  - model: %s\n  - model: %s\nparameters: {eta: 40}\ndtype: float32\n' \
+    "$D/base" "$D/task_a" "$D/task_b" >"$D/star.yml"
+  printf 'merge_method: tsv\nbase_model: %s\nmodels:\n  - model: %s\n  - model: %s\nparameters: {alpha: 1.0}\ndtype: float32\n' \
+    "$D/base" "$D/task_a" "$D/task_b" >"$D/tsv.yml"
+  cat "$D"/*/model.safetensors >/dev/null
+  for method in star tsv; do
+    interleave "$method-$spectrum:sinkmerge" \
+      "rm -rf '$D/out-sm' && $SM merge '$D/$method.yml' -o '$D/out-sm' --quiet" \
+      "$method-$spectrum:torch" \
+      "rm -rf '$D/out-ref' && '$PY' benches/spectral_ref.py merge $method '$D/base' '$D/out-ref' '$D/task_a' '$D/task_b' 2>/dev/null"
+    echo "$method-$spectrum: max relative error of sinkmerge against the torch reference" \
+      "$("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-sm" "$D/out-ref")" >>"$WORK/notes.txt"
+    rm -rf "$D/out-sm" "$D/out-ref"
+  done
+  if [ "$spectrum" = lowrank ]; then
+    if [ -n "$MERGEKIT" ]; then
+      printf 'merge_method: linear\nmodels:\n  - model: %s\n    parameters: {weight: 0.5}\n  - model: %s\n    parameters: {weight: 0.5}\ndtype: float32\n' \
+        "$D/task_a" "$D/task_b" >"$D/linear.yml"
+      interleave linear:sinkmerge "rm -rf '$D/out-sm' && $SM merge '$D/linear.yml' -o '$D/out-sm' --quiet" \
+        linear:mergekit "rm -rf '$D/out-mk' && '$MERGEKIT' '$D/linear.yml' '$D/out-mk' --no-write-model-card --quiet && sync '$D'/out-mk/*.safetensors"
+      rm -rf "$D/out-sm" "$D/out-mk"
+    else
+      echo "linear: skipped, no mergekit-yaml found (set MERGEKIT)" >>"$WORK/notes.txt"
+    fi
+  fi
+  rm -rf "$D"
+done
+
+# extract vs cp
+D=$WORK/extract
+# shellcheck disable=SC2086
+$SYNTH "$D/vlm" $EXTRACT_SHAPE --dtype bf16 --max-shard-size 1G --vision-depth 4 >/dev/null
+interleave extract:sinkmerge "cat '$D'/vlm/*.safetensors >/dev/null && rm -rf '$D/out' && $SM extract '$D/vlm' -o '$D/out' --quiet" \
+  extract:cp "cat '$D'/vlm/*.safetensors >/dev/null && rm -rf '$D/cp' && mkdir '$D/cp' && cp '$D'/vlm/*.safetensors '$D/cp/'"
+rm -rf "$D"
+
+echo
+echo "medians of $RUNS interleaved runs; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg);" \
+  "$(($(date +%s) - start)) s in all"
+printf '%-16s %-12s %9s %12s %-12s %9s %12s %8s\n' comparison tool wall_s peak_rss_MB peer wall_s peak_rss_MB ratio
+row() { # row NAME A B: A's and B's medians and the wall ratio B/A (nothing when B did not run)
+  grep -q "^$1:$3 " "$WORK/results.txt" || return 0
+  read -r aw _ ar <<<"$(summary "$1:$2")"
+  read -r bw _ br <<<"$(summary "$1:$3")"
+  printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12.0f %7.2fx\n' "$1" "$2" "$aw" "$(echo "$ar/1024" | bc -l)" \
+    "$3" "$bw" "$(echo "$br/1024" | bc -l)" "$(echo "$bw/$aw" | bc -l)"
+}
+row score sinkmerge transformers
+for spectrum in lowrank flat; do row "norms-$spectrum" sinkmerge torch; done
+for method in star tsv; do for spectrum in lowrank flat; do row "$method-$spectrum" sinkmerge torch; done; done
+row linear sinkmerge mergekit
+row extract sinkmerge cp
+echo "(ratio: the peer's wall time over sinkmerge's; for extract, below 1 means slower than cp)"
+cat "$WORK/notes.txt"
