@@ -1,15 +1,17 @@
 //! `sinkmerge predict`: how well Sink Strength predicts the text-capability change on a panel
 //! of VLM / reference-LLM pairs, and what it predicts for a new backbone.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
 use crate::analysis::predict::{self, Analysis, MarginCorrelation, Panel, Query};
-use crate::checkpoint::output::write_file_atomic;
+use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::report::plot::Scatter;
 use crate::report::{fmt_num, Table};
+use crate::sink::pass::default_sink_strength;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -72,9 +74,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let measured = (args.model.as_deref())
-        .map(|model| crate::commands::score::default_sink_strength(model, progress && !args.json))
-        .transpose()?;
+    // Every argument and the panel are checked before the scorer runs: it takes minutes.
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");
@@ -97,6 +97,19 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
     let margin = predict::margin_correlation(&panel, task)
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
+    let model = args
+        .model
+        .as_deref()
+        .map(Checkpoint::open_ref)
+        .transpose()?;
+    if let Some(path) = &args.plot {
+        let inputs: Vec<&Path> = model.iter().map(|m| m.dir.as_path()).collect();
+        check_report_file(path, &inputs)?;
+    }
+
+    let measured = (model.as_ref())
+        .map(|ckpt| default_sink_strength(ckpt, progress && !args.json))
+        .transpose()?;
     let query =
         (args.s.or(measured)).map(|s| predict::query(&points, &analysis, s, args.similar_within));
 
