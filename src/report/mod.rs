@@ -1,10 +1,11 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
-//! model cards, and the reports of `score` and `heads`.
+//! model cards, and the reports of `score`, `heads` and `predict`.
 
 pub mod heads;
 pub mod heatmap;
 pub mod model_card;
 pub mod plot;
+pub mod predict;
 pub mod score;
 
 /// An aligned text table; numeric-looking cells are right-aligned.
