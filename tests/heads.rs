@@ -337,6 +337,22 @@ fn bad_selections_and_mismatched_models_exit_2_without_output() {
     assert!(leftovers(dir.path()).is_empty());
 }
 
+/// Report files follow the one output rule: never inside an input, never a directory; both are
+/// refused before any scoring.
+#[test]
+fn heads_reports_never_land_inside_an_input() {
+    let (r, t) = pair();
+    for (flag, name) in [("--csv", "heads.csv"), ("--heatmap", "heads.svg")] {
+        let inside = Path::new(&t).join(name);
+        let err = bad_input(&["heads", &r, &t, flag, inside.to_str().unwrap()]);
+        assert!(err.contains("lies inside input"), "{flag}: {err}");
+        assert!(!inside.exists());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let err = bad_input(&["heads", &r, &t, "--csv", dir.path().to_str().unwrap()]);
+    assert!(err.contains("is a directory"), "{err}");
+}
+
 /// The largest differences of `sinkmerge heads --json` from one golden of `tools/heads_ref.py`
 /// (transformers' eager attention, numpy in float64): sink statistics (absolute), drift
 /// (relative), and the Spearman rhos (absolute).

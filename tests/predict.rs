@@ -195,6 +195,37 @@ fn a_model_is_scored_then_placed() {
     assert!(err.contains("no-such-model"), "{err}");
 }
 
+/// `--model` runs the scorer only after every argument and the panel are checked: a bad
+/// `--similar-within` or panel fails before the model is even opened, and writes no plot.
+#[test]
+fn arguments_and_the_panel_are_checked_before_the_model_is_scored() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("figure3.svg");
+    let plot = plot.to_str().unwrap();
+    let missing = "tests/fixtures/no-such-model";
+    let err = bad_input(&[
+        "predict",
+        "--model",
+        missing,
+        "--similar-within",
+        "inf",
+        "--plot",
+        plot,
+    ]);
+    assert!(err.contains("--similar-within"), "{err}");
+    let err = bad_input(&[
+        "predict",
+        "--model",
+        missing,
+        "--panel",
+        "no-such-panel.csv",
+    ]);
+    assert!(err.contains("no-such-panel"), "{err}");
+    let err = bad_input(&["predict", "--model", missing, "--task", "no-such-task"]);
+    assert!(err.contains("no-such-task"), "{err}");
+    assert!(!std::path::Path::new(plot).exists());
+}
+
 #[test]
 fn text_report_lists_every_pair_and_the_summary() {
     let text = sinkmerge(["predict"]).ok();

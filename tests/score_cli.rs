@@ -367,9 +367,30 @@ fn nothing_is_written_on_error_and_inputs_are_protected() {
     let inside = model.path().join("plot.svg");
     fails_with(
         &[s(model.path()), "--plot", s(&inside)],
-        &["inside the input model directory"],
+        &["lies inside input"],
     );
     assert!(!inside.exists());
+}
+
+/// Every report path is checked before the scorer runs and before any file is written: a
+/// heatmap that cannot be written leaves no plot behind.
+#[test]
+fn a_bad_heatmap_path_writes_no_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("a.svg");
+    let heatmap = dir.path().join("heatmap-is-a-directory");
+    std::fs::create_dir(&heatmap).unwrap();
+    fails_with(
+        &[
+            s(&fixture("qwen2")),
+            "--plot",
+            s(&plot),
+            "--heatmap",
+            s(&heatmap),
+        ],
+        &["is a directory"],
+    );
+    assert!(!plot.exists());
 }
 
 #[test]

@@ -56,24 +56,8 @@ impl OutputDir {
     /// Prepare to write the model directory `dest`. Refuses a destination that is, contains or
     /// lies inside any of `inputs`, an existing file, and a non-empty directory unless `force`.
     pub fn create(dest: &Path, inputs: &[&Path], force: bool) -> Result<OutputDir> {
+        refuse_inputs(dest, inputs)?;
         let dest_abs = absolute(dest)?;
-        for input in inputs {
-            let input_abs = absolute(input)?;
-            let relation = if dest_abs == input_abs {
-                "is"
-            } else if dest_abs.starts_with(&input_abs) {
-                "lies inside"
-            } else if input_abs.starts_with(&dest_abs) {
-                "contains"
-            } else {
-                continue;
-            };
-            bail!(
-                "output {} {relation} input {}; inputs are never written, choose another output path",
-                dest.display(),
-                input.display()
-            );
-        }
         if dest_abs.exists() {
             if !dest_abs.is_dir() {
                 bail!("output {} exists and is not a directory", dest.display());
@@ -265,6 +249,39 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// The one rule for every output, model directory or report file: it is not, does not lie
+/// inside and does not contain any of `inputs`, so inputs are never written.
+pub fn refuse_inputs(output: &Path, inputs: &[&Path]) -> Result<()> {
+    let output_abs = absolute(output)?;
+    for input in inputs {
+        let input_abs = absolute(input)?;
+        let relation = if output_abs == input_abs {
+            "is"
+        } else if output_abs.starts_with(&input_abs) {
+            "lies inside"
+        } else if input_abs.starts_with(&output_abs) {
+            "contains"
+        } else {
+            continue;
+        };
+        bail!(
+            "output {} {relation} input {}; inputs are never written, choose another output path",
+            output.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}
+
+/// A report file (JSON, CSV or SVG) a command will write, checked before any work: a file name,
+/// not a directory, and no input (see [`refuse_inputs`]).
+pub fn check_report_file(path: &Path, inputs: &[&Path]) -> Result<()> {
+    if absolute(path)?.is_dir() {
+        bail!("{} is a directory; give a file name", path.display());
+    }
+    refuse_inputs(path, inputs)
+}
+
 /// Write one file atomically (temp file beside it, fsync, rename): for reports, CSV and SVG.
 pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = match path.parent() {
@@ -314,6 +331,18 @@ mod tests {
             assert!(err.to_string().contains("input"), "{err}");
         }
         assert!(OutputDir::create(&tmp.path().join("other"), &[&input], false).is_ok());
+    }
+
+    #[test]
+    fn report_files_follow_the_same_rule() {
+        let tmp = tempfile::tempdir().unwrap();
+        let input = tmp.path().join("model");
+        fs::create_dir(&input).unwrap();
+        let err = check_report_file(&input.join("plot.svg"), &[&input]).unwrap_err();
+        assert!(err.to_string().contains("lies inside input"), "{err}");
+        let err = check_report_file(&input, &[&input]).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        assert!(check_report_file(&tmp.path().join("plot.svg"), &[&input]).is_ok());
     }
 
     #[test]

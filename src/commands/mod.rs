@@ -15,6 +15,7 @@ pub mod perturb;
 pub mod predict;
 pub mod repair_heads;
 pub mod score;
+pub mod scoring_args;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;

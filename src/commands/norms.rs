@@ -137,7 +137,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         inputs.extend([r.dir.as_path(), t.dir.as_path()]);
     }
     for path in args.csv.iter().chain(&args.plot) {
-        refuse_inside_inputs(path, &inputs)?;
+        output::check_report_file(path, &inputs)?;
     }
     if args.csv.is_some() && args.csv == args.plot {
         bail!("--csv and --plot name the same file");
@@ -181,24 +181,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     for w in &report.warnings {
         eprintln!("sinkmerge: warning: {w}");
-    }
-    Ok(())
-}
-
-/// Report files must not overwrite or land inside an input model.
-fn refuse_inside_inputs(path: &Path, inputs: &[&Path]) -> Result<()> {
-    let file = output::absolute(path)?;
-    if file.is_dir() {
-        bail!("{} is a directory; give a file name", path.display());
-    }
-    for input in inputs {
-        if file.starts_with(output::absolute(input)?) {
-            bail!(
-                "output {} lies inside input {}; inputs are never written, choose another path",
-                path.display(),
-                input.display()
-            );
-        }
     }
     Ok(())
 }

@@ -3,17 +3,15 @@
 
 use serde::Serialize;
 
-use super::score::{tokenize, Device};
+use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::report::Table;
+use crate::report::{json_text, Table};
 use crate::sink::backend::cuda::driver::Driver;
 use crate::sink::backend::cuda::{CudaBackend, Device as _};
 use crate::sink::backend::Precision;
-use crate::sink::model::DecoderSpec;
+use crate::sink::device::ComputeDevice;
 use crate::sink::parity::{self, Parity};
-use crate::sink::prompts;
-use crate::{bad, bail};
 
 /// `sinkmerge parity --help`.
 pub const LONG_ABOUT: &str =
@@ -39,7 +37,7 @@ pub struct Args {
 
     /// The GPU to check: `cuda` or `cuda:N`
     #[arg(long, value_name = "DEVICE", default_value = "cuda")]
-    pub device: Device,
+    pub device: ComputeDevice,
 
     /// Arithmetic of both sides: f32, or transformers' bf16 path (bf16 tolerances apply)
     #[arg(long, value_enum, default_value_t = Precision::F32)]
@@ -60,7 +58,7 @@ struct Report<'a> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let Device::Cuda(ordinal) = args.device else {
+    let ComputeDevice::Cuda(ordinal) = args.device else {
         bail!("--device cpu: parity compares a GPU with the CPU; give --device cuda or cuda:N");
     };
     let mut refs: Vec<&str> = args.reference.iter().map(String::as_str).collect();
@@ -69,35 +67,7 @@ pub fn run(args: Args) -> Result<()> {
         .iter()
         .map(|r| Checkpoint::open_ref(r))
         .collect::<Result<_>>()?;
-    let (tokens, source) = if ckpts.iter().all(|c| c.dir.join("tokenizer.json").is_file()) {
-        let prompts = prompts::default_prompts();
-        let own = ckpts
-            .iter()
-            .map(|c| tokenize(c, &prompts, None))
-            .collect::<Result<Vec<_>>>()?;
-        let tokens = match args.reference {
-            Some(_) => vec![own[0].clone(); ckpts.len()],
-            None => own,
-        };
-        (tokens, "the 15 built-in prompts")
-    } else {
-        let vocab = ckpts
-            .iter()
-            .map(|c| {
-                DecoderSpec::from_model_config(&c.config)
-                    .map(|s| s.vocab_size)
-                    .map_err(|e| bad!("{}: {e}", c.dir.join("config.json").display()))
-            })
-            .collect::<Result<Vec<_>>>()?
-            .into_iter()
-            .min()
-            .unwrap_or(1);
-        let ids = parity::synthetic_tokens(vocab.max(1));
-        (
-            vec![ids; ckpts.len()],
-            "four pseudo-random prompts of 7-60 tokens",
-        )
-    };
+    let (tokens, source) = parity::parity_tokens(&ckpts, args.reference.is_some())?;
     let backend = CudaBackend::new(Driver::open(ordinal)?, args.precision);
     let inputs: Vec<&Checkpoint> = ckpts.iter().collect();
     let parity = parity::check(&backend, &inputs, &tokens, args.reference.is_some())?;
@@ -109,9 +79,7 @@ pub fn run(args: Args) -> Result<()> {
         holds,
     };
     if args.json {
-        let text = serde_json::to_string_pretty(&report)
-            .map_err(|e| Error::Write(format!("JSON report: {e}")))?;
-        println!("{text}");
+        print!("{}", json_text(&report)?);
     } else {
         print!("{}", render_text(&report));
     }

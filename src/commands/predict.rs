@@ -1,15 +1,14 @@
 //! `sinkmerge predict`: how well Sink Strength predicts the text-capability change on a panel
 //! of VLM / reference-LLM pairs, and what it predicts for a new backbone.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use serde_json::json;
-
-use crate::analysis::predict::{self, Analysis, MarginCorrelation, Panel, Query};
-use crate::checkpoint::output::write_file_atomic;
-use crate::error::{Error, Result};
-use crate::report::plot::Scatter;
-use crate::report::{fmt_num, Table};
+use crate::analysis::predict::{self, Panel};
+use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::report::predict::{render_json, render_text, scatter_svg, PredictReport};
+use crate::sink::pass::default_sink_strength;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -72,9 +71,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let measured = (args.model.as_deref())
-        .map(|model| crate::commands::score::default_sink_strength(model, progress && !args.json))
-        .transpose()?;
+    // Every argument and the panel are checked before the scorer runs: it takes minutes.
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");
@@ -97,166 +94,47 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
     let margin = predict::margin_correlation(&panel, task)
         .map_err(|e| crate::bad!("{} ({task_name}): {e}", panel.source))?;
+    let model = args
+        .model
+        .as_deref()
+        .map(Checkpoint::open_ref)
+        .transpose()?;
+    if let Some(path) = &args.plot {
+        let inputs: Vec<&Path> = model.iter().map(|m| m.dir.as_path()).collect();
+        check_report_file(path, &inputs)?;
+    }
+
+    let measured = (model.as_ref())
+        .map(|ckpt| default_sink_strength(ckpt, progress && !args.json))
+        .transpose()?;
     let query =
         (args.s.or(measured)).map(|s| predict::query(&points, &analysis, s, args.similar_within));
 
-    if let Some(path) = &args.plot {
-        let chart = Scatter {
-            title: format!(
-                "Sink strength vs {task_name} ({} pairs, Spearman {:.3})",
-                analysis.n, analysis.spearman
-            ),
-            x_label: "Sink Strength S of the reference LLM".into(),
-            y_label: format!("{task_name} (VLM - LLM, points)"),
-            points: points
-                .iter()
-                .map(|p| (p.sink_strength, p.delta, p.pair.clone()))
-                .collect(),
-            line: Some((analysis.intercept, analysis.slope)),
-        };
-        let svg = chart.to_svg().map_err(Error::Write)?;
+    let report = PredictReport {
+        panel: &panel.source,
+        task: &task_name,
+        points: &points,
+        skipped: &skipped,
+        analysis: &analysis,
+        margin: margin.as_ref(),
+        query: query.as_ref(),
+        measured: (args.model.as_deref()).zip(measured),
+        plot: args.plot.as_deref(),
+    };
+    // Render every artefact before writing any.
+    let svg = args
+        .plot
+        .as_ref()
+        .map(|_| scatter_svg(&report))
+        .transpose()?;
+    let out = if args.json {
+        render_json(&report)
+    } else {
+        render_text(&report)
+    };
+    if let (Some(path), Some(svg)) = (&args.plot, svg) {
         write_file_atomic(path, svg.as_bytes())?;
     }
-
-    if args.json {
-        let mut out = json!({
-            "panel": panel.source,
-            "task": task_name,
-            "pairs": points.iter().map(|p| &p.pair).collect::<Vec<_>>(),
-            "skipped": skipped,
-        });
-        let map = out.as_object_mut().expect("object");
-        if let serde_json::Value::Object(a) = serde_json::to_value(&analysis).expect("JSON") {
-            map.extend(a);
-        }
-        map.insert(
-            "margin_correlation".into(),
-            serde_json::to_value(&margin).expect("JSON"),
-        );
-        if let Some(q) = &query {
-            map.insert("query".into(), serde_json::to_value(q).expect("JSON"));
-        }
-        if let (Some(model), Some(s)) = (&args.model, measured) {
-            map.insert(
-                "measured".into(),
-                json!({"model": model, "sink_strength": s, "prompts": "default", "last": 10, "stat": "median"}),
-            );
-        }
-        println!("{}", serde_json::to_string_pretty(&out).expect("JSON"));
-    } else {
-        if let (Some(model), Some(s)) = (&args.model, measured) {
-            println!(
-                "measured      S = {s:.4} for {model} (sinkmerge score defaults: 15 built-in prompts, last 10 layers, median)"
-            );
-        }
-        print!(
-            "{}",
-            render(
-                &panel.source,
-                &task_name,
-                &analysis,
-                &skipped,
-                margin.as_ref(),
-                query.as_ref()
-            )
-        );
-        if let Some(path) = &args.plot {
-            println!("plot          {}", path.display());
-        }
-    }
+    print!("{out}");
     Ok(())
-}
-
-fn render(
-    source: &str,
-    task: &str,
-    a: &Analysis,
-    skipped: &[String],
-    margin: Option<&MarginCorrelation>,
-    query: Option<&Query>,
-) -> String {
-    let mut s = format!(
-        "panel         {source}\ntask          {task}, {} pairs\n",
-        a.n
-    );
-    if !skipped.is_empty() {
-        s += &format!("left out      {} (no {task} value)\n", skipped.join(", "));
-    }
-    let mut t = Table::new(["pair", "S", "observed", "held-out", "|error|", "constant"]);
-    for h in &a.held_out {
-        t.row([
-            h.pair.clone(),
-            format!("{:.2}", h.sink_strength),
-            format!("{:.2}", h.observed),
-            format!("{:.2}", h.predicted),
-            format!("{:.2}", (h.observed - h.predicted).abs()),
-            format!("{:.2}", h.constant),
-        ]);
-    }
-    s += "\n";
-    s += &t.render();
-    s += &format!(
-        "\nSpearman rho  {:.3}   (average ranks on ties)\n\
-         Pearson r     {:.3}\n\
-         fit           {task} = {} + {} * S   (least squares, all pairs)\n\
-         LOO MAE       {:.2}   (each pair predicted by the line fitted to the others)\n\
-         constant MAE  {:.2}   (each pair predicted by the mean of the others)\n",
-        a.spearman,
-        a.pearson,
-        fmt_num(a.intercept),
-        fmt_num(a.slope),
-        a.loo_mae,
-        a.constant_mae
-    );
-    if let Some(m) = margin {
-        s += &format!(
-            "margin rho    {:.3}   (Spearman, margin G_base - B_gap vs {task}, {} pairs; Pearson r {:.3})\n",
-            m.spearman, m.n, m.pearson
-        );
-        if !m.skipped.is_empty() {
-            s += &format!("no margin     {}\n", m.skipped.join(", "));
-        }
-    }
-    if let Some(q) = query {
-        s += &format!(
-            "\nnew backbone  S = {}\npredicted     {task} = {:.2}   (full-panel fit)\n",
-            fmt_num(q.sink_strength),
-            q.predicted
-        );
-        match q.similar_range {
-            Some((lo, hi)) => {
-                let names: Vec<String> = q
-                    .similar
-                    .iter()
-                    .map(|p| format!("{} {:.1}", p.pair, p.delta))
-                    .collect();
-                s += &format!(
-                    "similar S     {:.2} to {:.2} observed over {} pair(s) with |S - {}| <= {}: {}\n",
-                    lo,
-                    hi,
-                    q.similar.len(),
-                    fmt_num(q.sink_strength),
-                    q.similar_within,
-                    names.join(", ")
-                );
-            }
-            None => {
-                s += &format!(
-                    "similar S     no panel pair within |S - {}| <= {} (--similar-within)\n",
-                    fmt_num(q.sink_strength),
-                    q.similar_within
-                )
-            }
-        }
-        let tie = if q.tied > 0 {
-            format!(", tied with {} panel pair(s)", q.tied)
-        } else {
-            String::new()
-        };
-        s += &format!(
-            "rank          {} of {} by S (1 = strongest sink{tie})\n",
-            q.rank, q.of
-        );
-    }
-    s
 }

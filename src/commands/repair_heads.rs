@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::json;
 
-use super::score::{input, same_tokens};
 use crate::analysis::heads::{self, check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::bail;
@@ -20,6 +19,7 @@ use crate::report::model_card::{self, ModelCard};
 use crate::report::Table;
 use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::forward::Model;
+use crate::sink::inputs::{check_same_tokens, prompt_input};
 use crate::sink::prompts::{self, PromptSource};
 use crate::sink::score::Settings;
 
@@ -161,10 +161,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 prompts::choose(args.prompts.as_deref(), args.n, args.prompt_seed)?;
             prompt_source = Some(source);
             let pair = [
-                input(&ckpts[0], &prompts, None)?,
-                input(&ckpts[1], &prompts, None)?,
+                prompt_input(&ckpts[0], &prompts, None)?,
+                prompt_input(&ckpts[1], &prompts, None)?,
             ];
-            same_tokens(&pair[0], &pair[1], None)?;
+            check_same_tokens(&pair[0], &pair[1], None)?;
             let bar = crate::progress::items(2 * spec.num_layers() as u64, "scoring", show);
             // The ranking needs the sink statistics only, not the drift.
             let (sinks, _) = heads::head_sinks(

@@ -1,9 +1,12 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
-//! model cards.
+//! model cards, and the reports of `score`, `heads` and `predict`.
 
+pub mod heads;
 pub mod heatmap;
 pub mod model_card;
 pub mod plot;
+pub mod predict;
+pub mod score;
 
 /// An aligned text table; numeric-looking cells are right-aligned.
 pub struct Table {
@@ -102,6 +105,29 @@ pub fn fmt_num(x: f64) -> String {
     } else {
         let digits = (3 - x.abs().log10().floor() as i32).clamp(0, 6) as usize;
         format!("{x:.digits$}")
+    }
+}
+
+/// `value` as a `--json` report prints it: pretty, with a trailing newline.
+pub fn json_text<T: serde::Serialize>(value: &T) -> crate::error::Result<String> {
+    serde_json::to_string_pretty(value)
+        .map(|text| text + "\n")
+        .map_err(|e| crate::error::Error::Write(format!("JSON report: {e}")))
+}
+
+/// A table cell of an optional number: [`fmt_num`], or `-` when there is none.
+pub fn fmt_opt(x: Option<f64>) -> String {
+    x.map_or("-".to_string(), fmt_num)
+}
+
+/// The last path component of a model label, for column headers.
+pub fn short_label(label: &str) -> String {
+    let trimmed = label.trim_end_matches('/');
+    let parts: Vec<&str> = trimmed.rsplitn(3, '/').collect();
+    match parts.as_slice() {
+        [last, parent, ..] if last.len() <= 4 => format!("{parent}/{last}"),
+        [last, ..] => last.to_string(),
+        [] => label.to_string(),
     }
 }
 

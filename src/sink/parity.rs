@@ -8,7 +8,11 @@ use serde::Serialize;
 use super::backend::cpu::CpuBackend;
 use super::backend::{Backend, Precision};
 use super::forward::{trace_on, Trace};
+use super::inputs::tokenize_prompts;
+use super::model::DecoderSpec;
+use super::prompts::default_prompts;
 use super::score::{score, Input, Scores, Settings};
+use crate::bad;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
@@ -188,6 +192,42 @@ pub fn check<B: Backend>(
         traces,
         metrics: metric_diffs(&cpu, &other),
     })
+}
+
+/// Token ids of a parity run, per checkpoint (`ckpts[0]` is the reference when `with_ref`),
+/// and how the report names them: the 15 built-in prompts through each model's tokenizer (the
+/// reference's for every model with a reference) when every model has a tokenizer.json;
+/// otherwise [`synthetic_tokens`] below the smallest vocabulary.
+pub fn parity_tokens(
+    ckpts: &[Checkpoint],
+    with_ref: bool,
+) -> Result<(Vec<Vec<Vec<u32>>>, &'static str)> {
+    if ckpts.iter().all(|c| c.dir.join("tokenizer.json").is_file()) {
+        let prompts = default_prompts();
+        let own = (ckpts.iter())
+            .map(|c| tokenize_prompts(c, &prompts, None))
+            .collect::<Result<Vec<_>>>()?;
+        let tokens = if with_ref {
+            vec![own[0].clone(); ckpts.len()]
+        } else {
+            own
+        };
+        return Ok((tokens, "the 15 built-in prompts"));
+    }
+    let vocab = (ckpts.iter())
+        .map(|c| {
+            DecoderSpec::from_model_config(&c.config)
+                .map(|s| s.vocab_size)
+                .map_err(|e| bad!("{}: {e}", c.dir.join("config.json").display()))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .min()
+        .unwrap_or(1);
+    Ok((
+        vec![synthetic_tokens(vocab.max(1)); ckpts.len()],
+        "four pseudo-random prompts of 7-60 tokens",
+    ))
 }
 
 /// Token ids for parity runs on models without a tokenizer: prompts of 7, 16, 33 and 60 tokens

@@ -170,6 +170,14 @@ pub struct ModelStatistics {
     pub sink_strength_by_last: Option<Vec<SinkStrengthAt>>,
 }
 
+/// Depth bands of `--bands`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bands {
+    /// The early, middle and late thirds of the layers.
+    Thirds,
+}
+
 /// One value per third of the layers (Appendix E.4, Table 13).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct BandValues {
@@ -906,7 +914,7 @@ mod tests {
         let ckpts = [open("tiny-qwen3/ref"), open("tiny-qwen3/vl")];
         let prompts = crate::sink::prompts::default_prompts();
         let inputs: Vec<Input> = (ckpts.iter())
-            .map(|c| crate::commands::score::input(c, &prompts, None).unwrap())
+            .map(|c| crate::sink::inputs::prompt_input(c, &prompts, None).unwrap())
             .collect();
         let settings = Settings {
             last: 4,

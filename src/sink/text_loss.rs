@@ -183,6 +183,55 @@ fn window_nll(logits: &[f32], vocab: usize, ids: &[u32]) -> f64 {
     losses.iter().sum()
 }
 
+/// `--text`: the file, and every model's token ids of it and window (in `models` order).
+pub struct TextPass<'a> {
+    file: String,
+    models: Vec<(&'a Checkpoint, Vec<u32>, usize)>,
+}
+
+impl<'a> TextPass<'a> {
+    /// Read `path` and encode it for each of `ckpts`: every bad input is found before scoring.
+    pub fn new(
+        path: &Path,
+        ckpts: &'a [Checkpoint],
+        window: Option<usize>,
+    ) -> Result<TextPass<'a>> {
+        let text = read_text(path)?;
+        let models = (ckpts.iter())
+            .map(|ckpt| {
+                let spec = DecoderSpec::from_model_config(&ckpt.config)
+                    .map_err(|e| bad!("{}: {e}", ckpt.dir.join("config.json").display()))?;
+                Ok((
+                    ckpt,
+                    encode(ckpt, &text, path)?,
+                    window_for(&spec, window, &ckpt.label)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(TextPass {
+            file: path.display().to_string(),
+            models,
+        })
+    }
+
+    /// Each model's loss on the file, with a progress bar over the windows of every model.
+    pub fn losses<B: Backend>(&self, backend: &B, show: bool) -> Result<Vec<TextLoss>> {
+        let total: usize = (self.models.iter())
+            .map(|(_, ids, window)| windows(ids, *window).len())
+            .sum();
+        let bar = crate::progress::items(total as u64, "text", show);
+        let losses = (self.models.iter())
+            .map(|(ckpt, ids, window)| {
+                text_loss(backend, ckpt, ids, *window, &self.file, &|n| {
+                    bar.inc(n as u64)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        bar.finish_and_clear();
+        Ok(losses)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

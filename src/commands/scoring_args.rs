@@ -1,0 +1,65 @@
+//! The arguments every scoring command shares (`score`, `heads`): the prompt set, the window,
+//! the arithmetic and the device, declared once and flattened into each command's `Args`.
+
+use std::path::PathBuf;
+
+use crate::bail;
+use crate::error::Result;
+use crate::sink::backend::Precision;
+use crate::sink::device::ComputeDevice;
+use crate::sink::prompts::{self, PromptSource};
+
+#[derive(Debug, clap::Args)]
+pub struct ScoringArgs {
+    /// Prompt file, one prompt per line (blank lines skipped) [default: the 15 built-in prompts]
+    #[arg(long, value_name = "FILE", conflicts_with = "n")]
+    pub prompts: Option<PathBuf>,
+
+    /// Draw N prompts from the built-in pool of 100 instead (kept apart from the 15 defaults, as
+    /// the paper's N-sweep pool is, Appendix D.1; `--n 100` takes the whole pool)
+    #[arg(long, value_name = "N")]
+    pub n: Option<usize>,
+
+    /// Seed of the --n draw (SplitMix64, docs/reference/sink-metrics.md; the same N and seed give
+    /// the same prompts everywhere)
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
+    pub seed: u64,
+
+    /// Window: the last K decoder layers (all layers if the model has fewer). Paper: 10
+    #[arg(long, value_name = "K", default_value_t = 10)]
+    pub last: usize,
+
+    /// Render each prompt with the tokenizer's chat template as one user message with the
+    /// generation prompt (default: raw prompt text with the tokenizer's special tokens); with a
+    /// reference, the reference's template
+    #[arg(long)]
+    pub chat_template: bool,
+
+    /// Arithmetic of the forward pass: f32 (parity with transformers' f32 eager path), or bf16
+    /// (transformers' bf16 eager path, the paper's setting, Appendix B: bf16 weights and
+    /// activations, each GEMM, norm, product and residual add rounded to bf16, softmax in f32 on
+    /// the rounded scores, probabilities rounded). Metrics use the rounded scores
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
+
+    /// Where to compute: `cpu`, or `cuda` / `cuda:N` for the NVIDIA GPU of index N (f32 GEMMs
+    /// with TF32 off; needs libcuda, libnvrtc and libcublas at run time; weights stream
+    /// through, so any model size fits)
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: ComputeDevice,
+}
+
+impl ScoringArgs {
+    /// Check what needs no file: the window holds at least one layer.
+    pub fn validate(&self) -> Result<()> {
+        if self.last == 0 {
+            bail!("--last must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The prompt set (`--prompts`, `--n`/`--seed`, or the built-in default) and its name.
+    pub fn prompt_set(&self) -> Result<(Vec<String>, PromptSource)> {
+        prompts::choose(self.prompts.as_deref(), self.n, self.seed)
+    }
+}
