@@ -21,8 +21,8 @@ use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::linalg::svd::{small_side_svd, thin_svd};
 use sinkmerge::linalg::two_stage::{self, TwoStage};
 use sinkmerge::merge::job::{Source, TensorJob};
-use sinkmerge::merge::params::Value;
-use sinkmerge::merge::{self, sparsify, TensorParams};
+use sinkmerge::merge::params::{default_value, ParamValue, Scope};
+use sinkmerge::merge::{self, sparsify, TensorValues};
 
 const N: usize = 4096;
 const NAME: &str = "model.layers.0.mlp.up_proj.weight";
@@ -49,23 +49,23 @@ fn write_model(dir: &Path, seed: u64, base: &[f32]) {
         .unwrap();
 }
 
-fn params(method: &str, models: usize) -> TensorParams {
+fn values(method: &str, models: usize) -> TensorValues {
     let m = merge::method(method).unwrap();
-    let mut p = TensorParams {
+    let mut p = TensorValues {
         global: Default::default(),
         models: vec![Default::default(); models],
     };
     for spec in m.params() {
         let value = match spec.name {
-            "weight" => Value::Number(1.0),
-            "density" => Value::Number(0.2),
-            _ => merge::params::default_value(spec).unwrap(),
+            "weight" => ParamValue::Number(1.0),
+            "density" => ParamValue::Number(0.2),
+            _ => default_value(spec).unwrap(),
         };
         match spec.scope {
-            merge::params::Scope::Global => {
+            Scope::Global => {
                 p.global.insert(spec.name, value);
             }
-            merge::params::Scope::PerModel => {
+            Scope::PerModel => {
                 for model in &mut p.models {
                     model.insert(spec.name, value.clone());
                 }
@@ -122,10 +122,14 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("merge_one_4096x4096_tensor");
     g.sample_size(10);
     for method in ["task_arithmetic", "ties", "dare_linear"] {
-        let m = merge::method(method).unwrap();
-        let p = params(method, 2);
+        let values = values(method, 2);
+        let jobs = std::slice::from_ref(&job);
+        let merger = merge::method(method)
+            .unwrap()
+            .prepare(jobs, &|_| Ok(values.clone()))
+            .unwrap();
         g.bench_function(method, |bench| {
-            bench.iter(|| m.merge(&job, &p, &None).unwrap())
+            bench.iter(|| merger.merge(0, &job).unwrap())
         });
     }
     g.finish();

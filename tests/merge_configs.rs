@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use sinkmerge::merge::params::{Setting, Value};
+use sinkmerge::merge::params::{ParamValue, Setting};
 use sinkmerge::merge::MergeSpec;
 
 use crate::util::root;
@@ -14,7 +14,7 @@ fn configs() -> PathBuf {
 
 fn number(s: Option<&Setting>) -> Option<f64> {
     match s {
-        Some(Setting::Scalar(Value::Number(x))) => Some(*x),
+        Some(Setting::Scalar(ParamValue::Number(x))) => Some(*x),
         _ => None,
     }
 }

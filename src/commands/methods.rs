@@ -6,8 +6,11 @@ use clap::ValueEnum;
 
 use crate::cli::OutputArgs;
 use crate::error::Result;
-use crate::merge::params::{Setting, Settings, Value};
-use crate::merge::{self, MergeSpec, ModelEntry};
+use crate::merge::dare::{self, Rescale};
+use crate::merge::params::{ParamSpec, ParamValue, Setting, Settings};
+use crate::merge::task_vector::{self, Election};
+use crate::merge::ties::{self, Trim};
+use crate::merge::{self, linear, star, task_arithmetic, tsv, MergeSpec, ModelEntry};
 
 /// Flags every merge command shares.
 #[derive(Debug, clap::Args)]
@@ -55,6 +58,19 @@ pub struct Weights {
     pub weights: Vec<f64>,
 }
 
+/// The scale of a task-vector method's merged task vector (`--lambda`).
+#[derive(Debug, clap::Args)]
+pub struct Lambda {
+    /// Scale of the merged task vector
+    #[arg(
+        long = "lambda",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_name = "L"
+    )]
+    pub lambda: f64,
+}
+
 /// Weighted average of models: sum_i w_i x_i / sum_i w_i (mergekit `linear`).
 ///
 /// The weights are normalized to sum to 1 unless --no-normalize. Embeddings and lm_head of
@@ -84,35 +100,13 @@ pub struct TaskArithmeticArgs {
     pub models: TaskModels,
     #[command(flatten)]
     pub weights: Weights,
-    /// Scale of the summed task vectors
-    #[arg(
-        long = "lambda",
-        default_value_t = 1.0,
-        allow_negative_numbers = true,
-        value_name = "L"
-    )]
-    pub lambda: f64,
+    #[command(flatten)]
+    pub lambda: Lambda,
     /// Divide the weighted sum by the sum of the weights (mergekit default: off)
     #[arg(long)]
     pub normalize: bool,
     #[command(flatten)]
     pub common: CommonArgs,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Trim {
-    /// Per tensor: keep the top-k magnitudes of each tensor (mergekit)
-    Local,
-    /// Whole model: one threshold per task vector, ties at it kept (official TIES code)
-    Global,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum ElectionArg {
-    /// Sign of the summed weighted deltas (TIES' "mass" election; mergekit)
-    Sum,
-    /// Majority of the signs (mergekit's ConsensusMethod.count)
-    Count,
 }
 
 /// TIES-Merging: trim, elect sign, disjoint mean (mergekit `ties`).
@@ -136,20 +130,14 @@ pub struct TiesArgs {
         value_name = "D,..."
     )]
     pub density: Vec<f64>,
-    /// Scale of the merged task vector
-    #[arg(
-        long = "lambda",
-        default_value_t = 1.0,
-        allow_negative_numbers = true,
-        value_name = "L"
-    )]
-    pub lambda: f64,
+    #[command(flatten)]
+    pub lambda: Lambda,
     /// Where the top-k threshold is taken
     #[arg(long, value_enum, default_value = "local")]
     pub trim: Trim,
     /// How each entry's sign is elected
     #[arg(long, value_enum, default_value = "sum")]
-    pub election: ElectionArg,
+    pub election: Election,
     /// Sum the agreeing entries instead of averaging them
     #[arg(long)]
     pub no_normalize: bool,
@@ -166,16 +154,6 @@ pub enum Consensus {
     None,
     /// TIES sign election on the dropped task vectors (mergekit `dare_ties`)
     Ties,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Rescale {
-    /// Match each task vector's exact L1 norm (mergekit)
-    L1,
-    /// Divide the kept entries by density (official DARE code)
-    Inverse,
-    /// Keep the kept entries as they are
-    None,
 }
 
 /// DARE: drop task-vector entries at random and rescale (mergekit `dare_linear` / `dare_ties`).
@@ -215,14 +193,8 @@ pub struct DareArgs {
     /// Seed of the drop masks
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Scale of the merged task vector
-    #[arg(
-        long = "lambda",
-        default_value_t = 1.0,
-        allow_negative_numbers = true,
-        value_name = "L"
-    )]
-    pub lambda: f64,
+    #[command(flatten)]
+    pub lambda: Lambda,
     /// Divide by the (agreeing) models' weight sum (mergekit default: off)
     #[arg(long)]
     pub normalize: bool,
@@ -270,21 +242,20 @@ pub struct StarArgs {
     pub common: CommonArgs,
 }
 
-fn num(x: f64) -> Setting {
-    Setting::Scalar(Value::Number(x))
+/// A top-level setting of `spec`.
+fn set(spec: &ParamSpec, value: ParamValue) -> (String, Setting) {
+    (spec.name.to_string(), Setting::Scalar(value))
 }
 
-fn flag(b: bool) -> Setting {
-    Setting::Scalar(Value::Bool(b))
-}
-
-fn choice(s: &str) -> Setting {
-    Setting::Scalar(Value::Choice(s.to_string()))
+/// A choice flag as its parameter value: the flag's enum names are the spec's options.
+fn choice(value: impl ValueEnum) -> ParamValue {
+    let name = value.to_possible_value().expect("no variant is skipped");
+    ParamValue::Choice(name.get_name().to_string())
 }
 
 /// Per-model values from a comma list: one for all, or one per model.
 fn per_model(
-    name: &str,
+    flag: &str,
     values: &[f64],
     models: usize,
     default: Option<f64>,
@@ -294,13 +265,13 @@ fn per_model(
         1 => Ok(vec![Some(values[0]); models]),
         n if n == models => Ok(values.iter().map(|&v| Some(v)).collect()),
         n => {
-            crate::bail!("--{name} has {n} values for {models} models; give one, or one per model")
+            crate::bail!("--{flag} has {n} values for {models} models; give one, or one per model")
         }
     }
 }
 
 /// Model entries with their per-model parameters.
-fn entries(models: &[String], columns: &[(&str, Vec<Option<f64>>)]) -> Vec<ModelEntry> {
+fn entries(models: &[String], columns: &[(&ParamSpec, Vec<Option<f64>>)]) -> Vec<ModelEntry> {
     models
         .iter()
         .enumerate()
@@ -308,10 +279,35 @@ fn entries(models: &[String], columns: &[(&str, Vec<Option<f64>>)]) -> Vec<Model
             model: m.clone(),
             params: columns
                 .iter()
-                .filter_map(|(name, values)| values[i].map(|v| (name.to_string(), num(v))))
+                .filter_map(|(spec, values)| {
+                    values[i].map(|v| {
+                        (
+                            spec.name.to_string(),
+                            Setting::Scalar(ParamValue::Number(v)),
+                        )
+                    })
+                })
                 .collect(),
         })
         .collect()
+}
+
+/// The entries of a task-vector command: `--weights` (1 each by default) and, for the
+/// sparsifying methods, `density`.
+fn task_entries(
+    models: &TaskModels,
+    weights: &Weights,
+    density: Option<(&str, Vec<f64>)>,
+) -> Result<Vec<ModelEntry>> {
+    let n = models.models.len();
+    let mut columns = vec![(
+        &task_vector::WEIGHT,
+        per_model("weights", &weights.weights, n, Some(1.0))?,
+    )];
+    if let Some((flag, values)) = density {
+        columns.push((&task_vector::DENSITY, per_model(flag, &values, n, None)?));
+    }
+    Ok(entries(&models.models, &columns))
 }
 
 /// Resolves one command's merge (the method, its inputs and parameters, the common flags) into a
@@ -344,13 +340,20 @@ fn merge_with(
 }
 
 pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
-    let n = args.models.len();
-    let weights = per_model("weights", &args.weights.weights, n, Some(1.0))?;
-    let params = Settings::from([("normalize".to_string(), flag(!args.no_normalize))]);
+    let weights = per_model(
+        "weights",
+        &args.weights.weights,
+        args.models.len(),
+        Some(1.0),
+    )?;
+    let params = Settings::from([set(
+        &linear::NORMALIZE,
+        ParamValue::Bool(!args.no_normalize),
+    )]);
     merge_with(
         "linear",
         None,
-        entries(&args.models, &[("weight", weights)]),
+        entries(&args.models, &[(&linear::WEIGHT, weights)]),
         params,
         &args.common,
         progress,
@@ -358,16 +361,17 @@ pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
 }
 
 pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<()> {
-    let n = args.models.models.len();
-    let weights = per_model("weights", &args.weights.weights, n, Some(1.0))?;
     let params = Settings::from([
-        ("lambda".to_string(), num(args.lambda)),
-        ("normalize".to_string(), flag(args.normalize)),
+        set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
+        set(
+            &task_arithmetic::NORMALIZE,
+            ParamValue::Bool(args.normalize),
+        ),
     ]);
     merge_with(
         "task_arithmetic",
-        Some(args.models.base),
-        entries(&args.models.models, &[("weight", weights)]),
+        Some(args.models.base.clone()),
+        task_entries(&args.models, &args.weights, None)?,
         params,
         &args.common,
         progress,
@@ -375,49 +379,30 @@ pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<(
 }
 
 pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
-    let n = args.models.models.len();
-    let weights = per_model("weights", &args.weights.weights, n, Some(1.0))?;
-    let density = per_model("density", &args.density, n, None)?;
-    let trim = match args.trim {
-        Trim::Local => "local",
-        Trim::Global => "global",
-    };
     let params = Settings::from([
-        ("lambda".to_string(), num(args.lambda)),
-        ("normalize".to_string(), flag(!args.no_normalize)),
-        ("rescale".to_string(), flag(args.rescale)),
-        ("trim".to_string(), choice(trim)),
-        ("election".to_string(), choice(election(args.election))),
+        set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
+        set(&ties::NORMALIZE, ParamValue::Bool(!args.no_normalize)),
+        set(&ties::RESCALE, ParamValue::Bool(args.rescale)),
+        set(&ties::TRIM, choice(args.trim)),
+        set(&task_vector::ELECTION, choice(args.election)),
     ]);
     merge_with(
         "ties",
-        Some(args.models.base),
-        entries(
-            &args.models.models,
-            &[("weight", weights), ("density", density)],
-        ),
+        Some(args.models.base.clone()),
+        task_entries(&args.models, &args.weights, Some(("density", args.density)))?,
         params,
         &args.common,
         progress,
     )
 }
 
-fn election(e: ElectionArg) -> &'static str {
-    match e {
-        ElectionArg::Sum => "sum",
-        ElectionArg::Count => "count",
-    }
-}
-
 pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
-    let n = args.models.models.len();
-    let weights = per_model("weights", &args.weights.weights, n, Some(1.0))?;
     let density = if args.drop_rate.is_empty() {
-        per_model("density", &args.density, n, None)?
+        ("density", args.density)
     } else {
         // 1 - 0.9 is 0.09999999999999998 in binary; round to 15 significant digits so the
         // density is the decimal the user meant (and the record reads 0.1).
-        let drop: Vec<f64> = args
+        let kept = args
             .drop_rate
             .iter()
             .map(|p| {
@@ -426,68 +411,185 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
                     .expect("formatted float")
             })
             .collect();
-        per_model("drop-rate", &drop, n, None)?
+        ("drop-rate", kept)
     };
-    let rescale = match args.rescale {
-        Rescale::L1 => "l1",
-        Rescale::Inverse => "inverse",
-        Rescale::None => "none",
-    };
-    let mut params = Settings::from([
-        ("lambda".to_string(), num(args.lambda)),
-        ("normalize".to_string(), flag(args.normalize)),
-        ("rescale".to_string(), choice(rescale)),
-        (
-            "seed".to_string(),
-            Setting::Scalar(Value::Integer(args.seed)),
-        ),
+    // dare offers no --election: dare_ties elects with the default, `sum` (as mergekit does).
+    let params = Settings::from([
+        set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
+        set(&dare::NORMALIZE, ParamValue::Bool(args.normalize)),
+        set(&dare::RESCALE, choice(args.rescale)),
+        set(&dare::SEED, ParamValue::Integer(args.seed)),
     ]);
     let method = match args.consensus {
         Consensus::None => "dare_linear",
-        Consensus::Ties => {
-            params.insert("election".to_string(), choice("sum"));
-            "dare_ties"
-        }
+        Consensus::Ties => "dare_ties",
     };
     merge_with(
         method,
-        Some(args.models.base),
-        entries(
-            &args.models.models,
-            &[("weight", weights), ("density", density)],
-        ),
+        Some(args.models.base.clone()),
+        task_entries(&args.models, &args.weights, Some(density))?,
         params,
         &args.common,
         progress,
     )
 }
 
-pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
+/// The spectral methods (TSV, STAR): one scale-like parameter and `svd_embeddings`.
+fn run_spectral(
+    method: &str,
+    (spec, value): (&ParamSpec, f64),
+    svd_embeddings: bool,
+    models: TaskModels,
+    common: &CommonArgs,
+    progress: bool,
+) -> Result<()> {
     let params = Settings::from([
-        ("alpha".to_string(), num(args.alpha)),
-        ("svd_embeddings".to_string(), flag(args.svd_embeddings)),
+        set(spec, ParamValue::Number(value)),
+        set(&tsv::SVD_EMBEDDINGS, ParamValue::Bool(svd_embeddings)),
     ]);
     merge_with(
-        "tsv",
-        Some(args.models.base),
-        entries(&args.models.models, &[]),
+        method,
+        Some(models.base),
+        entries(&models.models, &[]),
         params,
+        common,
+        progress,
+    )
+}
+
+pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
+    let scale = (&tsv::ALPHA, args.alpha);
+    run_spectral(
+        "tsv",
+        scale,
+        args.svd_embeddings,
+        args.models,
         &args.common,
         progress,
     )
 }
 
 pub fn run_star(args: StarArgs, progress: bool) -> Result<()> {
-    let params = Settings::from([
-        ("eta".to_string(), num(args.eta)),
-        ("svd_embeddings".to_string(), flag(args.svd_embeddings)),
-    ]);
-    merge_with(
+    let scale = (&star::ETA, args.eta);
+    run_spectral(
         "star",
-        Some(args.models.base),
-        entries(&args.models.models, &[]),
-        params,
+        scale,
+        args.svd_embeddings,
+        args.models,
         &args.common,
         progress,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command};
+
+    use super::*;
+    use crate::merge::params::{Kind, ParamDefault};
+
+    /// Parameters no subcommand has a flag for (method, or `*` for all), and why.
+    const WITHOUT_FLAG: &[(&str, &str, &str)] = &[
+        (
+            "*",
+            "int8_mask",
+            "it only changes mergekit's mask storage, never results",
+        ),
+        (
+            "dare_ties",
+            "election",
+            "dare elects with the default, as mergekit does",
+        ),
+    ];
+
+    /// Parameters whose flag has no clap default, and what stands instead.
+    const WITHOUT_FLAG_DEFAULT: &[(&str, &str)] = &[
+        ("weight", "YAML requires it; the commands give each model 1"),
+        (
+            "density",
+            "ties and dare ask for --density (or --drop-rate), as the papers set it",
+        ),
+    ];
+
+    fn commands() -> Vec<(Command, &'static [&'static str])> {
+        let mut commands = vec![
+            (
+                LinearArgs::augment_args(Command::new("linear")),
+                &["linear"][..],
+            ),
+            (
+                TaskArithmeticArgs::augment_args(Command::new("task-arithmetic")),
+                &["task_arithmetic"],
+            ),
+            (TiesArgs::augment_args(Command::new("ties")), &["ties"]),
+            (
+                DareArgs::augment_args(Command::new("dare")),
+                &["dare_linear", "dare_ties"],
+            ),
+            (TsvArgs::augment_args(Command::new("tsv")), &["tsv"]),
+            (StarArgs::augment_args(Command::new("star")), &["star"]),
+        ];
+        commands.iter_mut().for_each(|(c, _)| c.build());
+        commands
+    }
+
+    #[test]
+    fn every_parameter_has_a_flag_with_its_specs_default() {
+        for (command, methods) in commands() {
+            for &name in methods {
+                for spec in merge::method(name).unwrap().params() {
+                    let context = format!("{} ({name}) `{}`", command.get_name(), spec.name);
+                    if WITHOUT_FLAG
+                        .iter()
+                        .any(|&(m, p, _)| (m == name || m == "*") && p == spec.name)
+                    {
+                        continue;
+                    }
+                    let id = match spec.name {
+                        "weight" => "weights".to_string(),
+                        other => other.to_string(),
+                    };
+                    let find = |id: &str| command.get_arguments().find(|a| a.get_id() == id);
+                    let (arg, negated) = match find(&id) {
+                        Some(arg) => (arg, false),
+                        None => (
+                            find(&format!("no_{id}"))
+                                .unwrap_or_else(|| panic!("{context}: no flag")),
+                            true,
+                        ),
+                    };
+                    let default: Vec<String> = arg
+                        .get_default_values()
+                        .iter()
+                        .map(|v| v.to_string_lossy().into_owned())
+                        .collect();
+                    match (spec.default, default.as_slice()) {
+                        (ParamDefault::Number(x), [d]) => {
+                            assert_eq!(d.parse::<f64>().unwrap(), x, "{context}")
+                        }
+                        (ParamDefault::Bool(b), [d]) => {
+                            assert_eq!(d.parse::<bool>().unwrap() != negated, b, "{context}")
+                        }
+                        (ParamDefault::Choice(c), [d]) => assert_eq!(d, c, "{context}"),
+                        (ParamDefault::Integer(n), [d]) => {
+                            assert_eq!(d.parse::<u64>().unwrap(), n, "{context}")
+                        }
+                        (_, []) => assert!(
+                            WITHOUT_FLAG_DEFAULT.iter().any(|&(p, _)| p == spec.name),
+                            "{context}: the flag has no default"
+                        ),
+                        other => panic!("{context}: {other:?}"),
+                    }
+                    if let Kind::Choice { options, .. } = spec.kind {
+                        let values: Vec<String> = arg
+                            .get_possible_values()
+                            .iter()
+                            .map(|v| v.get_name().to_string())
+                            .collect();
+                        assert_eq!(values, options, "{context}");
+                    }
+                }
+            }
+        }
+    }
 }

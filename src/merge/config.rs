@@ -523,7 +523,7 @@ out_dtype: bf16
         // Defaults are written out: density for M2, every global parameter.
         assert_eq!(
             back.models[1].params["density"],
-            Setting::Scalar(super::super::params::Value::Number(1.0))
+            Setting::Scalar(super::super::params::ParamValue::Number(1.0))
         );
         for p in [
             "lambda",

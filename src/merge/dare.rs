@@ -12,20 +12,38 @@
 //! cannot be reproduced here (parity is tested statistically).
 
 use super::job::{Block, Scratch, TensorJob};
-use super::params::{Default, Kind, ParamSpec, Scope};
+use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::sparsify;
-use super::task_vector::{self, Combine, Election};
-use super::{MergeMethod, Prepared, TensorParams};
+use super::task_vector::{self, Combine};
+use super::{Method, MethodInfo, TensorValues};
 use crate::error::Result;
 
-/// `dare_linear` (task arithmetic on the dropped task vectors) or `dare_ties` (with TIES' sign
+/// `dare_linear` (random drop + rescale, then task arithmetic) or `dare_ties` (then TIES' sign
 /// election): one method with two registered names, as in mergekit.
 pub struct Dare {
+    info: &'static MethodInfo,
     ties: bool,
 }
 
-pub const DARE_LINEAR: Dare = Dare { ties: false };
-pub const DARE_TIES: Dare = Dare { ties: true };
+pub const DARE_LINEAR: Dare = Dare {
+    info: &LINEAR_INFO,
+    ties: false,
+};
+pub const DARE_TIES: Dare = Dare {
+    info: &TIES_INFO,
+    ties: true,
+};
+
+/// How the kept entries are rescaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Rescale {
+    /// Match each task vector's exact L1 norm (mergekit)
+    L1,
+    /// Divide the kept entries by density (official DARE code)
+    Inverse,
+    /// Keep the kept entries as they are
+    None,
+}
 
 pub const RESCALE: ParamSpec = ParamSpec {
     name: "rescale",
@@ -34,7 +52,7 @@ pub const RESCALE: ParamSpec = ParamSpec {
         options: &["l1", "inverse", "none"],
         bools: Some(("l1", "none")),
     },
-    default: Default::Choice("l1"),
+    default: ParamDefault::Choice("l1"),
     doc: "rescale the kept entries: `l1` to the task vector's exact L1 norm (mergekit, `rescale: true`), `inverse` by 1/density (official DARE code), `none` (`rescale: false`)",
 };
 
@@ -42,74 +60,72 @@ pub const SEED: ParamSpec = ParamSpec {
     name: "seed",
     scope: Scope::Global,
     kind: Kind::Integer,
-    default: Default::Integer(0),
+    default: ParamDefault::Integer(0),
     doc: "seed of the drop masks; each (seed, tensor, model) has its own random stream",
 };
 
-const fn dare_normalize() -> ParamSpec {
-    task_vector::normalize(
-        false,
-        "divide by the (agreeing) models' weight sum (mergekit default for dare_*: false)",
-    )
+pub const NORMALIZE: ParamSpec = task_vector::normalize(
+    false,
+    "divide by the (agreeing) models' weight sum (mergekit default for dare_*: false)",
+);
+
+/// The parameters of both variants; `dare_ties` adds `election` before `int8_mask` (records list
+/// parameters in this order).
+macro_rules! dare_params {
+    ($($election:expr)?) => {
+        &[
+            task_vector::WEIGHT,
+            task_vector::DENSITY,
+            task_vector::LAMBDA,
+            NORMALIZE,
+            RESCALE,
+            SEED,
+            $($election,)?
+            task_vector::INT8_MASK,
+        ]
+    };
 }
 
-const LINEAR_PARAMS: &[ParamSpec] = &[
-    task_vector::WEIGHT,
-    task_vector::DENSITY,
-    task_vector::LAMBDA,
-    dare_normalize(),
-    RESCALE,
-    SEED,
-    task_vector::INT8_MASK,
-];
+const LINEAR_INFO: MethodInfo = MethodInfo {
+    name: "dare_linear",
+    needs_base: true,
+    params: dare_params!(),
+};
 
-const TIES_PARAMS: &[ParamSpec] = &[
-    task_vector::WEIGHT,
-    task_vector::DENSITY,
-    task_vector::LAMBDA,
-    dare_normalize(),
-    RESCALE,
-    SEED,
-    task_vector::ELECTION,
-    task_vector::INT8_MASK,
-];
+const TIES_INFO: MethodInfo = MethodInfo {
+    name: "dare_ties",
+    needs_base: true,
+    params: dare_params!(task_vector::ELECTION),
+};
 
-impl MergeMethod for Dare {
-    fn name(&self) -> &'static str {
-        if self.ties {
-            "dare_ties"
-        } else {
-            "dare_linear"
-        }
+/// `dare_linear`'s and `dare_ties`' parameters for one tensor.
+#[derive(Debug, Clone)]
+pub struct DareParams {
+    pub densities: Vec<f64>,
+    pub seed: u64,
+    pub rescale: Rescale,
+    pub combine: Combine,
+}
+
+impl Method for Dare {
+    type Params = DareParams;
+    type Prepared = ();
+
+    fn info(&self) -> &'static MethodInfo {
+        self.info
     }
 
-    fn summary(&self) -> &'static str {
-        if self.ties {
-            "random drop + rescale, then TIES sign election (Yu et al. 2024; mergekit `dare_ties`)"
-        } else {
-            "random drop + rescale, then task arithmetic (Yu et al. 2024; mergekit `dare_linear`)"
-        }
+    fn parse(&self, job: &TensorJob, values: &TensorValues) -> Result<DareParams> {
+        Ok(DareParams {
+            densities: task_vector::densities(job, values, self.info.name)?,
+            seed: values.integer(&SEED),
+            rescale: values.choice(&RESCALE),
+            combine: Combine::new(values, &NORMALIZE, self.ties),
+        })
     }
 
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        if self.ties {
-            TIES_PARAMS
-        } else {
-            LINEAR_PARAMS
-        }
-    }
-
-    fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
-        task_vector::check_densities(job, params, self.name())
-    }
-
-    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        let election = self.ties.then(|| Election::from_params(params));
-        dare(job, params, election)
+    fn merge(&self, job: &TensorJob, params: &DareParams, _: &()) -> Result<Vec<u8>> {
+        dare(job, params)
     }
 }
 
@@ -168,19 +184,22 @@ fn abs_sum(d: &[f32]) -> f64 {
         .sum()
 }
 
-fn dare(job: &TensorJob, params: &TensorParams, election: Option<Election>) -> Result<Vec<u8>> {
-    let densities = params.model_numbers("density");
-    let seed = params.integer("seed");
-    let rescale = params.choice("rescale").to_string();
-    let combine = Combine::new(params, election);
+fn dare(job: &TensorJob, params: &DareParams) -> Result<Vec<u8>> {
+    let DareParams {
+        densities,
+        seed,
+        rescale,
+        combine,
+    } = params;
+    let seed = *seed;
     let mask_of = |i: usize, block: &Block| -> Option<Vec<u64>> {
         let d = densities[i];
         (d < 1.0).then(|| sparsify::bernoulli_mask(seed, &job.name, i, block.range.clone(), d))
     };
 
-    if rescale != "l1" {
+    if *rescale != Rescale::L1 {
         // Rescaling by a constant (1/density or 1): one pass, masks drawn as blocks are made.
-        let inverse = rescale == "inverse";
+        let inverse = *rescale == Rescale::Inverse;
         return job.produce(|block, out| {
             let base = block.base()?;
             let mut deltas = block.deltas_from(&base)?;

@@ -43,7 +43,7 @@ pub enum Kind {
 
 /// A parameter's default.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Default {
+pub enum ParamDefault {
     /// Must be given (mergekit's `weight`).
     Required,
     Number(f64),
@@ -58,27 +58,27 @@ pub struct ParamSpec {
     pub name: &'static str,
     pub scope: Scope,
     pub kind: Kind,
-    pub default: Default,
+    pub default: ParamDefault,
     /// What it means, which reference it follows; shown by `--help` and docs.
     pub doc: &'static str,
 }
 
 /// A resolved parameter value.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub enum ParamValue {
     Number(f64),
     Bool(bool),
     Choice(String),
     Integer(u64),
 }
 
-impl Value {
+impl ParamValue {
     fn to_yaml(&self) -> Yaml {
         match self {
-            Value::Number(x) => Yaml::Number((*x).into()),
-            Value::Bool(b) => Yaml::Bool(*b),
-            Value::Choice(s) => Yaml::String(s.clone()),
-            Value::Integer(n) => Yaml::Number((*n).into()),
+            ParamValue::Number(x) => Yaml::Number((*x).into()),
+            ParamValue::Bool(b) => Yaml::Bool(*b),
+            ParamValue::Choice(s) => Yaml::String(s.clone()),
+            ParamValue::Integer(n) => Yaml::Number((*n).into()),
         }
     }
 }
@@ -86,7 +86,7 @@ impl Value {
 /// How a config sets one parameter.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Setting {
-    Scalar(Value),
+    Scalar(ParamValue),
     /// Values at evenly spaced points over the layers, linearly interpolated.
     Gradient(Vec<f64>),
     /// `[{filter, value}, ...]`: the first entry whose filter matches the tensor name wins.
@@ -97,7 +97,7 @@ impl Setting {
     /// The value for `tensor` at layer position `t` in [0, 1]; `None` if no filter matches.
     /// Gradients interpolate exactly as mergekit's `evaluate_setting` does (f64, index
     /// `int(t * (n - 1))`).
-    pub fn resolve(&self, tensor: &str, t: f64) -> Option<Value> {
+    pub fn resolve(&self, tensor: &str, t: f64) -> Option<ParamValue> {
         match self {
             Setting::Scalar(v) => Some(v.clone()),
             Setting::Gradient(points) => {
@@ -105,7 +105,9 @@ impl Setting {
                 let i0 = scaled as usize;
                 let i1 = (i0 + 1).min(points.len() - 1);
                 let frac = scaled - i0 as f64;
-                Some(Value::Number((1.0 - frac) * points[i0] + frac * points[i1]))
+                Some(ParamValue::Number(
+                    (1.0 - frac) * points[i0] + frac * points[i1],
+                ))
             }
             Setting::Filtered(entries) => entries
                 .iter()
@@ -241,24 +243,24 @@ fn not_a(spec: &ParamSpec, v: &Yaml, context: &str) -> crate::Error {
 }
 
 /// Parse a scalar YAML value as a value of `spec`.
-pub fn parse_scalar(spec: &ParamSpec, v: &Yaml, context: &str) -> Result<Value> {
+pub fn parse_scalar(spec: &ParamSpec, v: &Yaml, context: &str) -> Result<ParamValue> {
     let value = match spec.kind {
-        Kind::Number => number(v).map(Value::Number),
-        Kind::Bool => v.as_bool().map(Value::Bool),
-        Kind::Integer => v.as_u64().map(Value::Integer),
+        Kind::Number => number(v).map(ParamValue::Number),
+        Kind::Bool => v.as_bool().map(ParamValue::Bool),
+        Kind::Integer => v.as_u64().map(ParamValue::Integer),
         Kind::Choice { options, bools } => match (v, bools) {
             (Yaml::Bool(b), Some((yes, no))) => {
-                Some(Value::Choice(if *b { yes } else { no }.into()))
+                Some(ParamValue::Choice(if *b { yes } else { no }.into()))
             }
             (Yaml::String(s), _) => options
                 .iter()
                 .find(|o| o.eq_ignore_ascii_case(s.trim()))
-                .map(|o| Value::Choice(o.to_string())),
+                .map(|o| ParamValue::Choice(o.to_string())),
             _ => None,
         },
     };
     let value = value.ok_or_else(|| not_a(spec, v, context))?;
-    if let Value::Number(x) = value {
+    if let ParamValue::Number(x) = value {
         if !x.is_finite() {
             return Err(not_a(spec, v, context));
         }
@@ -266,20 +268,14 @@ pub fn parse_scalar(spec: &ParamSpec, v: &Yaml, context: &str) -> Result<Value> 
     Ok(value)
 }
 
-/// Parse a command-line text value as a value of `spec`.
-pub fn parse_text(spec: &ParamSpec, text: &str, context: &str) -> Result<Value> {
-    let yaml: Yaml = serde_yaml_ng::from_str(text).unwrap_or(Yaml::String(text.to_string()));
-    parse_scalar(spec, &yaml, context)
-}
-
 /// The default as a value (`None` when required).
-pub fn default_value(spec: &ParamSpec) -> Option<Value> {
+pub fn default_value(spec: &ParamSpec) -> Option<ParamValue> {
     match spec.default {
-        Default::Required => None,
-        Default::Number(x) => Some(Value::Number(x)),
-        Default::Bool(b) => Some(Value::Bool(b)),
-        Default::Choice(s) => Some(Value::Choice(s.to_string())),
-        Default::Integer(n) => Some(Value::Integer(n)),
+        ParamDefault::Required => None,
+        ParamDefault::Number(x) => Some(ParamValue::Number(x)),
+        ParamDefault::Bool(b) => Some(ParamValue::Bool(b)),
+        ParamDefault::Choice(s) => Some(ParamValue::Choice(s.to_string())),
+        ParamDefault::Integer(n) => Some(ParamValue::Integer(n)),
     }
 }
 
@@ -296,61 +292,66 @@ pub fn yaml_repr(v: &Yaml) -> String {
 /// Named settings, sorted by name.
 pub type Settings = BTreeMap<String, Setting>;
 
-/// Parameter values resolved for one output tensor.
+/// Parameter values resolved for one output tensor, before a method types them. Read by the
+/// method's own [`ParamSpec`] constants, so a misspelt name does not compile.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct TensorParams {
-    pub global: BTreeMap<&'static str, Value>,
+pub struct TensorValues {
+    pub global: BTreeMap<&'static str, ParamValue>,
     /// Per input model, in input order (the task models for task-vector methods).
-    pub models: Vec<BTreeMap<&'static str, Value>>,
+    pub models: Vec<BTreeMap<&'static str, ParamValue>>,
 }
 
-impl TensorParams {
-    fn get(&self, name: &str) -> &Value {
+impl TensorValues {
+    // The panics below are a method reading a spec it does not list in its `params`; the
+    // tests in merge/mod.rs type every method's defaults, so they cannot reach a user.
+    fn get(&self, spec: &ParamSpec) -> &ParamValue {
         self.global
-            .get(name)
-            .unwrap_or_else(|| panic!("parameter `{name}` is not declared by this method"))
+            .get(spec.name)
+            .unwrap_or_else(|| panic!("parameter `{}` is not declared by this method", spec.name))
     }
 
-    pub fn number(&self, name: &str) -> f64 {
-        match self.get(name) {
-            Value::Number(x) => *x,
-            other => panic!("parameter `{name}` is {other:?}, not a number"),
+    pub fn number(&self, spec: &ParamSpec) -> f64 {
+        match self.get(spec) {
+            ParamValue::Number(x) => *x,
+            other => panic!("parameter `{}` is {other:?}, not a number", spec.name),
         }
     }
 
-    pub fn flag(&self, name: &str) -> bool {
-        match self.get(name) {
-            Value::Bool(b) => *b,
-            other => panic!("parameter `{name}` is {other:?}, not a bool"),
+    pub fn flag(&self, spec: &ParamSpec) -> bool {
+        match self.get(spec) {
+            ParamValue::Bool(b) => *b,
+            other => panic!("parameter `{}` is {other:?}, not a bool", spec.name),
         }
     }
 
-    pub fn choice(&self, name: &str) -> &str {
-        match self.get(name) {
-            Value::Choice(s) => s,
-            other => panic!("parameter `{name}` is {other:?}, not a choice"),
+    /// A choice as its enum; the enum's value names are the spec's options.
+    pub fn choice<T: clap::ValueEnum>(&self, spec: &ParamSpec) -> T {
+        match self.get(spec) {
+            ParamValue::Choice(s) => T::from_str(s, false)
+                .unwrap_or_else(|_| panic!("parameter `{}`: `{s}` has no variant", spec.name)),
+            other => panic!("parameter `{}` is {other:?}, not a choice", spec.name),
         }
     }
 
-    pub fn integer(&self, name: &str) -> u64 {
-        match self.get(name) {
-            Value::Integer(n) => *n,
-            other => panic!("parameter `{name}` is {other:?}, not an integer"),
-        }
-    }
-
-    /// A numeric per-model parameter for model `i`.
-    pub fn model_number(&self, i: usize, name: &str) -> f64 {
-        match self.models[i].get(name) {
-            Some(Value::Number(x)) => *x,
-            other => panic!("per-model parameter `{name}` of model {i} is {other:?}"),
+    pub fn integer(&self, spec: &ParamSpec) -> u64 {
+        match self.get(spec) {
+            ParamValue::Integer(n) => *n,
+            other => panic!("parameter `{}` is {other:?}, not an integer", spec.name),
         }
     }
 
     /// A numeric per-model parameter for every model, in order.
-    pub fn model_numbers(&self, name: &str) -> Vec<f64> {
-        (0..self.models.len())
-            .map(|i| self.model_number(i, name))
+    pub fn model_numbers(&self, spec: &ParamSpec) -> Vec<f64> {
+        self.models
+            .iter()
+            .enumerate()
+            .map(|(i, values)| match values.get(spec.name) {
+                Some(ParamValue::Number(x)) => *x,
+                other => panic!(
+                    "per-model parameter `{}` of model {i} is {other:?}",
+                    spec.name
+                ),
+            })
             .collect()
     }
 }
@@ -363,7 +364,7 @@ mod tests {
         name: "weight",
         scope: Scope::PerModel,
         kind: Kind::Number,
-        default: Default::Required,
+        default: ParamDefault::Required,
         doc: "",
     };
 
@@ -375,7 +376,7 @@ mod tests {
     fn gradients_interpolate_like_mergekit() {
         let g = setting("[0, 0.3, 0.7, 1]");
         let at = |t| match g.resolve("x", t) {
-            Some(Value::Number(x)) => x,
+            Some(ParamValue::Number(x)) => x,
             other => panic!("{other:?}"),
         };
         assert_eq!(at(0.0), 0.0);
@@ -391,17 +392,17 @@ mod tests {
         let f = setting("[{filter: mlp, value: 0.5}, {value: 0}]");
         assert_eq!(
             f.resolve("model.layers.0.mlp.up_proj.weight", 0.0),
-            Some(Value::Number(0.5))
+            Some(ParamValue::Number(0.5))
         );
         assert_eq!(
             f.resolve("model.layers.0.self_attn.q_proj.weight", 0.0),
-            Some(Value::Number(0.0))
+            Some(ParamValue::Number(0.0))
         );
         let only = setting("{filter: self_attn, value: [1, 2]}");
         assert_eq!(only.resolve("model.norm.weight", 0.0), None);
         assert_eq!(
             only.resolve("model.layers.1.self_attn.q_proj.weight", 1.0),
-            Some(Value::Number(2.0))
+            Some(ParamValue::Number(2.0))
         );
     }
 
@@ -410,18 +411,18 @@ mod tests {
         let y = |t: &str| serde_yaml_ng::from_str::<Yaml>(t).unwrap();
         assert_eq!(
             parse_scalar(&W, &y("'1e-3'"), "c").unwrap(),
-            Value::Number(1e-3)
+            ParamValue::Number(1e-3)
         );
         let err = parse_scalar(&W, &y("abc"), "cfg").unwrap_err().to_string();
         assert!(err.contains("`weight` must be a number"), "{err}");
         let rescale = crate::merge::dare::RESCALE;
         assert_eq!(
             parse_scalar(&rescale, &y("true"), "c").unwrap(),
-            Value::Choice("l1".into())
+            ParamValue::Choice("l1".into())
         );
         assert_eq!(
             parse_scalar(&rescale, &y("Inverse"), "c").unwrap(),
-            Value::Choice("inverse".into())
+            ParamValue::Choice("inverse".into())
         );
         assert!(parse_scalar(&rescale, &y("l2"), "c").is_err());
     }

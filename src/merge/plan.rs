@@ -25,8 +25,8 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use super::job::{Source, TensorJob};
-use super::params::{default_value, Scope, TensorParams};
-use super::MergeSpec;
+use super::params::{default_value, Scope, TensorValues};
+use super::{MergeSpec, TensorMerger};
 use crate::arch::config::{set_dtype, text_section};
 use crate::arch::{family, names, TextConfig};
 use crate::checkpoint::dtype::{is_float, torch_name};
@@ -93,17 +93,121 @@ enum Work {
 pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) -> Result<Summary> {
     let started = Instant::now();
     let method = spec.method;
+    let inputs = open_inputs(spec)?;
+    let plan = plan_merge(spec, &inputs, &mut warnings)?;
+    let (base, donor, tensors) = (plan.base, plan.donor, &plan.tensors);
 
-    // Inputs: the base first for task-vector methods, then the models.
-    let mut inputs = Vec::new();
-    if method.needs_base() {
-        inputs.push(open(
-            spec.base.as_deref().expect("checked by MergeSpec::new"),
-        )?);
+    let tokenizer = TokenizerDonor::choose(spec, &inputs, donor)?;
+    let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
+    input_dirs.push(&tokenizer.dir);
+    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
+    let bar = crate::progress::items(tensors.planned.len() as u64, "merging", options.progress);
+    let written = write_tensors(
+        &out,
+        &tensors.planned,
+        options.max_shard_size,
+        Some((&bar, Progress::Tensors)),
+        |i| match &tensors.work[i] {
+            Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
+            Work::Merge(j) => {
+                let job = &tensors.jobs[*j];
+                let bytes = plan.merger.merge(*j, job)?;
+                for source in job.base.iter().chain(&job.models) {
+                    source.ckpt.release(&source.tensor);
+                }
+                Ok(Cow::Owned(bytes))
+            }
+        },
+    )?;
+    bar.finish_and_clear();
+
+    let mut config = inputs[donor].ckpt.config.clone();
+    let dtype = output_dtype_name(&tensors.planned, &inputs[donor].ckpt, spec);
+    if let Some(name) = &dtype {
+        set_dtype(&mut config, name);
     }
-    for entry in &spec.models {
-        inputs.push(open(&entry.model)?);
+    if let Some(rows) = tensors.embed_rows {
+        fix_vocab_size(&mut config, rows, &mut warnings);
     }
+    out.write_json("config.json", &config)?;
+    for file in AUX_FILES {
+        let path = tokenizer.dir.join(file);
+        if path.is_file() {
+            out.copy_file(&path, file)?;
+        }
+    }
+    let record = spec.to_record(&|reference: &str| {
+        inputs
+            .iter()
+            .find(|i| i.reference == reference)
+            .map(|i| i.recorded.clone())
+            .unwrap_or_else(|| match resolve(reference) {
+                Ok(m) => recorded_reference(reference, &m.dir, m.hub.as_ref()),
+                Err(_) => reference.to_string(),
+            })
+    });
+    out.write_file("sinkmerge_config.yml", record.as_bytes())?;
+    if options.model_card {
+        let card = merge_card(spec, &inputs, base, donor, &tokenizer, &record);
+        card.write(&out)?;
+    }
+    let dest = out.commit()?;
+
+    Ok(Summary {
+        method: method.name(),
+        output: dest.display().to_string(),
+        base: base.map(|b| inputs[b].reference.clone()),
+        models: plan
+            .models
+            .iter()
+            .map(|&m| inputs[m].reference.clone())
+            .collect(),
+        tokenizer_from: tokenizer.reference,
+        dtype: dtype.unwrap_or_else(|| "mixed".into()),
+        tensors: tensors.planned.len(),
+        merged: tensors.jobs.len(),
+        copied: tensors.planned.len() - tensors.jobs.len(),
+        bytes: written.total_bytes,
+        shards: written.files.len(),
+        seconds: started.elapsed().as_secs_f64(),
+        warnings,
+    })
+}
+
+/// The inputs, opened: the base first for task-vector methods, then the models.
+fn open_inputs(spec: &MergeSpec) -> Result<Vec<Input>> {
+    let base = spec
+        .method
+        .needs_base()
+        .then(|| spec.base.as_deref().expect("checked by MergeSpec::new"));
+    base.into_iter()
+        .chain(spec.models.iter().map(|e| e.model.as_str()))
+        .map(open)
+        .collect()
+}
+
+/// A merge planned from its opened inputs: who plays which part, every output tensor, and the
+/// method ready to compute them.
+struct MergePlan<'a> {
+    /// The input task vectors are taken from (`Some(0)` for task-vector methods).
+    base: Option<usize>,
+    /// The merged models' inputs (every input but the base).
+    models: Vec<usize>,
+    /// The input whose config (and whose tensor list) the output gets.
+    donor: usize,
+    tensors: TensorPlan<'a>,
+    merger: Box<dyn TensorMerger + 'a>,
+}
+
+/// Plan a merge from opened inputs (reading configs and tensor headers, no tensor data, writing
+/// nothing): check the configs fit, plan every output tensor, and type and check the method's
+/// parameters for each.
+fn plan_merge<'a>(
+    spec: &'a MergeSpec,
+    inputs: &'a [Input],
+    warnings: &mut Vec<String>,
+) -> Result<MergePlan<'a>> {
+    let method = spec.method;
     let base = method.needs_base().then_some(0);
     let models: Vec<usize> = (base.map_or(0, |_| 1)..inputs.len()).collect();
     let donor = match (&base, &spec.base) {
@@ -138,117 +242,50 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         )?;
     }
 
-    let plan = plan_tensors(&inputs, donor, base, &models, spec, &mut warnings)?;
+    let tensors = plan_tensors(inputs, donor, base, &models, spec, warnings)?;
     let layers = donor_config.num_hidden_layers;
-    let mut params = Vec::with_capacity(plan.jobs.len());
-    for job in &plan.jobs {
-        let p = resolve_params(spec, &job.name, layers)?;
-        method.check(job, &p)?;
-        params.push(p);
-    }
-    let prepared = method.prepare(&plan.jobs, &params)?;
-
-    // Tokenizer donor: `tokenizer_source`, else the base (first model).
-    let tokenizer = match spec.tokenizer_source.as_deref() {
-        None | Some("base") => inputs[donor].reference.clone(),
-        Some(other) => other.to_string(),
-    };
-    // A tokenizer donor that is not one of the merged models.
-    let tokenizer_donor: Option<ModelRef> = if inputs.iter().any(|i| i.reference == tokenizer) {
-        None
-    } else {
-        Some(resolve(&tokenizer)?)
-    };
-    let tokenizer_dir = match &tokenizer_donor {
-        Some(model) => model.dir.clone(),
-        None => (inputs.iter().find(|i| i.reference == tokenizer))
-            .expect("found above")
-            .ckpt
-            .dir
-            .clone(),
-    };
-
-    let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
-    input_dirs.push(&tokenizer_dir);
-    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
-    let bar = crate::progress::items(plan.planned.len() as u64, "merging", options.progress);
-    let written = write_tensors(
-        &out,
-        &plan.planned,
-        options.max_shard_size,
-        Some((&bar, Progress::Tensors)),
-        |i| match &plan.work[i] {
-            Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
-            Work::Merge(j) => {
-                let job = &plan.jobs[*j];
-                let bytes = method.merge(job, &params[*j], &prepared)?;
-                for source in job.base.iter().chain(&job.models) {
-                    source.ckpt.release(&source.tensor);
-                }
-                Ok(Cow::Owned(bytes))
-            }
-        },
-    )?;
-    bar.finish_and_clear();
-
-    let mut config = inputs[donor].ckpt.config.clone();
-    let dtype = output_dtype_name(&plan.planned, &inputs[donor].ckpt, spec);
-    if let Some(name) = &dtype {
-        set_dtype(&mut config, name);
-    }
-    if let Some(rows) = plan.embed_rows {
-        fix_vocab_size(&mut config, rows, &mut warnings);
-    }
-    out.write_json("config.json", &config)?;
-    for file in AUX_FILES {
-        let path = tokenizer_dir.join(file);
-        if path.is_file() {
-            out.copy_file(&path, file)?;
-        }
-    }
-    let record = spec.to_record(&|reference: &str| {
-        inputs
-            .iter()
-            .find(|i| i.reference == reference)
-            .map(|i| i.recorded.clone())
-            .unwrap_or_else(|| match resolve(reference) {
-                Ok(m) => recorded_reference(reference, &m.dir, m.hub.as_ref()),
-                Err(_) => reference.to_string(),
-            })
-    });
-    out.write_file("sinkmerge_config.yml", record.as_bytes())?;
-    if options.model_card {
-        let card = merge_card(
-            spec,
-            &inputs,
-            base,
-            donor,
-            tokenizer_donor.as_ref(),
-            &tokenizer,
-            &record,
-        );
-        card.write(&out)?;
-    }
-    let dest = out.commit()?;
-
-    Ok(Summary {
-        method: method.name(),
-        output: dest.display().to_string(),
-        base: base.map(|b| inputs[b].reference.clone()),
-        models: models
-            .iter()
-            .map(|&m| inputs[m].reference.clone())
-            .collect(),
-        tokenizer_from: tokenizer,
-        dtype: dtype.unwrap_or_else(|| "mixed".into()),
-        tensors: plan.planned.len(),
-        merged: plan.jobs.len(),
-        copied: plan.planned.len() - plan.jobs.len(),
-        bytes: written.total_bytes,
-        shards: written.files.len(),
-        seconds: started.elapsed().as_secs_f64(),
-        warnings,
+    let merger = method.prepare(&tensors.jobs, &|job| {
+        resolve_values(spec, &job.name, layers)
+    })?;
+    Ok(MergePlan {
+        base,
+        models,
+        donor,
+        tensors,
+        merger,
     })
+}
+
+/// Where the tokenizer files come from: `tokenizer_source`, else the donor (base or first model).
+struct TokenizerDonor {
+    reference: String,
+    /// The donor when it is none of the inputs.
+    outside: Option<ModelRef>,
+    dir: PathBuf,
+}
+
+impl TokenizerDonor {
+    fn choose(spec: &MergeSpec, inputs: &[Input], donor: usize) -> Result<TokenizerDonor> {
+        let reference = match spec.tokenizer_source.as_deref() {
+            None | Some("base") => inputs[donor].reference.clone(),
+            Some(other) => other.to_string(),
+        };
+        Ok(match inputs.iter().find(|i| i.reference == reference) {
+            Some(input) => TokenizerDonor {
+                dir: input.ckpt.dir.clone(),
+                outside: None,
+                reference,
+            },
+            None => {
+                let model = resolve(&reference)?;
+                TokenizerDonor {
+                    dir: model.dir.clone(),
+                    outside: Some(model),
+                    reference,
+                }
+            }
+        })
+    }
 }
 
 /// The model card of a merge: every input (and a tokenizer donor that is none of them), the
@@ -258,8 +295,7 @@ fn merge_card(
     inputs: &[Input],
     base: Option<usize>,
     donor: usize,
-    tokenizer_donor: Option<&ModelRef>,
-    tokenizer: &str,
+    tokenizer: &TokenizerDonor,
     record: &str,
 ) -> ModelCard {
     let method = spec.method.name();
@@ -271,7 +307,7 @@ fn merge_card(
             model_card::Input::new(role, true, &input.ckpt)
         })
         .collect();
-    let tokenizer_name = match tokenizer_donor {
+    let tokenizer_name = match &tokenizer.outside {
         Some(model) => {
             let donor = model_card::Input {
                 role: "tokenizer",
@@ -286,7 +322,7 @@ fn merge_card(
         None => {
             let i = inputs
                 .iter()
-                .position(|i| i.reference == tokenizer)
+                .position(|i| i.reference == tokenizer.reference)
                 .expect("the tokenizer donor is an input");
             card_inputs[i].name()
         }
@@ -343,7 +379,8 @@ fn recorded_reference(reference: &str, dir: &Path, hub: Option<&HubRef>) -> Stri
     }
 }
 
-struct Plan<'a> {
+/// Every output tensor: its dtype and shape, and how it is produced.
+struct TensorPlan<'a> {
     planned: Vec<PlannedTensor>,
     work: Vec<Work>,
     jobs: Vec<TensorJob<'a>>,
@@ -375,7 +412,7 @@ fn plan_tensors<'a>(
     models: &[usize],
     spec: &MergeSpec,
     warnings: &mut Vec<String>,
-) -> Result<Plan<'a>> {
+) -> Result<TensorPlan<'a>> {
     let d = &inputs[donor].ckpt;
     let mut names: Vec<String> = d.names().to_vec();
     if !d.contains(LM_HEAD) && inputs.iter().any(|i| i.ckpt.contains(LM_HEAD)) {
@@ -492,7 +529,7 @@ fn plan_tensors<'a>(
             models: srcs,
         });
     }
-    Ok(Plan {
+    Ok(TensorPlan {
         planned,
         work,
         jobs,
@@ -576,7 +613,7 @@ fn vlm_hint(ckpt: &Checkpoint) -> &'static str {
 /// Resolve every parameter of the method for tensor `name`: per-model settings, then the
 /// top-level `parameters`, then the default. `t` is the layer's position in [0, 1] (0 for
 /// tensors outside the layers), as mergekit computes it.
-pub fn resolve_params(spec: &MergeSpec, name: &str, layers: usize) -> Result<TensorParams> {
+pub fn resolve_values(spec: &MergeSpec, name: &str, layers: usize) -> Result<TensorValues> {
     let layer = names::standard_name(name)
         .and_then(|s| names::parse(&s))
         .and_then(|n| n.layer);
@@ -585,7 +622,7 @@ pub fn resolve_params(spec: &MergeSpec, name: &str, layers: usize) -> Result<Ten
         Some(_) if layers <= 1 => 1.0,
         Some(l) => l as f64 / (layers - 1) as f64,
     };
-    let mut out = TensorParams {
+    let mut out = TensorValues {
         global: Default::default(),
         models: vec![Default::default(); spec.models.len()],
     };
@@ -659,5 +696,58 @@ fn fix_vocab_size(config: &mut Json, rows: usize, warnings: &mut Vec<String>) {
             "the merged embedding has {rows} rows, so the output config's vocab_size ({}) is set to {rows}",
             old.map(|v| v.to_string()).unwrap_or_else(|| "unset".into())
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::params::{ParamValue, Setting};
+    use super::*;
+
+    fn ties_fixture() -> MergeSpec {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/merge/configs/ties.yml");
+        let text = std::fs::read_to_string(path).unwrap();
+        // The fixture names its models relative to the repository root.
+        let text = text.replace("tests/", concat!(env!("CARGO_MANIFEST_DIR"), "/tests/"));
+        MergeSpec::from_yaml(&text, "ties.yml").unwrap().0
+    }
+
+    #[test]
+    fn planning_assigns_parts_and_plans_every_output_tensor() {
+        let spec = ties_fixture();
+        let inputs = open_inputs(&spec).unwrap();
+        let mut warnings = Vec::new();
+        let plan = plan_merge(&spec, &inputs, &mut warnings).unwrap();
+        assert_eq!((plan.base, plan.donor), (Some(0), 0));
+        assert_eq!(plan.models, [1, 2, 3]);
+        // The base's tensors, and lm_head because a task model stores one.
+        let names: Vec<&str> = plan
+            .tensors
+            .planned
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(names.len(), inputs[0].ckpt.names().len() + 1);
+        assert!(names.contains(&LM_HEAD));
+        // Every tensor is float, so every one is merged.
+        assert_eq!(plan.tensors.jobs.len(), names.len());
+    }
+
+    #[test]
+    fn planning_refuses_a_bad_parameter_naming_model_and_tensor() {
+        let mut spec = ties_fixture();
+        spec.models[1]
+            .params
+            .insert("density".into(), Setting::Scalar(ParamValue::Number(0.0)));
+        let inputs = open_inputs(&spec).unwrap();
+        let err = plan_merge(&spec, &inputs, &mut Vec::new())
+            .err()
+            .expect("density 0 is refused")
+            .to_string();
+        assert!(
+            err.contains("ties: density 0 for model") && err.contains("task_b"),
+            "{err}"
+        );
     }
 }

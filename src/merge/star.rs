@@ -17,61 +17,67 @@
 
 use rayon::prelude::*;
 
-use super::params::{Default, Kind, ParamSpec, Scope};
+use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::tsv::{is_spectral, row_major, svd_failed, SVD_EMBEDDINGS};
-use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::bail;
 use crate::error::Result;
 use crate::linalg::svd::{matmul, small_side_svd};
 use crate::tensor::Tensor;
 use faer::Mat;
 
+/// Spectral truncation to eta% of the nuclear norm and rescale, then average (Lee et al. 2025,
+/// official STAR code).
 pub struct Star;
 
-const PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "eta",
-        scope: Scope::Global,
-        kind: Kind::Number,
-        default: Default::Number(40.0),
-        doc: "percent of each task vector's nuclear norm KEPT by the truncation, in (0, 100] (official code: --eta 40)",
-    },
-    SVD_EMBEDDINGS,
-];
+pub const ETA: ParamSpec = ParamSpec {
+    name: "eta",
+    scope: Scope::Global,
+    kind: Kind::Number,
+    default: ParamDefault::Number(40.0),
+    doc: "percent of each task vector's nuclear norm KEPT by the truncation, in (0, 100] (official code: --eta 40)",
+};
 
-impl MergeMethod for Star {
-    fn name(&self) -> &'static str {
-        "star"
+const INFO: MethodInfo = MethodInfo {
+    name: "star",
+    needs_base: true,
+    params: &[ETA, SVD_EMBEDDINGS],
+};
+
+/// `star`'s parameters for one tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StarParams {
+    /// Percent of the nuclear norm kept, checked to be in (0, 100].
+    pub eta: f64,
+    /// Whether this tensor is decomposed (see [`is_spectral`]).
+    pub spectral: bool,
+}
+
+impl Method for Star {
+    type Params = StarParams;
+    type Prepared = ();
+
+    fn info(&self) -> &'static MethodInfo {
+        &INFO
     }
 
-    fn summary(&self) -> &'static str {
-        "spectral truncation to eta% of the nuclear norm and rescale, then average (Lee et al. 2025, official STAR code)"
-    }
-
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        PARAMS
-    }
-
-    fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
-        let eta = params.number("eta");
+    fn parse(&self, job: &TensorJob, values: &TensorValues) -> Result<StarParams> {
+        let eta = values.number(&ETA);
         if !(eta > 0.0 && eta <= 100.0) {
             bail!(
                 "star: eta {eta} at tensor `{}` is outside (0, 100]; eta is the percent of the nuclear norm kept",
                 job.name
             );
         }
-        Ok(())
+        Ok(StarParams {
+            eta,
+            spectral: is_spectral(job, values.flag(&SVD_EMBEDDINGS)),
+        })
     }
 
-    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        let eta = params.number("eta");
-        let tasks = job.models.len();
-        let spectral = is_spectral(job, params.flag("svd_embeddings"));
-        let parts = (0..tasks)
+    fn merge(&self, job: &TensorJob, params: &StarParams, _: &()) -> Result<Vec<u8>> {
+        let StarParams { eta, spectral } = *params;
+        let parts = (0..job.models.len())
             .into_par_iter()
             .map(|i| {
                 let delta = job.read_delta(i)?;

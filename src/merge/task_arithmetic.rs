@@ -4,40 +4,41 @@
 
 use super::params::ParamSpec;
 use super::task_vector::{self, Combine};
-use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::Result;
 
+/// base + lambda * sum_i w_i (x_i - base) (Ilharco et al. 2023; mergekit `task_arithmetic`).
 pub struct TaskArithmetic;
 
-const PARAMS: &[ParamSpec] = &[
-    task_vector::WEIGHT,
-    task_vector::LAMBDA,
-    task_vector::normalize(
-        false,
-        "divide the weighted sum of task vectors by the sum of the weights (mergekit default: false)",
-    ),
-    task_vector::INT8_MASK,
-];
+pub const NORMALIZE: ParamSpec = task_vector::normalize(
+    false,
+    "divide the weighted sum of task vectors by the sum of the weights (mergekit default: false)",
+);
 
-impl MergeMethod for TaskArithmetic {
-    fn name(&self) -> &'static str {
-        "task_arithmetic"
+const INFO: MethodInfo = MethodInfo {
+    name: "task_arithmetic",
+    needs_base: true,
+    params: &[
+        task_vector::WEIGHT,
+        task_vector::LAMBDA,
+        NORMALIZE,
+        task_vector::INT8_MASK,
+    ],
+};
+
+impl Method for TaskArithmetic {
+    type Params = Combine;
+    type Prepared = ();
+
+    fn info(&self) -> &'static MethodInfo {
+        &INFO
     }
 
-    fn summary(&self) -> &'static str {
-        "base + lambda * sum_i w_i (x_i - base) (Ilharco et al. 2023; mergekit `task_arithmetic`)"
+    fn parse(&self, _: &TensorJob, values: &TensorValues) -> Result<Combine> {
+        Ok(Combine::new(values, &NORMALIZE, false))
     }
 
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        PARAMS
-    }
-
-    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        let combine = Combine::new(params, None);
+    fn merge(&self, job: &TensorJob, combine: &Combine, _: &()) -> Result<Vec<u8>> {
         job.produce(|block, out| {
             let base = block.base()?;
             let deltas = block.deltas_from(&base)?;

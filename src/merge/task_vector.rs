@@ -13,7 +13,7 @@
 //!
 //! The f32 operations come in mergekit's order, so results match it to rounding.
 
-use super::params::{Default, Kind, ParamSpec, Scope, TensorParams};
+use super::params::{Kind, ParamDefault, ParamSpec, Scope, TensorValues};
 use std::ops::Deref;
 
 use super::job::Scratch;
@@ -25,7 +25,7 @@ pub const WEIGHT: ParamSpec = ParamSpec {
     name: "weight",
     scope: Scope::PerModel,
     kind: Kind::Number,
-    default: Default::Required,
+    default: ParamDefault::Required,
     doc: "coefficient of the model's task vector (required in YAML, as in mergekit; the CLI defaults to 1 each)",
 };
 
@@ -33,7 +33,7 @@ pub const DENSITY: ParamSpec = ParamSpec {
     name: "density",
     scope: Scope::PerModel,
     kind: Kind::Number,
-    default: Default::Number(1.0),
+    default: ParamDefault::Number(1.0),
     doc: "fraction of each task vector's entries KEPT, in (0, 1]; 1 keeps all (mergekit default)",
 };
 
@@ -41,7 +41,7 @@ pub const LAMBDA: ParamSpec = ParamSpec {
     name: "lambda",
     scope: Scope::Global,
     kind: Kind::Number,
-    default: Default::Number(1.0),
+    default: ParamDefault::Number(1.0),
     doc: "scale of the combined task vector, applied after normalization (mergekit default 1)",
 };
 
@@ -49,7 +49,7 @@ pub const INT8_MASK: ParamSpec = ParamSpec {
     name: "int8_mask",
     scope: Scope::Global,
     kind: Kind::Bool,
-    default: Default::Bool(false),
+    default: ParamDefault::Bool(false),
     doc: "accepted for mergekit compatibility; only changes mergekit's mask storage, never results",
 };
 
@@ -59,7 +59,7 @@ pub const fn normalize(default: bool, doc: &'static str) -> ParamSpec {
         name: "normalize",
         scope: Scope::Global,
         kind: Kind::Bool,
-        default: Default::Bool(default),
+        default: ParamDefault::Bool(default),
         doc,
     }
 }
@@ -71,13 +71,14 @@ pub const ELECTION: ParamSpec = ParamSpec {
         options: &["sum", "count"],
         bools: None,
     },
-    default: Default::Choice("sum"),
+    default: ParamDefault::Choice("sum"),
     doc: "sign election: `sum` = sign of the summed weighted deltas (TIES' mass election, mergekit's only reachable choice); `count` = majority of signs (mergekit's ConsensusMethod.count)",
 };
 
-/// Check every model's density is in (0, 1].
-pub fn check_densities(job: &TensorJob, params: &TensorParams, method: &str) -> Result<()> {
-    for (i, d) in params.model_numbers("density").into_iter().enumerate() {
+/// Every model's density, checked to be in (0, 1].
+pub fn densities(job: &TensorJob, values: &TensorValues, method: &str) -> Result<Vec<f64>> {
+    let densities = values.model_numbers(&DENSITY);
+    for (i, &d) in densities.iter().enumerate() {
         if !(d > 0.0 && d <= 1.0) {
             bail!(
                 "{method}: density {d} for model {} at tensor `{}` is outside (0, 1]; density is the fraction of entries kept",
@@ -86,27 +87,20 @@ pub fn check_densities(job: &TensorJob, params: &TensorParams, method: &str) -> 
             );
         }
     }
-    Ok(())
+    Ok(densities)
 }
 
 /// How the sign of each entry is elected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Election {
+    /// Sign of the summed weighted deltas (TIES' "mass" election; mergekit)
     Sum,
+    /// Majority of the signs (mergekit's ConsensusMethod.count)
     Count,
 }
 
-impl Election {
-    pub fn from_params(params: &TensorParams) -> Election {
-        match params.choice("election") {
-            "count" => Election::Count,
-            _ => Election::Sum,
-        }
-    }
-}
-
 /// The combination step, with its parameters resolved for one tensor.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Combine {
     weights: Vec<f32>,
     election: Option<Election>,
@@ -115,17 +109,19 @@ pub struct Combine {
 }
 
 impl Combine {
-    pub fn new(params: &TensorParams, election: Option<Election>) -> Combine {
+    /// The combination from `weight`, `lambda`, the method's own `normalize` spec and, for the
+    /// methods that elect, `election`.
+    pub fn new(values: &TensorValues, normalize: &ParamSpec, elect: bool) -> Combine {
         Combine {
             // mergekit builds its weight tensor in the compute dtype (f32 here).
-            weights: params
-                .model_numbers("weight")
+            weights: values
+                .model_numbers(&WEIGHT)
                 .into_iter()
                 .map(|w| w as f32)
                 .collect(),
-            election,
-            normalize: params.flag("normalize"),
-            lambda: params.number("lambda") as f32,
+            election: elect.then(|| values.choice(&ELECTION)),
+            normalize: values.flag(normalize),
+            lambda: values.number(&LAMBDA) as f32,
         }
     }
 
@@ -210,27 +206,28 @@ fn sign(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::merge::params::Value;
+    use crate::merge::params::ParamValue;
     use std::collections::BTreeMap;
 
-    fn params(weights: &[f64], normalize: bool, lambda: f64) -> TensorParams {
-        TensorParams {
+    const NORMALIZE: ParamSpec = normalize(false, "");
+
+    fn values(weights: &[f64], normalize: bool, lambda: f64, election: &str) -> TensorValues {
+        TensorValues {
             global: BTreeMap::from([
-                ("normalize", Value::Bool(normalize)),
-                ("lambda", Value::Number(lambda)),
-                ("election", Value::Choice("sum".into())),
+                ("normalize", ParamValue::Bool(normalize)),
+                ("lambda", ParamValue::Number(lambda)),
+                ("election", ParamValue::Choice(election.into())),
             ]),
             models: weights
                 .iter()
-                .map(|&w| BTreeMap::from([("weight", Value::Number(w))]))
+                .map(|&w| BTreeMap::from([("weight", ParamValue::Number(w))]))
                 .collect(),
         }
     }
 
     #[test]
     fn sum_election_keeps_agreeing_entries_and_averages_by_weight() {
-        let p = params(&[1.0, 1.0, 1.0], true, 1.0);
-        let c = Combine::new(&p, Some(Election::Sum));
+        let c = Combine::new(&values(&[1.0; 3], true, 1.0, "sum"), &NORMALIZE, true);
         let base = [10.0, 10.0, 10.0, 10.0];
         let deltas = vec![
             vec![1.0, -3.0, 0.0, 1.0],
@@ -242,7 +239,7 @@ mod tests {
         // Entry 0: sum 2 > 0 -> keep 1, 2 -> mean 1.5. Entry 1: sum -1 -> keep -3 only.
         // Entry 2: all zero -> divisor 0 -> 1, S = 0. Entry 3: sum 0 -> +1 wins -> keep 1.
         assert_eq!(out, [11.5, 7.0, 10.0, 11.0]);
-        let count = Combine::new(&p, Some(Election::Count));
+        let count = Combine::new(&values(&[1.0; 3], true, 1.0, "count"), &NORMALIZE, true);
         count.apply(&base, &deltas, &mut out);
         // Entry 1: signs -,+,+ -> majority + -> mean of 1, 1.
         assert_eq!(out[1], 11.0);
@@ -250,8 +247,7 @@ mod tests {
 
     #[test]
     fn plain_sum_scales_by_lambda_after_normalizing() {
-        let p = params(&[0.5, 1.5], true, 2.0);
-        let c = Combine::new(&p, None);
+        let c = Combine::new(&values(&[0.5, 1.5], true, 2.0, "sum"), &NORMALIZE, false);
         let mut out = [0f32; 1];
         c.apply(&[1.0], &[vec![2.0], vec![-2.0]], &mut out);
         // (0.5*2 - 1.5*2) / 2 * 2 = -2.

@@ -9,14 +9,24 @@
 //! The official code's fallback for a zero elected sign (the global majority sign) is not
 //! offered: mergekit's +1 is used in both modes.
 
-use super::params::{Default, Kind, ParamSpec, Scope};
+use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::sparsify::{self, Cut};
-use super::task_vector::{self, Combine, Election};
-use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use super::task_vector::{self, Combine};
+use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::bail;
 use crate::error::Result;
 
+/// Trim to top-k magnitudes, elect signs, disjoint mean (Yadav et al. 2023; mergekit `ties`).
 pub struct Ties;
+
+/// Where the top-k threshold is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Trim {
+    /// Per tensor: keep the top-k magnitudes of each tensor (mergekit)
+    Local,
+    /// Whole model: one threshold per task vector, ties at it kept (official TIES code)
+    Global,
+}
 
 pub const TRIM: ParamSpec = ParamSpec {
     name: "trim",
@@ -25,65 +35,79 @@ pub const TRIM: ParamSpec = ParamSpec {
         options: &["local", "global"],
         bools: None,
     },
-    default: Default::Choice("local"),
+    default: ParamDefault::Choice("local"),
     doc: "`local`: keep the top-k magnitudes of each tensor (mergekit); `global`: one threshold per task vector over the whole model, ties at it kept (official TIES code)",
 };
 
-const PARAMS: &[ParamSpec] = &[
-    task_vector::WEIGHT,
-    task_vector::DENSITY,
-    task_vector::LAMBDA,
-    task_vector::normalize(
-        true,
-        "divide by the summed weights of the models that agree with the elected sign, the \"disjoint mean\" (mergekit default: true)",
-    ),
-    ParamSpec {
-        name: "rescale",
-        scope: Scope::Global,
-        kind: Kind::Bool,
-        default: Default::Bool(false),
-        doc: "scale each trimmed task vector back to its L1 norm before trimming (mergekit default: false)",
-    },
-    TRIM,
-    task_vector::ELECTION,
-    task_vector::INT8_MASK,
-];
+pub const NORMALIZE: ParamSpec = task_vector::normalize(
+    true,
+    "divide by the summed weights of the models that agree with the elected sign, the \"disjoint mean\" (mergekit default: true)",
+);
+
+pub const RESCALE: ParamSpec = ParamSpec {
+    name: "rescale",
+    scope: Scope::Global,
+    kind: Kind::Bool,
+    default: ParamDefault::Bool(false),
+    doc: "scale each trimmed task vector back to its L1 norm before trimming (mergekit default: false)",
+};
+
+const INFO: MethodInfo = MethodInfo {
+    name: "ties",
+    needs_base: true,
+    params: &[
+        task_vector::WEIGHT,
+        task_vector::DENSITY,
+        task_vector::LAMBDA,
+        NORMALIZE,
+        RESCALE,
+        TRIM,
+        task_vector::ELECTION,
+        task_vector::INT8_MASK,
+    ],
+};
+
+/// `ties`' parameters for one tensor.
+#[derive(Debug, Clone)]
+pub struct TiesParams {
+    pub densities: Vec<f64>,
+    pub rescale: bool,
+    pub trim: Trim,
+    pub combine: Combine,
+}
 
 /// The cuts of a global trim, one per task, shared by every tensor.
-struct GlobalCuts(Vec<Cut>);
+#[derive(Default)]
+pub struct GlobalCuts(Option<Vec<Cut>>);
 
-impl MergeMethod for Ties {
-    fn name(&self) -> &'static str {
-        "ties"
+impl Method for Ties {
+    type Params = TiesParams;
+    type Prepared = GlobalCuts;
+
+    fn info(&self) -> &'static MethodInfo {
+        &INFO
     }
 
-    fn summary(&self) -> &'static str {
-        "trim to top-k magnitudes, elect signs, disjoint mean (Yadav et al. 2023; mergekit `ties`)"
+    fn parse(&self, job: &TensorJob, values: &TensorValues) -> Result<TiesParams> {
+        Ok(TiesParams {
+            densities: task_vector::densities(job, values, INFO.name)?,
+            rescale: values.flag(&RESCALE),
+            trim: values.choice(&TRIM),
+            combine: Combine::new(values, &NORMALIZE, true),
+        })
     }
 
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        PARAMS
-    }
-
-    fn check(&self, job: &TensorJob, params: &TensorParams) -> Result<()> {
-        task_vector::check_densities(job, params, self.name())
-    }
-
-    fn prepare(&self, jobs: &[TensorJob], params: &[TensorParams]) -> Result<Prepared> {
+    fn prepare(&self, jobs: &[TensorJob], params: &[TiesParams]) -> Result<GlobalCuts> {
         let Some(first) = params.first() else {
-            return Ok(None);
+            return Ok(GlobalCuts(None));
         };
-        if first.choice("trim") != "global" {
-            return Ok(None);
+        if first.trim != Trim::Global {
+            return Ok(GlobalCuts(None));
         }
         // One threshold per task needs one density per task.
-        let densities = first.model_numbers("density");
+        let densities = &first.densities;
         for (job, p) in jobs.iter().zip(params) {
-            let d = p.model_numbers("density");
+            let d = &p.densities;
             if d != densities {
                 bail!(
                     "ties: trim: global needs one density per model for the whole model, but tensor `{}` gets {d:?} and `{}` gets {densities:?}",
@@ -92,25 +116,15 @@ impl MergeMethod for Ties {
                 );
             }
         }
-        let cuts = sparsify::global_cuts(jobs, &densities)?;
-        Ok(Some(Box::new(GlobalCuts(cuts))))
+        Ok(GlobalCuts(Some(sparsify::global_cuts(jobs, densities)?)))
     }
 
-    fn merge(
-        &self,
-        job: &TensorJob,
-        params: &TensorParams,
-        prepared: &Prepared,
-    ) -> Result<Vec<u8>> {
-        let cuts = match prepared
-            .as_ref()
-            .and_then(|p| p.downcast_ref::<GlobalCuts>())
-        {
-            Some(GlobalCuts(cuts)) => cuts.clone(),
-            None => sparsify::top_k_cuts(job, &params.model_numbers("density"))?,
+    fn merge(&self, job: &TensorJob, params: &TiesParams, global: &GlobalCuts) -> Result<Vec<u8>> {
+        let cuts = match &global.0 {
+            Some(cuts) => cuts.clone(),
+            None => sparsify::top_k_cuts(job, &params.densities)?,
         };
-        let factors = rescale_factors(job, &cuts, params.flag("rescale"))?;
-        let combine = Combine::new(params, Some(Election::from_params(params)));
+        let factors = rescale_factors(job, &cuts, params.rescale)?;
         job.produce(|block, out| {
             let base = block.base()?;
             let mut deltas = block.deltas_from(&base)?;
@@ -120,7 +134,7 @@ impl MergeMethod for Ties {
                     d.iter_mut().for_each(|x| *x *= f);
                 }
             }
-            combine.apply(&base, &deltas, out);
+            params.combine.apply(&base, &deltas, out);
             Ok(())
         })
     }

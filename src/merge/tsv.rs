@@ -21,14 +21,16 @@
 
 use rayon::prelude::*;
 
-use super::params::{Default, Kind, ParamSpec, Scope};
-use super::{MergeMethod, Prepared, TensorJob, TensorParams};
+use super::params::{Kind, ParamDefault, ParamSpec, Scope};
+use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::{Error, Result};
 use crate::linalg::svd::{matmul, polar, top_svd};
 use crate::tensor::Tensor;
 use crate::{internal, non_finite};
 use faer::Mat;
 
+/// Task singular vectors: top 1/T of each task's spectrum, decorrelated by polar factors
+/// (Gargiulo et al. 2025, official TSVM code).
 pub struct Tsv;
 
 /// `svd_embeddings`, shared with STAR.
@@ -36,20 +38,31 @@ pub const SVD_EMBEDDINGS: ParamSpec = ParamSpec {
     name: "svd_embeddings",
     scope: Scope::Global,
     kind: Kind::Bool,
-    default: Default::Bool(false),
+    default: ParamDefault::Bool(false),
     doc: "also decompose embed_tokens and lm_head (official code); by default they are averaged like 1-D tensors (mergekit PR #639)",
 };
 
-const PARAMS: &[ParamSpec] = &[
-    ParamSpec {
-        name: "alpha",
-        scope: Scope::Global,
-        kind: Kind::Number,
-        default: Default::Number(1.0),
-        doc: "scale of the merged task vector, every tensor included (official code and FusionBench; default 1)",
-    },
-    SVD_EMBEDDINGS,
-];
+pub const ALPHA: ParamSpec = ParamSpec {
+    name: "alpha",
+    scope: Scope::Global,
+    kind: Kind::Number,
+    default: ParamDefault::Number(1.0),
+    doc: "scale of the merged task vector, every tensor included (official code and FusionBench; default 1)",
+};
+
+const INFO: MethodInfo = MethodInfo {
+    name: "tsv",
+    needs_base: true,
+    params: &[ALPHA, SVD_EMBEDDINGS],
+};
+
+/// `tsv`'s parameters for one tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TsvParams {
+    pub alpha: f32,
+    /// Whether this tensor is decomposed (see [`is_spectral`]).
+    pub spectral: bool,
+}
 
 /// Whether a job's tensor is decomposed (2-D, and not a vocabulary tensor unless asked).
 pub fn is_spectral(job: &TensorJob, svd_embeddings: bool) -> bool {
@@ -68,29 +81,26 @@ pub fn running_mean(deltas: &[Tensor]) -> Vec<f32> {
     mean
 }
 
-impl MergeMethod for Tsv {
-    fn name(&self) -> &'static str {
-        "tsv"
+impl Method for Tsv {
+    type Params = TsvParams;
+    type Prepared = ();
+
+    fn info(&self) -> &'static MethodInfo {
+        &INFO
     }
 
-    fn summary(&self) -> &'static str {
-        "task singular vectors: top 1/T of each task's spectrum, decorrelated by polar factors (Gargiulo et al. 2025, official TSVM code)"
+    fn parse(&self, job: &TensorJob, values: &TensorValues) -> Result<TsvParams> {
+        Ok(TsvParams {
+            alpha: values.number(&ALPHA) as f32,
+            spectral: is_spectral(job, values.flag(&SVD_EMBEDDINGS)),
+        })
     }
 
-    fn needs_base(&self) -> bool {
-        true
-    }
-
-    fn params(&self) -> &'static [ParamSpec] {
-        PARAMS
-    }
-
-    fn merge(&self, job: &TensorJob, params: &TensorParams, _: &Prepared) -> Result<Vec<u8>> {
-        let alpha = params.number("alpha") as f32;
+    fn merge(&self, job: &TensorJob, params: &TsvParams, _: &()) -> Result<Vec<u8>> {
         let deltas = (0..job.models.len())
             .map(|i| job.read_delta(i))
             .collect::<Result<Vec<_>>>()?;
-        let merged = if is_spectral(job, params.flag("svd_embeddings")) {
+        let merged = if params.spectral {
             merge_matrix(&deltas).map_err(|e| e.context(format!("tsv: tensor `{}`", job.name)))?
         } else {
             running_mean(&deltas)
@@ -98,7 +108,7 @@ impl MergeMethod for Tsv {
         drop(deltas);
         let mut out = job.read_base()?.data;
         for (o, m) in out.iter_mut().zip(&merged) {
-            *o += alpha * m;
+            *o += params.alpha * m;
         }
         job.encode(&out)
     }
@@ -106,8 +116,8 @@ impl MergeMethod for Tsv {
 
 /// The error for a task vector's SVD that did not converge: faer fails on NaN or Inf, which is
 /// then the input's (exit 3, as any NaN/Inf the arithmetic meets); on finite values it is an
-/// internal failure of the decomposition (exit 1).
-/// With one task vector the message names none: the caller's context says which.
+/// internal failure of the decomposition (exit 1). With one task vector the message names none:
+/// the caller's context says which.
 pub fn svd_failed(task_vectors: &[&[f32]]) -> Error {
     for (i, delta) in task_vectors.iter().enumerate() {
         if let Some(v) = delta.iter().find(|v| !v.is_finite()) {
@@ -189,12 +199,10 @@ mod tests {
         let finite = [1.0f32, 2.0];
         let nan = [0.5f32, f32::NAN];
         let err = svd_failed(&[&finite, &nan]);
+        assert_eq!(err.kind(), Kind::NonFinite);
         assert_eq!(
-            (err.kind(), err.to_string()),
-            (
-                Kind::NonFinite,
-                "task vector 1 holds NaN, so its SVD cannot run".into()
-            )
+            err.to_string(),
+            "task vector 1 holds NaN, so its SVD cannot run"
         );
         assert_eq!(
             svd_failed(&[&nan]).to_string(),
