@@ -108,11 +108,12 @@ pub fn fmt_num(x: f64) -> String {
     }
 }
 
-/// `value` as a `--json` report prints it: pretty, with a trailing newline.
+/// `value` as a `--json` report prints it: pretty, with a trailing newline. Serializing the
+/// crate's own report types fails only on a bug, so a failure is internal.
 pub fn json_text<T: serde::Serialize>(value: &T) -> crate::error::Result<String> {
     serde_json::to_string_pretty(value)
         .map(|text| text + "\n")
-        .map_err(|e| crate::error::Error::Write(format!("JSON report: {e}")))
+        .map_err(|e| crate::internal!("JSON report: {e}"))
 }
 
 /// A table cell of an optional number: [`fmt_num`], or `-` when there is none.

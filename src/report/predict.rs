@@ -42,7 +42,7 @@ pub fn scatter_svg(r: &PredictReport) -> Result<String> {
             .collect(),
         line: Some((r.analysis.intercept, r.analysis.slope)),
     };
-    chart.to_svg().map_err(Error::Write)
+    chart.to_svg().map_err(Error::Internal)
 }
 
 /// `--json`: one object, the analysis's fields flattened into it.

@@ -406,12 +406,12 @@ fn legend_labels(scores: &Scores) -> Vec<String> {
 
 /// `--plot`: per-layer median G and pos0 share of every model, stacked.
 pub fn layer_plot_svg(scores: &Scores) -> Result<String> {
-    stacked_svg(&layer_plot(scores)).map_err(Error::BadInput)
+    stacked_svg(&layer_plot(scores)).map_err(Error::Internal)
 }
 
 /// `--heatmap`: per-head median G over the window, one panel per model.
 pub fn head_heatmap_svg(scores: &Scores) -> Result<String> {
-    head_heatmap(scores).to_svg().map_err(Error::BadInput)
+    head_heatmap(scores).to_svg().map_err(Error::Internal)
 }
 
 fn layer_plot(scores: &Scores) -> Vec<LineChart> {
