@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sinkmerge::checkpoint::{dtype, Checkpoint, Shard};
+use sinkmerge::checkpoint::{Checkpoint, Shard};
+use sinkmerge::dtype;
 
 use controls_common::{model_card, strings};
 

@@ -188,7 +188,7 @@ unsafe fn diff_dots_avx2(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::dtype;
+    use crate::dtype;
     use safetensors::Dtype;
 
     #[test]

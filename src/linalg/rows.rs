@@ -10,7 +10,7 @@ use half::slice::HalfFloatSliceExt;
 use safetensors::Dtype;
 
 use super::dot::{bf16_bits, diff_dots_bf16, dot_f32, DiffRowPair, PREFETCH_AHEAD};
-use crate::checkpoint::dtype;
+use crate::dtype;
 
 /// A matrix that hands out its rows as f32.
 pub trait RowSource: Sync {

@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn lockstep_drift_and_reference_match_separate_runs() {
-        use crate::checkpoint::dtype;
+        use crate::dtype;
         use crate::linalg::rows::{DiffRows, StoredRows};
         use safetensors::Dtype;
         let (rows, cols) = (90, 70);

@@ -14,7 +14,8 @@ use safetensors::Dtype;
 
 use crate::arch::names::{self, Module};
 use crate::bail;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 use crate::tensor::{matrix_shape, Tensor};
 

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-use sinkmerge::checkpoint::dtype;
+use sinkmerge::dtype;
 
 /// A tensor as stored: dtype, shape, raw bytes.
 #[derive(Debug, Clone, PartialEq)]

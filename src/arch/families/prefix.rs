@@ -9,7 +9,8 @@ use super::plan::{DropKind, Plan, PlanBuilder};
 use super::target::{standalone_config, Target};
 use crate::arch::names;
 use crate::bail;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 
 /// Where a VLM keeps what.
