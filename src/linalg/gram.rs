@@ -7,12 +7,12 @@
 //! task order, so the bits do not depend on the thread count.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::dot::{madd, LANES};
+use super::dot::LANES;
 use super::rows::{RowScratch, RowSet};
+use super::simd::{self, madd};
 
 /// Rows whose f32 contributions to z are summed before being added into f64.
 const FLUSH_ROWS: usize = 16;
@@ -89,7 +89,7 @@ pub fn pass<const K: usize, S: RowSet<K>>(
         tasks
             .par_iter()
             .zip(plan.slots.par_iter_mut())
-            .for_each(|(rows, slot)| kernel().task(a, rows.clone(), &v, squares, slot));
+            .for_each(|(rows, slot)| run_task(a, rows.clone(), &v, squares, slot));
         // Task order, whatever thread ran which task: the sums do not depend on the thread count.
         for slot in &plan.slots[..tasks.len()] {
             for k in 0..K {
@@ -108,42 +108,20 @@ pub fn pass<const K: usize, S: RowSet<K>>(
     }
 }
 
-/// The row kernels, compiled once for the baseline CPU and once for AVX2+FMA (chosen at run
-/// time), so the loops vectorize without requiring a newer CPU.
-#[derive(Clone, Copy)]
-enum Kernel {
-    Baseline,
+/// One task, by the AVX2 and FMA build of the row kernels where the CPU has them ([`simd`]).
+fn run_task<const K: usize, S: RowSet<K>>(
+    a: &S,
+    rows: Range<usize>,
+    v: &[Option<&[f32]>; K],
+    squares: bool,
+    slot: &mut Slot<K>,
+) {
     #[cfg(target_arch = "x86_64")]
-    Avx2Fma,
-}
-
-fn kernel() -> Kernel {
-    static KERNEL: OnceLock<Kernel> = OnceLock::new();
-    *KERNEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Kernel::Avx2Fma;
-        }
-        Kernel::Baseline
-    })
-}
-
-impl Kernel {
-    fn task<const K: usize, S: RowSet<K>>(
-        self,
-        a: &S,
-        rows: Range<usize>,
-        v: &[Option<&[f32]>; K],
-        squares: bool,
-        slot: &mut Slot<K>,
-    ) {
-        match self {
-            Kernel::Baseline => task::<K, S, false>(a, rows, v, squares, slot),
-            // SAFETY: selected only when the CPU reports AVX2 and FMA.
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => unsafe { task_avx2(a, rows, v, squares, slot) },
-        }
+    if simd::avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { task_avx2(a, rows, v, squares, slot) };
     }
+    task::<K, S, false>(a, rows, v, squares, slot)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -184,7 +162,8 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
     let mut pending = 0;
     // Taken out of the thread-local and put back, rather than used inside `with`: code in a
     // closure is not always inlined into the caller's AVX2 context, and its fused multiply-adds
-    // then become calls to a software fma (5x slower, seen in the criterion bench).
+    // then become calls to a software fma, several times slower
+    // (`cargo bench --bench spectral_norm`).
     let mut block = ROW_BLOCK_SCRATCH.take();
     block.resize_with(ROW_BLOCK, RowScratch::new);
     let mut i = rows.start;
@@ -251,14 +230,14 @@ fn add_rows<const K: usize, const FMA: bool>(
             for (set, tr) in sets.iter().zip(t) {
                 let x = &set[k][start..start + CHUNK];
                 for l in 0..CHUNK {
-                    reg[l] = madd::<FMA>(tr[k], x[l], reg[l]);
+                    reg[l] = madd::<FMA, f32>(tr[k], x[l], reg[l]);
                 }
             }
             chunk.copy_from_slice(&reg);
         } else {
             for (set, tr) in sets.iter().zip(t) {
                 for (s, x) in chunk.iter_mut().zip(&set[k][start..start + len]) {
-                    *s = madd::<FMA>(tr[k], *x, *s);
+                    *s = madd::<FMA, f32>(tr[k], *x, *s);
                 }
             }
         }
@@ -322,7 +301,7 @@ mod tests {
         let v: Vec<f32> = (0..n).map(|j| ((j as f32) * 0.173).cos()).collect();
         let dense = DenseRows::new(&a, m, n);
         let got = pass(&dense, &mut Plan::new(m, n), [Some(&v[..])], false);
-        let fma = !matches!(kernel(), Kernel::Baseline);
+        let fma = simd::avx2_fma();
         let mut want = vec![0f64; n];
         for task in Plan::<1>::new(m, n).tasks {
             let (mut part, mut acc) = (vec![0f64; n], vec![0f32; n]);

@@ -4,6 +4,7 @@
 mod dot;
 mod gram;
 pub mod rows;
+mod simd;
 pub mod spectral;
 pub mod svd;
 mod tridiagonal;

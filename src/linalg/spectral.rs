@@ -47,6 +47,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use super::gram::{self, Plan};
 use super::rows::{RowSet, RowSource};
+use super::simd::axpy;
 use super::tridiagonal::top_eigenpair;
 
 /// Most Lanczos steps before giving up on the certificate (memory: steps x cols f64).
@@ -194,16 +195,16 @@ impl Lanczos {
     fn absorb(&mut self, mut w: Vec<f64>, target: f64, max_steps: usize) {
         let v = std::mem::take(&mut self.v);
         let mut a_k = dot(&v, &w);
-        axpy(&mut w, -a_k, &v);
+        axpy::<false>(-a_k, &v, &mut w);
         if let (Some(prev), Some(&b)) = (self.basis.last(), self.beta.last()) {
-            axpy(&mut w, -b, prev);
+            axpy::<false>(-b, prev, &mut w);
         }
         self.basis.push(v);
         // Full reorthogonalization, twice (CGS2).
         for _ in 0..2 {
             for (i, q) in self.basis.iter().enumerate() {
                 let c = dot(q, &w);
-                axpy(&mut w, -c, q);
+                axpy::<false>(-c, q, &mut w);
                 if i + 1 == self.basis.len() {
                     a_k += c;
                 }
@@ -235,18 +236,14 @@ impl Lanczos {
     }
 }
 
+/// x·y summed in index order, not in [`super::simd::dot`]'s lanes: the Lanczos basis, and so
+/// every reported norm, is computed with this order.
 fn dot(x: &[f64], y: &[f64]) -> f64 {
     x.iter().zip(y).map(|(a, b)| a * b).sum()
 }
 
 fn norm(x: &[f64]) -> f64 {
     dot(x, x).sqrt()
-}
-
-fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
 }
 
 fn scale(x: &mut [f64], a: f64) {
