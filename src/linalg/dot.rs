@@ -13,8 +13,8 @@ use crate::dtype::bf16_to_f32;
 
 /// How far ahead of the row being read (in stored bytes) the passes ask the CPU to load
 /// memory. The hardware prefetchers stop at every 4 KiB page boundary, which a pass over
-/// page-cache memory crosses every few hundred nanoseconds; software prefetches do not. Measured
-/// on the norms benchmark: 2 KiB ahead beat 1, 4, 16 and 32 KiB (2.08 s against 2.15-2.28 s).
+/// page-cache memory crosses every few hundred nanoseconds; software prefetches do not. 2 KiB
+/// ahead was the fastest distance of 1 to 32 KiB on `benches/norms_vs_torch.sh`.
 pub const PREFETCH_AHEAD: usize = 2 << 10;
 
 /// x·y (see the module docs for the order of summation).

@@ -26,9 +26,8 @@ use faer::{Accum, Mat, MatMut, MatRef, Par};
 use super::simd::{self, axpy, dot, madd};
 
 /// Half-bandwidth of the intermediate band matrix. Stage 1's products get faster with wider
-/// panels, stage 2's chase slower (its work grows as `b`). Both stages on a 3584 x 3584 Gram
-/// matrix, one core: 1.65 s at 24, 1.41 s at 32, 1.40 s at 40, 1.41 s at 48, 1.55 s at 64
-/// (faer's one-stage reduction: 4.5 s).
+/// panels, stage 2's chase slower (its work grows as `b`); on a 3584 x 3584 Gram matrix the sum
+/// is flat from 32 to 48 and slower outside (`cargo bench --bench merge_kernels`, `two_stage`).
 pub const BAND: usize = 32;
 
 /// The tridiagonal form `T = Qᵀ A Q` of a symmetric matrix, with `Q` kept as the reflectors of
