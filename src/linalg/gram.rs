@@ -26,7 +26,7 @@ const PARTIAL_ENTRIES: usize = 1 << 22;
 /// The row tasks of a pass (a function of the shape only) and the buffers they fill, kept from
 /// pass to pass: fresh zeroed vectors for every task of every pass cost more page faults than
 /// the pass itself costs arithmetic.
-pub struct Plan<const K: usize> {
+pub struct PassWorkspace<const K: usize> {
     tasks: Vec<Range<usize>>,
     cols: usize,
     /// One per task of a batch of tasks run at once.
@@ -40,8 +40,8 @@ struct Slot<const K: usize> {
     squares: [f64; K],
 }
 
-impl<const K: usize> Plan<K> {
-    pub fn new(rows: usize, cols: usize) -> Plan<K> {
+impl<const K: usize> PassWorkspace<K> {
+    pub fn new(rows: usize, cols: usize) -> PassWorkspace<K> {
         let per_task = rows
             .div_ceil(MAX_TASKS)
             .max(MIN_TASK_ENTRIES.div_ceil(cols.max(1)))
@@ -53,7 +53,7 @@ impl<const K: usize> Plan<K> {
         let batch = (PARTIAL_ENTRIES / (cols * K).max(1))
             .max(2)
             .min(tasks.len());
-        Plan {
+        PassWorkspace {
             slots: (0..batch)
                 .map(|_| Slot {
                     products: std::array::from_fn(|_| Vec::new()),
@@ -77,7 +77,7 @@ pub struct PassResult<const K: usize> {
 /// One pass over `a`: `AᵀA v_k` in f64 for each `Some(v_k)`, and the sums of squares if asked.
 pub fn pass<const K: usize, S: RowSet<K>>(
     a: &S,
-    plan: &mut Plan<K>,
+    plan: &mut PassWorkspace<K>,
     v: [Option<&[f32]>; K],
     squares: bool,
 ) -> PassResult<K> {
@@ -285,7 +285,7 @@ mod tests {
         // A = [[1, 2], [3, 4], [0, -1]]: AᵀA = [[10, 14], [14, 21]].
         let a = [1.0f32, 2.0, 3.0, 4.0, 0.0, -1.0];
         let dense = DenseRows::new(&a, 3, 2);
-        let mut plan = Plan::new(3, 2);
+        let mut plan = PassWorkspace::new(3, 2);
         let r = pass(&dense, &mut plan, [Some(&[1.0, -1.0][..])], true);
         assert_eq!(r.products[0].as_deref(), Some(&[-4.0, -7.0][..]));
         assert_eq!(r.squares, [31.0]);
@@ -300,10 +300,10 @@ mod tests {
         let a: Vec<f32> = (0..m * n).map(|i| ((i as f32) * 0.731).sin()).collect();
         let v: Vec<f32> = (0..n).map(|j| ((j as f32) * 0.173).cos()).collect();
         let dense = DenseRows::new(&a, m, n);
-        let got = pass(&dense, &mut Plan::new(m, n), [Some(&v[..])], false);
+        let got = pass(&dense, &mut PassWorkspace::new(m, n), [Some(&v[..])], false);
         let fma = simd::avx2_fma();
         let mut want = vec![0f64; n];
-        for task in Plan::<1>::new(m, n).tasks {
+        for task in PassWorkspace::<1>::new(m, n).tasks {
             let (mut part, mut acc) = (vec![0f64; n], vec![0f32; n]);
             for (done, i) in task.enumerate() {
                 let row = &a[i * n..(i + 1) * n];
@@ -335,7 +335,7 @@ mod tests {
     #[test]
     fn tasks_depend_on_the_shape_only_and_cover_every_row() {
         for (m, n) in [(0, 5), (1, 1), (100, 3), (18944, 3584), (3584, 18944)] {
-            let plan = Plan::<1>::new(m, n);
+            let plan = PassWorkspace::<1>::new(m, n);
             assert!(plan.tasks.len() <= MAX_TASKS);
             let covered: usize = plan.tasks.iter().map(|t| t.len()).sum();
             assert_eq!(covered, m);

@@ -45,7 +45,7 @@
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::gram::{self, Plan};
+use super::gram::{self, PassWorkspace};
 use super::rows::{RowSet, RowSource};
 use super::simd::axpy;
 use super::tridiagonal::top_eigenpair;
@@ -98,7 +98,7 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
     if m == 0 || n == 0 {
         return [SpectralNorm::exact(0.0, 0.0); K];
     }
-    let mut plan = Plan::new(m, n);
+    let mut plan = PassWorkspace::new(m, n);
     let target = (1.0 + tol) * (1.0 + tol) - 1.0;
     let max_steps = n.min(MAX_STEPS);
     let start = start_vector(n);
