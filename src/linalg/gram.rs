@@ -77,21 +77,21 @@ pub struct PassResult<const K: usize> {
 /// One pass over `a`: `AᵀA v_k` in f64 for each `Some(v_k)`, and the sums of squares if asked.
 pub fn pass<const K: usize, S: RowSet<K>>(
     a: &S,
-    plan: &mut PassWorkspace<K>,
+    workspace: &mut PassWorkspace<K>,
     v: [Option<&[f32]>; K],
     squares: bool,
 ) -> PassResult<K> {
-    let n = plan.cols;
+    let n = workspace.cols;
     let mut products: [Option<Vec<f64>>; K] = std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
     let mut total_squares = [0f64; K];
-    let batch = plan.slots.len().max(1);
-    for tasks in plan.tasks.chunks(batch) {
+    let batch = workspace.slots.len().max(1);
+    for tasks in workspace.tasks.chunks(batch) {
         tasks
             .par_iter()
-            .zip(plan.slots.par_iter_mut())
+            .zip(workspace.slots.par_iter_mut())
             .for_each(|(rows, slot)| run_task(a, rows.clone(), &v, squares, slot));
         // Task order, whatever thread ran which task: the sums do not depend on the thread count.
-        for slot in &plan.slots[..tasks.len()] {
+        for slot in &workspace.slots[..tasks.len()] {
             for k in 0..K {
                 total_squares[k] += slot.squares[k];
                 if let Some(total) = &mut products[k] {
@@ -285,11 +285,11 @@ mod tests {
         // A = [[1, 2], [3, 4], [0, -1]]: AᵀA = [[10, 14], [14, 21]].
         let a = [1.0f32, 2.0, 3.0, 4.0, 0.0, -1.0];
         let dense = DenseRows::new(&a, 3, 2);
-        let mut plan = PassWorkspace::new(3, 2);
-        let r = pass(&dense, &mut plan, [Some(&[1.0, -1.0][..])], true);
+        let mut workspace = PassWorkspace::new(3, 2);
+        let r = pass(&dense, &mut workspace, [Some(&[1.0, -1.0][..])], true);
         assert_eq!(r.products[0].as_deref(), Some(&[-4.0, -7.0][..]));
         assert_eq!(r.squares, [31.0]);
-        let r = pass(&dense, &mut plan, [None], false);
+        let r = pass(&dense, &mut workspace, [None], false);
         assert!(r.products[0].is_none() && r.squares == [0.0]);
     }
 
@@ -335,11 +335,11 @@ mod tests {
     #[test]
     fn tasks_depend_on_the_shape_only_and_cover_every_row() {
         for (m, n) in [(0, 5), (1, 1), (100, 3), (18944, 3584), (3584, 18944)] {
-            let plan = PassWorkspace::<1>::new(m, n);
-            assert!(plan.tasks.len() <= MAX_TASKS);
-            let covered: usize = plan.tasks.iter().map(|t| t.len()).sum();
+            let workspace = PassWorkspace::<1>::new(m, n);
+            assert!(workspace.tasks.len() <= MAX_TASKS);
+            let covered: usize = workspace.tasks.iter().map(|t| t.len()).sum();
             assert_eq!(covered, m);
-            assert!(plan.tasks.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(workspace.tasks.windows(2).all(|w| w[0].end == w[1].start));
         }
     }
 }

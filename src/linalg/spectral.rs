@@ -40,7 +40,8 @@
 //! norm returns 0 at once, and when the Krylov space becomes invariant (rank exhausted) β_k
 //! falls to rounding level and the residual certifies the exact Ritz value.
 //!
-//! Results do not depend on the thread count (see [`super::gram`]).
+//! Results do not depend on the thread count (see [`super::gram`]). What `sinkmerge norms`
+//! reports from these norms is defined in docs/reference/spectral.md.
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -98,13 +99,13 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
     if m == 0 || n == 0 {
         return [SpectralNorm::exact(0.0, 0.0); K];
     }
-    let mut plan = PassWorkspace::new(m, n);
+    let mut workspace = PassWorkspace::new(m, n);
     let target = (1.0 + tol) * (1.0 + tol) - 1.0;
     let max_steps = n.min(MAX_STEPS);
     let start = start_vector(n);
     let start32: Vec<f32> = start.iter().map(|&x| x as f32).collect();
 
-    let first = gram::pass(a, &mut plan, [Some(&start32[..]); K], true);
+    let first = gram::pass(a, &mut workspace, [Some(&start32[..]); K], true);
     let mut states: [Lanczos; K] = std::array::from_fn(|_| Lanczos::new(start.clone()));
     for (k, (state, product)) in states.iter_mut().zip(first.products).enumerate() {
         let fro = first.squares[k].sqrt();
@@ -124,7 +125,7 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
             let scaled: Vec<f32> = start.iter().map(|&x| (x / fro) as f32).collect();
             let mut only: [Option<&[f32]>; K] = [None; K];
             only[k] = Some(&scaled);
-            w = gram::pass(a, &mut plan, only, false).products[k]
+            w = gram::pass(a, &mut workspace, only, false).products[k]
                 .take()
                 .expect("requested product");
             scale(&mut w, 1.0 / fro);
@@ -145,7 +146,7 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
             break;
         }
         let v: [Option<&[f32]>; K] = std::array::from_fn(|k| inputs[k].as_deref());
-        let result = gram::pass(a, &mut plan, v, false);
+        let result = gram::pass(a, &mut workspace, v, false);
         for (state, product) in states.iter_mut().zip(result.products) {
             if let Some(mut w) = product {
                 scale(&mut w, 1.0 / state.fro);
