@@ -8,7 +8,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use safetensors::Dtype;
 use sinkmerge::analysis::perturb::{perturb_tensor, standard_normal};
-use sinkmerge::checkpoint::dtype;
+use sinkmerge::dtype;
 
 const ROWS: usize = 3584;
 const COLS: usize = 3584;

@@ -7,7 +7,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use safetensors::Dtype;
-use sinkmerge::checkpoint::{dtype, output::OutputDir, writer, Checkpoint};
+use sinkmerge::checkpoint::{output::OutputDir, writer, Checkpoint};
+use sinkmerge::dtype;
 
 // 64 Mi elements: 256 MiB of output, far beyond any cache, so this measures memory bandwidth.
 const ELEMS: usize = 64 << 20;

@@ -19,7 +19,7 @@ use faer::{Accum, Mat, MatRef, Par};
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use safetensors::Dtype;
-use sinkmerge::checkpoint::dtype;
+use sinkmerge::dtype;
 use sinkmerge::linalg::rows::{DenseRows, DiffRows, StoredRows};
 use sinkmerge::linalg::spectral::{spectral_norm, spectral_norms};
 

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use rand::Rng;
 use rand_distr::{Distribution, Normal};
 use serde_json::json;
-use sinkmerge::checkpoint::{dtype, output::OutputDir, writer};
+use sinkmerge::checkpoint::{output::OutputDir, writer};
+use sinkmerge::dtype;
 use sinkmerge::linalg::tensor_rng;
 
 struct Opts {

@@ -8,6 +8,8 @@
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
+//! - [`dtype`]: decoding and encoding the stored float dtypes (bf16, f16, f32) to and from f32,
+//!   below both [`checkpoint`] and [`linalg`], which read stored bytes directly.
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`merge`]: linear, task arithmetic, TIES, DARE, TSV and STAR merges, streamed to disk.
 //! - [`report`]: tables, number formatting and SVG plots.
@@ -24,6 +26,7 @@ pub mod arch;
 pub mod checkpoint;
 pub mod cli;
 pub mod commands;
+pub mod dtype;
 pub mod error;
 pub mod extract;
 pub mod linalg;

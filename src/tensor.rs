@@ -55,7 +55,7 @@ impl Checkpoint {
     /// Decode a floating-point tensor with its shape.
     pub fn read_tensor(&self, name: &str) -> Result<Tensor> {
         let info = self.require(name)?;
-        if !crate::checkpoint::dtype::is_float(info.dtype) {
+        if !crate::dtype::is_float(info.dtype) {
             bail!(
                 "{}: dtype {:?} is not floating point",
                 self.describe(name),

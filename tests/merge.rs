@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use sinkmerge::checkpoint::{dtype, Checkpoint, Shard};
+use sinkmerge::checkpoint::{Checkpoint, Shard};
+use sinkmerge::dtype;
 
 use crate::util::{fake_hub_cache, model_card, ok, root, sinkmerge, strings};
 

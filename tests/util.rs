@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde::de::DeserializeOwned;
-use sinkmerge::checkpoint::dtype;
+use sinkmerge::dtype;
 
 /// A tensor as stored: dtype, shape, raw bytes.
 #[derive(Debug, Clone, PartialEq)]

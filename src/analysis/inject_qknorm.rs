@@ -19,7 +19,8 @@ use serde_json::{json, Value};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{family, TextConfig};
 use crate::bail;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 
 /// A tensor the injection adds.

@@ -19,7 +19,7 @@ use safetensors::Dtype;
 use serde::Serialize;
 
 use crate::arch::names::{Module, Param, TensorName};
-use crate::checkpoint::dtype;
+use crate::dtype;
 use crate::error::Result;
 use crate::linalg::tensor_rng;
 

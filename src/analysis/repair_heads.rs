@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::heads::Projection;
 use crate::arch::names::{layer_name, Param};
-use crate::checkpoint::dtype;
+use crate::dtype;
 use crate::error::Result;
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;

@@ -1,7 +1,6 @@
 //! Checkpoints on disk: resolving a model reference, reading sharded safetensors lazily through
 //! mmap with every header validated up front, and writing outputs atomically.
 
-pub mod dtype;
 pub mod header;
 pub mod hub;
 pub mod output;
@@ -19,6 +18,7 @@ use memmap2::Mmap;
 use safetensors::Dtype;
 use serde_json::Value;
 
+use crate::dtype;
 use crate::error::{Error, Result};
 use crate::{bad, bail};
 pub use header::TensorInfo;

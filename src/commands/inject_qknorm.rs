@@ -6,8 +6,9 @@ use serde_json::json;
 use crate::analysis::inject_qknorm;
 use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::writer::PlannedTensor;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
+use crate::dtype;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 

@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::arch::{family, names, QkNorm, TextConfig};
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::{Error, Result};
 use crate::report::{human_bytes, human_count, Table};
 

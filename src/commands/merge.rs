@@ -7,7 +7,7 @@ use safetensors::Dtype;
 
 use super::methods::CommonArgs;
 use crate::bad;
-use crate::checkpoint::dtype::parse_float_dtype;
+use crate::dtype::parse_float_dtype;
 use crate::error::Result;
 use crate::merge::plan::{self, RunOptions, Summary};
 use crate::merge::MergeSpec;

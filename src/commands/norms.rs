@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
-use crate::analysis::norms::{self, LayerSelection, Metric, PairReport, RatioSeries, Report, Row};
+use crate::analysis::norms::{self, DriftReport, LayerSelection, Metric, RatioSeries, Report, Row};
 use crate::arch::Module;
 use crate::checkpoint::{output, Checkpoint};
 use crate::error::Result;
@@ -221,7 +221,7 @@ fn render(report: &Report, tol: f64) -> String {
     s
 }
 
-fn render_pair(report: &Report, pair: &PairReport, prefix: &str, tol: f64) -> String {
+fn render_pair(report: &Report, pair: &DriftReport, prefix: &str, tol: f64) -> String {
     let note = |h: &Option<crate::checkpoint::resolve::HubRef>| {
         crate::checkpoint::resolve::commit_note(h.as_ref())
     };
@@ -355,11 +355,11 @@ fn render_ratios(ratios: &[RatioSeries]) -> String {
     t.render()
 }
 
-fn stat_json(s: &norms::Stat) -> Value {
+fn stat_json(s: &norms::MedianMax) -> Value {
     json!({"median": s.median, "max": s.max, "count": s.count})
 }
 
-fn summary_json(pair: &PairReport) -> Value {
+fn summary_json(pair: &DriftReport) -> Value {
     let mut modules = Map::new();
     for m in &pair.summary.modules {
         let (mut all, mut win) = (Map::new(), Map::new());
@@ -372,7 +372,7 @@ fn summary_json(pair: &PairReport) -> Value {
     Value::Object(modules)
 }
 
-fn pair_json(pair: &PairReport) -> Map<String, Value> {
+fn pair_json(pair: &DriftReport) -> Map<String, Value> {
     let mut out = Map::new();
     out.insert("reference".into(), json!(pair.reference));
     out.insert("target".into(), json!(pair.target));

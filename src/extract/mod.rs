@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::arch::families::{DropKind, Piece, Plan};
+use crate::arch::families::{DropKind, ExtractPlan, Piece};
 use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
@@ -73,7 +73,7 @@ pub struct Count {
 }
 
 /// Write `plan` for `ckpt` into `dest`.
-pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Result<Summary> {
+pub fn run(ckpt: &Checkpoint, plan: &ExtractPlan, dest: &Path, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let out = OutputDir::create(dest, &[&ckpt.dir], opts.force)?;
     let (written, aux, hashes) = write(&out, ckpt, plan, opts)?;
@@ -155,7 +155,7 @@ pub fn run(ckpt: &Checkpoint, plan: &Plan, dest: &Path, opts: &Options) -> Resul
 pub fn write(
     out: &OutputDir,
     ckpt: &Checkpoint,
-    plan: &Plan,
+    plan: &ExtractPlan,
     opts: &Options,
 ) -> Result<(writer::Written, aux_files::Aux, Vec<u128>)> {
     let hashes: Vec<OnceLock<u128>> = plan.outputs.iter().map(|_| OnceLock::new()).collect();

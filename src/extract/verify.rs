@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::arch::config::TextConfig;
-use crate::arch::families::Plan;
+use crate::arch::families::ExtractPlan;
 use crate::arch::layout;
 use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::Checkpoint;
@@ -15,7 +15,12 @@ use crate::error::{Error, Result};
 
 /// Check the output written into `out` against `plan`; `source_hashes[i]` is the xxh3-128 of the
 /// source bytes of `plan.outputs[i]`.
-pub fn check(out: &OutputDir, plan: &Plan, source_hashes: &[u128], progress: bool) -> Result<()> {
+pub fn check(
+    out: &OutputDir,
+    plan: &ExtractPlan,
+    source_hashes: &[u128],
+    progress: bool,
+) -> Result<()> {
     let fail = |what: String| {
         Error::Write(format!(
             "verification of {} failed: {what}; nothing was written",
@@ -88,7 +93,7 @@ mod tests {
     use crate::arch::families;
     use crate::extract::{write, Options};
 
-    fn written(dir: &Path, fixture: &str, family: &str) -> (OutputDir, Vec<u128>, Plan) {
+    fn written(dir: &Path, fixture: &str, family: &str) -> (OutputDir, Vec<u128>, ExtractPlan) {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(fixture);
         let ckpt = Checkpoint::open_dir(&src, fixture).unwrap();
         let plan = families::by_name(family).unwrap().plan(&ckpt).unwrap();

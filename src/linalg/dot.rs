@@ -8,21 +8,14 @@ const DOT_BLOCK: usize = 1024;
 /// Independent f32 accumulators (a multiple of every SIMD width in use).
 pub const LANES: usize = 32;
 
+use super::simd::{self, madd};
+use crate::dtype::bf16_to_f32;
+
 /// How far ahead of the row being read (in stored bytes) the passes ask the CPU to load
 /// memory. The hardware prefetchers stop at every 4 KiB page boundary, which a pass over
-/// page-cache memory crosses every few hundred nanoseconds; software prefetches do not. Measured
-/// on the norms benchmark: 2 KiB ahead beat 1, 4, 16 and 32 KiB (2.08 s against 2.15-2.28 s).
+/// page-cache memory crosses every few hundred nanoseconds; software prefetches do not. 2 KiB
+/// ahead was the fastest distance of 1 to 32 KiB on `benches/norms_vs_torch.sh`.
 pub const PREFETCH_AHEAD: usize = 2 << 10;
-
-/// `a * b + c`, fused when the caller is compiled for FMA.
-#[inline(always)]
-pub fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
 
 /// x·y (see the module docs for the order of summation).
 #[inline(always)]
@@ -34,22 +27,16 @@ pub fn dot_f32<const FMA: bool>(x: &[f32], y: &[f32]) -> f64 {
         let (xr, yr) = (xc.remainder(), yc.remainder());
         for (p, q) in xc.zip(yc) {
             for l in 0..LANES {
-                acc[l] = madd::<FMA>(p[l], q[l], acc[l]);
+                acc[l] = madd::<FMA, f32>(p[l], q[l], acc[l]);
             }
         }
         let mut s = 0f32;
         for (p, q) in xr.iter().zip(yr) {
-            s = madd::<FMA>(*p, *q, s);
+            s = madd::<FMA, f32>(*p, *q, s);
         }
         total += acc.iter().map(|&a| a as f64).sum::<f64>() + s as f64;
     }
     total
-}
-
-/// The f32 value of two little-endian bf16 bytes.
-#[inline(always)]
-pub fn bf16_bits(b: &[u8]) -> f32 {
-    f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
 }
 
 /// One row of a bf16 drift and the same row of its reference, in a lockstep pass: the stored
@@ -77,12 +64,12 @@ impl DiffRowPair<'_> {
     /// Decode and dot element `j`.
     #[inline(always)]
     fn element<const FMA: bool>(&mut self, j: usize, acc_d: &mut f32, acc_r: &mut f32) {
-        let rv = bf16_bits(&self.reference[2 * j..2 * j + 2]);
-        let dv = bf16_bits(&self.target[2 * j..2 * j + 2]) - rv;
+        let rv = bf16_to_f32(&self.reference[2 * j..2 * j + 2]);
+        let dv = bf16_to_f32(&self.target[2 * j..2 * j + 2]) - rv;
         self.diff[j] = dv;
         self.reference_f32[j] = rv;
-        *acc_d = madd::<FMA>(dv, self.v_diff[j], *acc_d);
-        *acc_r = madd::<FMA>(rv, self.v_reference[j], *acc_r);
+        *acc_d = madd::<FMA, f32>(dv, self.v_diff[j], *acc_d);
+        *acc_r = madd::<FMA, f32>(rv, self.v_reference[j], *acc_r);
     }
 }
 
@@ -124,7 +111,7 @@ fn simd_chunks<const FMA: bool>(
     acc_r: &mut [f32; LANES],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if FMA && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+    if FMA && simd::avx2_fma() {
         // SAFETY: AVX2 and FMA are present.
         (*acc_d, *acc_r) = unsafe { diff_dots_avx2(pair, range) };
         return true;
@@ -188,7 +175,7 @@ unsafe fn diff_dots_avx2(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::dtype;
+    use crate::dtype;
     use safetensors::Dtype;
 
     #[test]

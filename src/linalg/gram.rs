@@ -7,12 +7,12 @@
 //! task order, so the bits do not depend on the thread count.
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::dot::{madd, LANES};
+use super::dot::LANES;
 use super::rows::{RowScratch, RowSet};
+use super::simd::{self, madd};
 
 /// Rows whose f32 contributions to z are summed before being added into f64.
 const FLUSH_ROWS: usize = 16;
@@ -26,7 +26,7 @@ const PARTIAL_ENTRIES: usize = 1 << 22;
 /// The row tasks of a pass (a function of the shape only) and the buffers they fill, kept from
 /// pass to pass: fresh zeroed vectors for every task of every pass cost more page faults than
 /// the pass itself costs arithmetic.
-pub struct Plan<const K: usize> {
+pub struct PassWorkspace<const K: usize> {
     tasks: Vec<Range<usize>>,
     cols: usize,
     /// One per task of a batch of tasks run at once.
@@ -40,8 +40,8 @@ struct Slot<const K: usize> {
     squares: [f64; K],
 }
 
-impl<const K: usize> Plan<K> {
-    pub fn new(rows: usize, cols: usize) -> Plan<K> {
+impl<const K: usize> PassWorkspace<K> {
+    pub fn new(rows: usize, cols: usize) -> PassWorkspace<K> {
         let per_task = rows
             .div_ceil(MAX_TASKS)
             .max(MIN_TASK_ENTRIES.div_ceil(cols.max(1)))
@@ -53,7 +53,7 @@ impl<const K: usize> Plan<K> {
         let batch = (PARTIAL_ENTRIES / (cols * K).max(1))
             .max(2)
             .min(tasks.len());
-        Plan {
+        PassWorkspace {
             slots: (0..batch)
                 .map(|_| Slot {
                     products: std::array::from_fn(|_| Vec::new()),
@@ -77,21 +77,21 @@ pub struct PassResult<const K: usize> {
 /// One pass over `a`: `AᵀA v_k` in f64 for each `Some(v_k)`, and the sums of squares if asked.
 pub fn pass<const K: usize, S: RowSet<K>>(
     a: &S,
-    plan: &mut Plan<K>,
+    workspace: &mut PassWorkspace<K>,
     v: [Option<&[f32]>; K],
     squares: bool,
 ) -> PassResult<K> {
-    let n = plan.cols;
+    let n = workspace.cols;
     let mut products: [Option<Vec<f64>>; K] = std::array::from_fn(|k| v[k].map(|_| vec![0f64; n]));
     let mut total_squares = [0f64; K];
-    let batch = plan.slots.len().max(1);
-    for tasks in plan.tasks.chunks(batch) {
+    let batch = workspace.slots.len().max(1);
+    for tasks in workspace.tasks.chunks(batch) {
         tasks
             .par_iter()
-            .zip(plan.slots.par_iter_mut())
-            .for_each(|(rows, slot)| kernel().task(a, rows.clone(), &v, squares, slot));
+            .zip(workspace.slots.par_iter_mut())
+            .for_each(|(rows, slot)| run_task(a, rows.clone(), &v, squares, slot));
         // Task order, whatever thread ran which task: the sums do not depend on the thread count.
-        for slot in &plan.slots[..tasks.len()] {
+        for slot in &workspace.slots[..tasks.len()] {
             for k in 0..K {
                 total_squares[k] += slot.squares[k];
                 if let Some(total) = &mut products[k] {
@@ -108,42 +108,20 @@ pub fn pass<const K: usize, S: RowSet<K>>(
     }
 }
 
-/// The row kernels, compiled once for the baseline CPU and once for AVX2+FMA (chosen at run
-/// time), so the loops vectorize without requiring a newer CPU.
-#[derive(Clone, Copy)]
-enum Kernel {
-    Baseline,
+/// One task, by the AVX2 and FMA build of the row kernels where the CPU has them ([`simd`]).
+fn run_task<const K: usize, S: RowSet<K>>(
+    a: &S,
+    rows: Range<usize>,
+    v: &[Option<&[f32]>; K],
+    squares: bool,
+    slot: &mut Slot<K>,
+) {
     #[cfg(target_arch = "x86_64")]
-    Avx2Fma,
-}
-
-fn kernel() -> Kernel {
-    static KERNEL: OnceLock<Kernel> = OnceLock::new();
-    *KERNEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Kernel::Avx2Fma;
-        }
-        Kernel::Baseline
-    })
-}
-
-impl Kernel {
-    fn task<const K: usize, S: RowSet<K>>(
-        self,
-        a: &S,
-        rows: Range<usize>,
-        v: &[Option<&[f32]>; K],
-        squares: bool,
-        slot: &mut Slot<K>,
-    ) {
-        match self {
-            Kernel::Baseline => task::<K, S, false>(a, rows, v, squares, slot),
-            // SAFETY: selected only when the CPU reports AVX2 and FMA.
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => unsafe { task_avx2(a, rows, v, squares, slot) },
-        }
+    if simd::avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { task_avx2(a, rows, v, squares, slot) };
     }
+    task::<K, S, false>(a, rows, v, squares, slot)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -184,7 +162,8 @@ fn task<const K: usize, S: RowSet<K>, const FMA: bool>(
     let mut pending = 0;
     // Taken out of the thread-local and put back, rather than used inside `with`: code in a
     // closure is not always inlined into the caller's AVX2 context, and its fused multiply-adds
-    // then become calls to a software fma (5x slower, seen in the criterion bench).
+    // then become calls to a software fma, several times slower
+    // (`cargo bench --bench spectral_norm`).
     let mut block = ROW_BLOCK_SCRATCH.take();
     block.resize_with(ROW_BLOCK, RowScratch::new);
     let mut i = rows.start;
@@ -251,14 +230,14 @@ fn add_rows<const K: usize, const FMA: bool>(
             for (set, tr) in sets.iter().zip(t) {
                 let x = &set[k][start..start + CHUNK];
                 for l in 0..CHUNK {
-                    reg[l] = madd::<FMA>(tr[k], x[l], reg[l]);
+                    reg[l] = madd::<FMA, f32>(tr[k], x[l], reg[l]);
                 }
             }
             chunk.copy_from_slice(&reg);
         } else {
             for (set, tr) in sets.iter().zip(t) {
                 for (s, x) in chunk.iter_mut().zip(&set[k][start..start + len]) {
-                    *s = madd::<FMA>(tr[k], *x, *s);
+                    *s = madd::<FMA, f32>(tr[k], *x, *s);
                 }
             }
         }
@@ -306,11 +285,11 @@ mod tests {
         // A = [[1, 2], [3, 4], [0, -1]]: AᵀA = [[10, 14], [14, 21]].
         let a = [1.0f32, 2.0, 3.0, 4.0, 0.0, -1.0];
         let dense = DenseRows::new(&a, 3, 2);
-        let mut plan = Plan::new(3, 2);
-        let r = pass(&dense, &mut plan, [Some(&[1.0, -1.0][..])], true);
+        let mut workspace = PassWorkspace::new(3, 2);
+        let r = pass(&dense, &mut workspace, [Some(&[1.0, -1.0][..])], true);
         assert_eq!(r.products[0].as_deref(), Some(&[-4.0, -7.0][..]));
         assert_eq!(r.squares, [31.0]);
-        let r = pass(&dense, &mut plan, [None], false);
+        let r = pass(&dense, &mut workspace, [None], false);
         assert!(r.products[0].is_none() && r.squares == [0.0]);
     }
 
@@ -321,10 +300,10 @@ mod tests {
         let a: Vec<f32> = (0..m * n).map(|i| ((i as f32) * 0.731).sin()).collect();
         let v: Vec<f32> = (0..n).map(|j| ((j as f32) * 0.173).cos()).collect();
         let dense = DenseRows::new(&a, m, n);
-        let got = pass(&dense, &mut Plan::new(m, n), [Some(&v[..])], false);
-        let fma = !matches!(kernel(), Kernel::Baseline);
+        let got = pass(&dense, &mut PassWorkspace::new(m, n), [Some(&v[..])], false);
+        let fma = simd::avx2_fma();
         let mut want = vec![0f64; n];
-        for task in Plan::<1>::new(m, n).tasks {
+        for task in PassWorkspace::<1>::new(m, n).tasks {
             let (mut part, mut acc) = (vec![0f64; n], vec![0f32; n]);
             for (done, i) in task.enumerate() {
                 let row = &a[i * n..(i + 1) * n];
@@ -356,11 +335,11 @@ mod tests {
     #[test]
     fn tasks_depend_on_the_shape_only_and_cover_every_row() {
         for (m, n) in [(0, 5), (1, 1), (100, 3), (18944, 3584), (3584, 18944)] {
-            let plan = Plan::<1>::new(m, n);
-            assert!(plan.tasks.len() <= MAX_TASKS);
-            let covered: usize = plan.tasks.iter().map(|t| t.len()).sum();
+            let workspace = PassWorkspace::<1>::new(m, n);
+            assert!(workspace.tasks.len() <= MAX_TASKS);
+            let covered: usize = workspace.tasks.iter().map(|t| t.len()).sum();
             assert_eq!(covered, m);
-            assert!(plan.tasks.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(workspace.tasks.windows(2).all(|w| w[0].end == w[1].start));
         }
     }
 }

@@ -2,10 +2,16 @@
 //! in a fixed order so results do not depend on the thread count.
 
 mod dot;
+mod f64_blocks;
+pub mod gemm;
 mod gram;
+mod gram_evd;
 pub mod rows;
+mod simd;
 pub mod spectral;
 pub mod svd;
+#[cfg(test)]
+mod test_matrices;
 mod tridiagonal;
 pub mod two_stage;
 

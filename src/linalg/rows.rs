@@ -5,12 +5,10 @@
 //! subtracting two checkpoints' rows for a weight difference) means no f32 copy of a tensor ever
 //! exists: a 7B-class `[18944, 3584]` difference costs two row buffers instead of 271 MB.
 
-use half::f16;
-use half::slice::HalfFloatSliceExt;
 use safetensors::Dtype;
 
-use super::dot::{bf16_bits, diff_dots_bf16, dot_f32, DiffRowPair, PREFETCH_AHEAD};
-use crate::checkpoint::dtype;
+use super::dot::{diff_dots_bf16, dot_f32, DiffRowPair, PREFETCH_AHEAD};
+use crate::dtype;
 
 /// A matrix that hands out its rows as f32.
 pub trait RowSource: Sync {
@@ -161,7 +159,8 @@ impl<'a> StoredRows<'a> {
         self.prefetch_ahead(i);
         let size = dtype::byte_size(self.dtype);
         let bytes = &self.bytes[i * self.cols * size..(i + 1) * self.cols * size];
-        decode(self.dtype, bytes, out);
+        // `new` admitted a float dtype and the lengths.
+        dtype::decode_unchecked(self.dtype, bytes, out);
     }
 }
 
@@ -291,35 +290,6 @@ fn dots<const K: usize, const FMA: bool>(set: &[&[f32]; K], v: &[Option<&[f32]>;
         }
     }
     out
-}
-
-/// Decode little-endian `dtype` values; the caller guarantees matching lengths and a float dtype.
-#[inline(always)]
-fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
-    match dtype {
-        Dtype::BF16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = bf16_bits(b);
-            }
-        }
-        Dtype::F32 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        Dtype::F16 => {
-            // Stored bytes may be unaligned for `f16`; go through an aligned buffer so half can
-            // use its vectorized conversion.
-            let mut bits = [f16::ZERO; 256];
-            for (o, b) in out.chunks_mut(256).zip(bytes.chunks(512)) {
-                for (h, pair) in bits.iter_mut().zip(b.chunks_exact(2)) {
-                    *h = f16::from_bits(u16::from_le_bytes([pair[0], pair[1]]));
-                }
-                bits[..o.len()].convert_to_f32_slice(o);
-            }
-        }
-        other => unreachable!("StoredRows::new admits float dtypes only, not {other:?}"),
-    }
 }
 
 #[cfg(test)]

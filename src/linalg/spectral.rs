@@ -40,13 +40,15 @@
 //! norm returns 0 at once, and when the Krylov space becomes invariant (rank exhausted) β_k
 //! falls to rounding level and the residual certifies the exact Ritz value.
 //!
-//! Results do not depend on the thread count (see [`super::gram`]).
+//! Results do not depend on the thread count (see [`super::gram`]). What `sinkmerge norms`
+//! reports from these norms is defined in docs/reference/spectral.md.
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 
-use super::gram::{self, Plan};
+use super::gram::{self, PassWorkspace};
 use super::rows::{RowSet, RowSource};
+use super::simd::axpy;
 use super::tridiagonal::top_eigenpair;
 
 /// Most Lanczos steps before giving up on the certificate (memory: steps x cols f64).
@@ -97,13 +99,13 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
     if m == 0 || n == 0 {
         return [SpectralNorm::exact(0.0, 0.0); K];
     }
-    let mut plan = Plan::new(m, n);
+    let mut workspace = PassWorkspace::new(m, n);
     let target = (1.0 + tol) * (1.0 + tol) - 1.0;
     let max_steps = n.min(MAX_STEPS);
     let start = start_vector(n);
     let start32: Vec<f32> = start.iter().map(|&x| x as f32).collect();
 
-    let first = gram::pass(a, &mut plan, [Some(&start32[..]); K], true);
+    let first = gram::pass(a, &mut workspace, [Some(&start32[..]); K], true);
     let mut states: [Lanczos; K] = std::array::from_fn(|_| Lanczos::new(start.clone()));
     for (k, (state, product)) in states.iter_mut().zip(first.products).enumerate() {
         let fro = first.squares[k].sqrt();
@@ -123,7 +125,7 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
             let scaled: Vec<f32> = start.iter().map(|&x| (x / fro) as f32).collect();
             let mut only: [Option<&[f32]>; K] = [None; K];
             only[k] = Some(&scaled);
-            w = gram::pass(a, &mut plan, only, false).products[k]
+            w = gram::pass(a, &mut workspace, only, false).products[k]
                 .take()
                 .expect("requested product");
             scale(&mut w, 1.0 / fro);
@@ -144,7 +146,7 @@ pub fn spectral_norms<const K: usize, S: RowSet<K>>(a: &S, tol: f64) -> [Spectra
             break;
         }
         let v: [Option<&[f32]>; K] = std::array::from_fn(|k| inputs[k].as_deref());
-        let result = gram::pass(a, &mut plan, v, false);
+        let result = gram::pass(a, &mut workspace, v, false);
         for (state, product) in states.iter_mut().zip(result.products) {
             if let Some(mut w) = product {
                 scale(&mut w, 1.0 / state.fro);
@@ -194,16 +196,16 @@ impl Lanczos {
     fn absorb(&mut self, mut w: Vec<f64>, target: f64, max_steps: usize) {
         let v = std::mem::take(&mut self.v);
         let mut a_k = dot(&v, &w);
-        axpy(&mut w, -a_k, &v);
+        axpy::<false>(-a_k, &v, &mut w);
         if let (Some(prev), Some(&b)) = (self.basis.last(), self.beta.last()) {
-            axpy(&mut w, -b, prev);
+            axpy::<false>(-b, prev, &mut w);
         }
         self.basis.push(v);
         // Full reorthogonalization, twice (CGS2).
         for _ in 0..2 {
             for (i, q) in self.basis.iter().enumerate() {
                 let c = dot(q, &w);
-                axpy(&mut w, -c, q);
+                axpy::<false>(-c, q, &mut w);
                 if i + 1 == self.basis.len() {
                     a_k += c;
                 }
@@ -235,18 +237,14 @@ impl Lanczos {
     }
 }
 
+/// x·y summed in index order, not in [`super::simd::dot`]'s lanes: the Lanczos basis, and so
+/// every reported norm, is computed with this order.
 fn dot(x: &[f64], y: &[f64]) -> f64 {
     x.iter().zip(y).map(|(a, b)| a * b).sum()
 }
 
 fn norm(x: &[f64]) -> f64 {
     dot(x, x).sqrt()
-}
-
-fn axpy(y: &mut [f64], a: f64, x: &[f64]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
 }
 
 fn scale(x: &mut [f64], a: f64) {
@@ -348,7 +346,7 @@ mod tests {
 
     #[test]
     fn lockstep_drift_and_reference_match_separate_runs() {
-        use crate::checkpoint::dtype;
+        use crate::dtype;
         use crate::linalg::rows::{DiffRows, StoredRows};
         use safetensors::Dtype;
         let (rows, cols) = (90, 70);

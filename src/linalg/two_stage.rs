@@ -23,10 +23,11 @@ use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::linalg::qr::no_pivoting::factor::{qr_in_place, qr_in_place_scratch};
 use faer::{Accum, Mat, MatMut, MatRef, Par};
 
+use super::simd::{self, axpy, dot, madd};
+
 /// Half-bandwidth of the intermediate band matrix. Stage 1's products get faster with wider
-/// panels, stage 2's chase slower (its work grows as `b`). Both stages on a 3584 x 3584 Gram
-/// matrix, one core: 1.65 s at 24, 1.41 s at 32, 1.40 s at 40, 1.41 s at 48, 1.55 s at 64
-/// (faer's one-stage reduction: 4.5 s).
+/// panels, stage 2's chase slower (its work grows as `b`); on a 3584 x 3584 Gram matrix the sum
+/// is flat from 32 to 48 and slower outside (`cargo bench --bench merge_kernels`, `two_stage`).
 pub const BAND: usize = 32;
 
 /// The tridiagonal form `T = Qᵀ A Q` of a symmetric matrix, with `Q` kept as the reflectors of
@@ -132,18 +133,13 @@ impl TwoStage {
 }
 
 // Stage 2 and its back-transformation are short loops over band columns, which vectorize well
-// only when compiled for AVX2 and FMA (the chase 2x faster, the back-transformation 5x), and the
-// crate is built for the baseline CPU: both are compiled twice and picked at run time.
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_fma() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
-}
+// only in the AVX2 and FMA build ([`simd`]; `cargo bench --bench merge_kernels` times the
+// reduction): both are compiled twice and picked at run time.
 
 /// Stage 2 on `band`: its reflectors and their concatenated vectors.
 fn chase(band: &mut BandMatrix) -> (Vec<Reflector>, Vec<f64>) {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if simd::avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { chase_avx2(band) };
     }
@@ -159,7 +155,7 @@ unsafe fn chase_avx2(band: &mut BandMatrix) -> (Vec<Reflector>, Vec<f64>) {
 /// `H_1 ... H_N` applied to vectors stored as rows (row i at `rows[i·k..(i+1)·k]`).
 fn apply_chase(chase: &[Reflector], vectors: &[f64], rows: &mut [f64], k: usize) {
     #[cfg(target_arch = "x86_64")]
-    if avx2_fma() {
+    if simd::avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { apply_chase_avx2(chase, vectors, rows, k) };
     }
@@ -502,7 +498,7 @@ impl BandMatrix {
             let col = self.column(start + j, start + j..=start + len - 1);
             // The diagonal, then the strict lower part of column j and its mirror.
             let (diagonal, below) = col.split_first().unwrap();
-            let sum = madd::<FMA>(*diagonal, v[j], dot::<FMA>(below, &v[j + 1..]));
+            let sum = madd::<FMA, f64>(*diagonal, v[j], dot::<FMA>(below, &v[j + 1..]));
             axpy::<FMA>(v[j], below, &mut w[j + 1..]);
             w[j] += sum;
         }
@@ -585,44 +581,6 @@ fn householder(x: &mut [f64], v: &mut [f64]) -> f64 {
     x[0] = beta;
     x[1..].fill(0.0);
     (beta - alpha) / beta
-}
-
-/// `a * b + c`, fused when compiled for FMA.
-#[inline(always)]
-fn madd<const FMA: bool>(a: f64, b: f64, c: f64) -> f64 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-/// x·y in [`DOT_LANES`] independent sums, so the loop vectorizes.
-#[inline(always)]
-fn dot<const FMA: bool>(x: &[f64], y: &[f64]) -> f64 {
-    debug_assert_eq!(x.len(), y.len());
-    let mut acc = [0.0; DOT_LANES];
-    let (xc, yc) = (x.chunks_exact(DOT_LANES), y.chunks_exact(DOT_LANES));
-    let mut rest = 0.0;
-    for (&a, &b) in xc.remainder().iter().zip(yc.remainder()) {
-        rest = madd::<FMA>(a, b, rest);
-    }
-    for (p, q) in xc.zip(yc) {
-        for l in 0..DOT_LANES {
-            acc[l] = madd::<FMA>(p[l], q[l], acc[l]);
-        }
-    }
-    acc.iter().sum::<f64>() + rest
-}
-
-const DOT_LANES: usize = 8;
-
-/// y += alpha x.
-#[inline(always)]
-fn axpy<const FMA: bool>(alpha: f64, x: &[f64], y: &mut [f64]) {
-    for (yi, &xi) in y.iter_mut().zip(x) {
-        *yi = madd::<FMA>(alpha, xi, *yi);
-    }
 }
 
 #[cfg(test)]

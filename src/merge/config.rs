@@ -18,7 +18,7 @@ use serde_yaml_ng::{Mapping, Value as Yaml};
 
 use super::params::{yaml_repr, Scope, Setting, Settings};
 use super::{method, method_names, MergeMethod};
-use crate::checkpoint::dtype::{parse_float_dtype, torch_name};
+use crate::dtype::{parse_float_dtype, torch_name};
 use crate::error::Result;
 use crate::{bad, bail};
 

@@ -13,7 +13,8 @@ use rayon::prelude::*;
 use safetensors::Dtype;
 
 use crate::arch::names::{self, Module};
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 use crate::tensor::{matrix_shape, Tensor};
 

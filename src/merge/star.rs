@@ -22,7 +22,8 @@ use super::tsv::{is_spectral, row_major, svd_failed, SVD_EMBEDDINGS};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::bail;
 use crate::error::Result;
-use crate::linalg::svd::{matmul, small_side_svd};
+use crate::linalg::gemm::matmul;
+use crate::linalg::svd::small_side_svd;
 use crate::tensor::Tensor;
 use faer::Mat;
 

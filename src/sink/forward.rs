@@ -22,7 +22,8 @@ use super::rope::{frequencies, RopeTable};
 use crate::arch::config::RopeScaling;
 use crate::arch::names::standard_name;
 use crate::arch::QkNorm;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 use crate::{bad, bail};
 

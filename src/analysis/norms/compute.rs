@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use super::matching::Pair;
 use crate::arch::names::{Module, Param};
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 use crate::linalg::rows::{DiffRows, RowScratch, RowSet, StoredRows};
 use crate::linalg::spectral::{spectral_norm, spectral_norms, SpectralNorm};

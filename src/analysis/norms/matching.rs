@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use crate::arch::config::{check_compatible, TextConfig};
 use crate::arch::names::{self, Module, Param, TensorName};
 use crate::bail;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 
 /// Which layers to report.

@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 pub use compute::{MatrixMetrics, Metrics, Row, VectorMetrics};
 pub use matching::LayerSelection;
-pub use summary::{Metric, RatioSeries, Stat, Summary};
+pub use summary::{MedianMax, Metric, RatioSeries, Summary};
 
 /// What to compare and how precisely.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ pub struct Options {
 
 /// The report of one REF/TARGET pair.
 #[derive(Debug, Clone)]
-pub struct PairReport {
+pub struct DriftReport {
     pub reference: String,
     pub target: String,
     /// The Hub repos and resolved commits, for models from the Hugging Face cache.
@@ -49,9 +49,9 @@ pub struct PairReport {
 pub struct Report {
     pub num_layers: usize,
     pub window: Range<usize>,
-    pub pair: PairReport,
+    pub pair: DriftReport,
     /// The second pair and the ratios pair1/pair2.
-    pub vs: Option<(PairReport, Vec<RatioSeries>)>,
+    pub vs: Option<(DriftReport, Vec<RatioSeries>)>,
     pub warnings: Vec<String>,
 }
 
@@ -93,7 +93,7 @@ pub fn run(
     };
     let (rows, ref_norms, w) = compute::compute_rows(&inputs, &first.pairs, &bar)?;
     warnings.extend(w);
-    let pair = PairReport {
+    let pair = DriftReport {
         reference: reference.label.clone(),
         target: target.label.clone(),
         hub: (reference.hub.clone(), target.hub.clone()),
@@ -115,7 +115,7 @@ pub fn run(
             let (rows, _, w) = compute::compute_rows(&inputs, &m.pairs, &bar)?;
             warnings.extend(w.iter().map(|w| format!("--vs: {w}")));
             let ratios = summary::ratios(&pair.rows, &rows, window.clone());
-            let report = PairReport {
+            let report = DriftReport {
                 reference: r2.label.clone(),
                 target: t2.label.clone(),
                 hub: (r2.hub.clone(), t2.hub.clone()),

@@ -89,14 +89,14 @@ impl Metric {
 
 /// Median (mean of the two middle values for an even count, as numpy) and maximum.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stat {
+pub struct MedianMax {
     pub median: Option<f64>,
     pub max: Option<f64>,
     pub count: usize,
 }
 
-impl Stat {
-    pub fn of(values: impl IntoIterator<Item = f64>) -> Stat {
+impl MedianMax {
+    pub fn of(values: impl IntoIterator<Item = f64>) -> MedianMax {
         let mut v: Vec<f64> = values.into_iter().filter(|x| !x.is_nan()).collect();
         v.sort_by(f64::total_cmp);
         let n = v.len();
@@ -105,7 +105,7 @@ impl Stat {
             _ if n % 2 == 1 => Some(v[n / 2]),
             _ => Some(0.5 * (v[n / 2 - 1] + v[n / 2])),
         };
-        Stat {
+        MedianMax {
             median,
             max: v.last().copied(),
             count: n,
@@ -118,7 +118,7 @@ impl Stat {
 pub struct ModuleSummary {
     pub module: String,
     /// Per metric: over all selected layers, and over the window.
-    pub stats: Vec<(Metric, Stat, Stat)>,
+    pub stats: Vec<(Metric, MedianMax, MedianMax)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -162,9 +162,9 @@ pub fn summarize(rows: &[Row], window: Range<usize>) -> Summary {
                 .iter()
                 .map(|&metric| {
                     let series = per_layer(rows, &module, metric);
-                    let all = Stat::of(series.iter().map(|p| p.1));
+                    let all = MedianMax::of(series.iter().map(|p| p.1));
                     let win =
-                        Stat::of(series.iter().filter(|p| window.contains(&p.0)).map(|p| p.1));
+                        MedianMax::of(series.iter().filter(|p| window.contains(&p.0)).map(|p| p.1));
                     (metric, all, win)
                 })
                 .collect();
@@ -181,8 +181,8 @@ pub struct RatioSeries {
     pub metric: Metric,
     /// Layers present in both pairs, and the ratio there (`None` where pair 2's value is 0).
     pub per_layer: Vec<(usize, Option<f64>)>,
-    pub all: Stat,
-    pub window: Stat,
+    pub all: MedianMax,
+    pub window: MedianMax,
 }
 
 /// Ratios of every module and metric present in both pairs.
@@ -207,8 +207,8 @@ pub fn ratios(first: &[Row], second: &[Row], window: Range<usize>) -> Vec<RatioS
             if per_layer.is_empty() {
                 continue;
             }
-            let all = Stat::of(per_layer.iter().filter_map(|p| p.1));
-            let in_window = Stat::of(
+            let all = MedianMax::of(per_layer.iter().filter_map(|p| p.1));
+            let in_window = MedianMax::of(
                 per_layer
                     .iter()
                     .filter(|p| window.contains(&p.0))
@@ -253,11 +253,11 @@ mod tests {
 
     #[test]
     fn medians_follow_numpy_and_skip_undefined_values() {
-        assert_eq!(Stat::of([3.0, 1.0, 2.0]).median, Some(2.0));
-        assert_eq!(Stat::of([4.0, 1.0, 2.0, 3.0]).median, Some(2.5));
-        let s = Stat::of([f64::NAN, 5.0]);
+        assert_eq!(MedianMax::of([3.0, 1.0, 2.0]).median, Some(2.0));
+        assert_eq!(MedianMax::of([4.0, 1.0, 2.0, 3.0]).median, Some(2.5));
+        let s = MedianMax::of([f64::NAN, 5.0]);
         assert_eq!((s.median, s.max, s.count), (Some(5.0), Some(5.0), 1));
-        assert_eq!(Stat::of([]).median, None);
+        assert_eq!(MedianMax::of([]).median, None);
     }
 
     #[test]

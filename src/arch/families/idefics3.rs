@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::checkpoint::Checkpoint;
@@ -35,7 +35,7 @@ impl Family for Idefics3 {
         model_type == "idefics3" || arch == "Idefics3ForConditionalGeneration"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (fields, key) = prefix::text_fields(&ckpt.config, None);
         let tie = prefix::tie_flag(&ckpt.config, key);
         prefix::plan(ckpt, self.name(), &LAYOUT, Target::Llama, &fields, tie)

@@ -11,7 +11,7 @@
 use serde_json::{json, Map, Value};
 
 use super::llava_onevision::plan_llava_hf;
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::bail;
@@ -68,7 +68,7 @@ impl Family for InternVl {
             )
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let Some(llm) = ckpt.config.get("llm_config") else {
             return plan_llava_hf(ckpt, self.name(), &HF, &TARGETS);
         };

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::llava_onevision::{plan_llava_hf, LLAVA_HF};
-use super::plan::Plan;
+use super::plan::ExtractPlan;
 use super::{model_type_and_arch, Family, Target};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
@@ -27,7 +27,7 @@ impl Family for LlavaNext {
         model_type == "llava_next" || arch == "LlavaNextForConditionalGeneration"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         plan_llava_hf(
             ckpt,
             self.name(),

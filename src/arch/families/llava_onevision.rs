@@ -10,7 +10,7 @@
 
 use serde_json::Value;
 
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::bail;
@@ -54,7 +54,7 @@ pub fn plan_llava_hf(
     family: &'static str,
     layout: &'static PrefixLayout,
     allowed: &[Target],
-) -> Result<Plan> {
+) -> Result<ExtractPlan> {
     let (fields, key) = prefix::text_fields(&ckpt.config, None);
     if key != Some("text_config") {
         bail!(
@@ -99,7 +99,7 @@ impl Family for LlavaOnevision {
             || (model_type == "llava" && config.get("mm_vision_tower").is_some())
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         if ckpt.config.get("text_config").is_some() {
             return plan_llava_hf(ckpt, self.name(), &LLAVA_HF, &[Target::Qwen2]);
         }

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::checkpoint::Checkpoint;
@@ -38,7 +38,7 @@ impl Family for MiniCpmV {
         model_type == "minicpmv" || arch == "MiniCPMV"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (fields, key) = prefix::text_fields(&ckpt.config, Some("qwen3"));
         let tie = prefix::tie_flag(&ckpt.config, key);
         prefix::plan(ckpt, self.name(), &LAYOUT, Target::Qwen3, &fields, tie)

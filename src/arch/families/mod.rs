@@ -3,7 +3,7 @@
 //! file, or its remote code, names the weights; README.md, "extract", has the table).
 //!
 //! Each family is one small file implementing [`Family`]: detection from `config.json` and tensor
-//! names, and a [`Plan`] mapping every stored tensor to kept-under-a-new-name, dropped (vision
+//! names, and an [`ExtractPlan`] mapping every stored tensor to kept-under-a-new-name, dropped (vision
 //! tower, projector, other) or surgery (row splits, expert unfusing), plus the standalone config.
 
 pub mod plan;
@@ -26,7 +26,7 @@ mod qwen3_vl_moe;
 
 use serde_json::Value;
 
-pub use plan::{DropKind, OutTensor, Part, Piece, Plan};
+pub use plan::{DropKind, ExtractPlan, OutTensor, Part, Piece};
 pub use target::Target;
 
 use crate::checkpoint::Checkpoint;
@@ -41,7 +41,7 @@ pub trait Family: Sync {
     /// Whether a checkpoint with this config and these tensor names belongs to the family.
     fn detect(&self, config: &Value, tensor_names: &[String]) -> bool;
     /// The extraction plan for this checkpoint.
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan>;
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan>;
 }
 
 /// Every supported family, in the order detection tries them.

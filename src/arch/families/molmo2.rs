@@ -20,7 +20,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::plan::{DropKind, OutTensor, Part, Piece, Plan, PlanBuilder};
+use super::plan::{DropKind, ExtractPlan, OutTensor, Part, Piece, PlanBuilder};
 use super::prefix::{self, main_dtype};
 use super::target::standalone_config;
 use super::{model_type_and_arch, Family, Target};
@@ -47,7 +47,7 @@ impl Family for Molmo2 {
         model_type == "molmo2" || arch.starts_with("Molmo2")
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let text = Text::read(ckpt)?;
         let mut b = PlanBuilder::new(ckpt, self.name());
         let mut embedding = None;

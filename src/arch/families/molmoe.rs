@@ -17,7 +17,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::plan::{DropKind, OutTensor, Part, Piece, Plan, PlanBuilder};
+use super::plan::{DropKind, ExtractPlan, OutTensor, Part, Piece, PlanBuilder};
 use super::prefix::{self, main_dtype};
 use super::target::standalone_config;
 use super::{model_type_and_arch, Family, Target};
@@ -55,7 +55,7 @@ impl Family for Molmoe {
                 }))
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let cfg = Config::read(ckpt)?;
         let mut b = PlanBuilder::new(ckpt, self.name());
         let (mut megablocks, mut hf_style) = (false, false);

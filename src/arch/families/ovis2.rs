@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::checkpoint::Checkpoint;
@@ -51,7 +51,7 @@ impl Family for Ovis2 {
             || matches!(arch, "Ovis" | "Ovis2ForConditionalGeneration")
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let layout = if ckpt.config.get("llm_config").is_some() {
             &REMOTE
         } else {

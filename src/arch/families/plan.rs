@@ -156,7 +156,7 @@ pub struct Dropped {
 
 /// Everything `extract` writes, decided before any byte is read.
 #[derive(Debug, Clone)]
-pub struct Plan {
+pub struct ExtractPlan {
     pub family: &'static str,
     pub target: Target,
     /// The standalone `config.json`.
@@ -170,7 +170,7 @@ pub struct Plan {
 /// Maps a standard output name to the name it would have in the checkpoint.
 type StoredHint<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
 
-/// Builds a [`Plan`] from per-tensor decisions, then applies the tie rule and checks the result
+/// Builds an [`ExtractPlan`] from per-tensor decisions, then applies the tie rule and checks the result
 /// against the target config.
 pub struct PlanBuilder<'a> {
     ckpt: &'a Checkpoint,
@@ -378,7 +378,7 @@ impl<'a> PlanBuilder<'a> {
         target: Target,
         mut config: Value,
         tie_flag: Option<bool>,
-    ) -> Result<Plan> {
+    ) -> Result<ExtractPlan> {
         let tied = self.apply_tie_rule(tie_flag)?;
         config["tie_word_embeddings"] = Value::Bool(tied);
         let text = TextConfig::from_model_config(&config).map_err(|e| {
@@ -444,7 +444,7 @@ impl<'a> PlanBuilder<'a> {
         self.outputs.sort_by_key(|t| order[t.name.as_str()]);
         self.dropped
             .sort_by(|a, b| crate::checkpoint::natural_cmp(&a.name, &b.name));
-        Ok(Plan {
+        Ok(ExtractPlan {
             family: self.family,
             target,
             config,

@@ -5,11 +5,12 @@
 
 use serde_json::{Map, Value};
 
-use super::plan::{DropKind, Plan, PlanBuilder};
+use super::plan::{DropKind, ExtractPlan, PlanBuilder};
 use super::target::{standalone_config, Target};
 use crate::arch::names;
 use crate::bail;
-use crate::checkpoint::{dtype, Checkpoint};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
 use crate::error::Result;
 
 /// Where a VLM keeps what.
@@ -132,7 +133,7 @@ pub fn plan(
     target: Target,
     fields: &Map<String, Value>,
     tie: Option<bool>,
-) -> Result<Plan> {
+) -> Result<ExtractPlan> {
     let mut b = PlanBuilder::new(ckpt, family);
     route_all(&mut b, layout, |_, _, _| Ok(false))?;
     let config = standalone_config(target, fields, &ckpt.config, main_dtype(ckpt))?;

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::plan::Plan;
+use super::plan::ExtractPlan;
 use super::qwen2_vl::plan_qwen_vl;
 use super::{model_type_and_arch, Family};
 use crate::checkpoint::Checkpoint;
@@ -26,7 +26,7 @@ impl Family for Qwen25Vl {
         model_type == "qwen2_5_vl" || arch == "Qwen2_5_VLForConditionalGeneration"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         plan_qwen_vl(ckpt, self.name(), "qwen2_5_vl_text")
     }
 }

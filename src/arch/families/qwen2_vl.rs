@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::plan::{DropKind, Plan};
+use super::plan::{DropKind, ExtractPlan};
 use super::prefix::{self, PrefixLayout};
 use super::{model_type_and_arch, Family, Target};
 use crate::checkpoint::Checkpoint;
@@ -27,7 +27,11 @@ pub static LAYOUT: PrefixLayout = PrefixLayout {
 };
 
 /// Plan a Qwen2-VL-layout checkpoint whose text config class is `text_type`.
-pub fn plan_qwen_vl(ckpt: &Checkpoint, family: &'static str, text_type: &str) -> Result<Plan> {
+pub fn plan_qwen_vl(
+    ckpt: &Checkpoint,
+    family: &'static str,
+    text_type: &str,
+) -> Result<ExtractPlan> {
     let (mut fields, key) = prefix::text_fields(&ckpt.config, None);
     if key.is_none() {
         // Flat Hub config: the VLM builds its text config from these keys with the text class's defaults.
@@ -51,7 +55,7 @@ impl Family for Qwen2Vl {
         model_type == "qwen2_vl" || arch == "Qwen2VLForConditionalGeneration"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         plan_qwen_vl(ckpt, self.name(), "qwen2_vl_text")
     }
 }

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::plan::{OutTensor, Part, Piece, Plan, PlanBuilder};
+use super::plan::{ExtractPlan, OutTensor, Part, Piece, PlanBuilder};
 use super::prefix::{self, main_dtype, route_all};
 use super::qwen3_vl::LAYOUT;
 use super::target::standalone_config;
@@ -35,7 +35,7 @@ impl Family for Qwen3VlMoe {
         model_type == "qwen3_vl_moe" || arch == "Qwen3VLMoeForConditionalGeneration"
     }
 
-    fn plan(&self, ckpt: &Checkpoint) -> Result<Plan> {
+    fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (mut fields, key) = prefix::text_fields(&ckpt.config, None);
         fields.insert("norm_topk_prob".into(), Value::Bool(true));
         let tie = prefix::tie_flag(&ckpt.config, key);

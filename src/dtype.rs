@@ -61,7 +61,7 @@ pub fn decode_into(dtype: Dtype, bytes: &[u8], out: &mut [f32], what: &str) -> R
     }
     out.par_chunks_mut(CHUNK)
         .zip(bytes.par_chunks(CHUNK * size))
-        .for_each(|(o, b)| decode_chunk(dtype, b, o));
+        .for_each(|(o, b)| decode_unchecked(dtype, b, o));
     Ok(())
 }
 
@@ -72,11 +72,21 @@ pub fn decode(dtype: Dtype, bytes: &[u8], what: &str) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-fn decode_chunk(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
+/// The f32 value of two little-endian bf16 bytes (bf16 is the high half of an f32).
+#[inline(always)]
+pub fn bf16_to_f32(b: &[u8]) -> f32 {
+    f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
+}
+
+/// Decode little-endian `dtype` values into `out` without checks: the caller guarantees a float
+/// dtype and one f32 of `out` per stored value. Always inlined, so it vectorizes for the
+/// caller's target features (the AVX2 build of the row passes, [`crate::linalg::rows`]).
+#[inline(always)]
+pub fn decode_unchecked(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         Dtype::BF16 => {
             for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16);
+                *o = bf16_to_f32(b);
             }
         }
         Dtype::F16 => {
@@ -94,7 +104,7 @@ fn decode_chunk(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
                 *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        _ => unreachable!("checked by decode_into"),
+        other => unreachable!("the caller admits float dtypes only, not {other:?}"),
     }
 }
 
