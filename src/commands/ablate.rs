@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
 use crate::arch::names::{self, Module, Param};
-use crate::arch::{QkNorm, TextConfig};
+use crate::arch::{LayerList, QkNorm, TextConfig};
 use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::{dtype, Checkpoint};
 use crate::cli::OutputArgs;
@@ -49,9 +49,10 @@ pub struct Args {
     #[arg(long, default_value_t = 10, value_name = "K")]
     pub top_k: usize,
 
-    /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a slice) [default: all]
+    /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a half-open slice; `20:`
+    /// and `:4` are open-ended) [default: all]
     #[arg(long, value_name = "LIST")]
-    pub layers: Option<String>,
+    pub layers: Option<LayerList>,
 
     #[command(flatten)]
     pub out: OutputArgs,
@@ -104,7 +105,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map(|c| c.num_hidden_layers)
         .unwrap_or_else(|| all_layers.last().map_or(0, |l| l + 1));
     let layers = match &args.layers {
-        Some(spec) => crate::cli::parse_layer_list(spec, num_layers)?,
+        Some(spec) => spec.resolve(num_layers)?,
         None => (0..num_layers).collect(),
     };
 
@@ -267,7 +268,10 @@ fn card(
     let shown_layers = if layers.len() == num_layers {
         format!("all {num_layers}")
     } else {
-        args.layers.clone().unwrap_or_default()
+        args.layers
+            .as_ref()
+            .map_or("", LayerList::as_str)
+            .to_string()
     };
     let recipe = vec![
         ("norms", args.norms.join(", ")),
@@ -285,7 +289,7 @@ fn card(
         args.top_k.to_string(),
     ];
     if let Some(spec) = &args.layers {
-        replay.extend(["--layers".to_string(), spec.clone()]);
+        replay.extend(["--layers".to_string(), spec.as_str().to_string()]);
     }
     replay.extend(["-o".to_string(), "OUT".to_string()]);
     ModelCard {

@@ -74,7 +74,7 @@ pub struct Args {
 
     /// These layers instead of the last K: `0-3,7` (inclusive ranges) or `20:28` (a slice)
     #[arg(long, value_name = "LIST", conflicts_with = "last")]
-    pub layers: Option<String>,
+    pub layers: Option<crate::arch::LayerList>,
 
     /// Heads shown in the text table, most damaged first
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -154,7 +154,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let spec = DecoderSpec::from_model_config(&ckpts[0].config)
         .map_err(|e| crate::bad!("{}: {e}", ckpts[0].dir.join("config.json").display()))?;
     let layers = match &args.layers {
-        Some(list) => Layers::List(crate::cli::parse_layer_list(list, spec.num_layers())?),
+        Some(list) => Layers::List(list.resolve(spec.num_layers())?),
         None => Layers::Last(args.last),
     };
     let template = args.chat_template.then_some(ckpts[0].dir.as_path());

@@ -11,6 +11,7 @@ use serde_json::json;
 use super::score::{input, same_tokens};
 use crate::analysis::heads::{self, check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
+use crate::arch::LayerList;
 use crate::bail;
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::Checkpoint;
@@ -76,7 +77,7 @@ pub struct Args {
 
     /// Candidates of top:K and random:K: the heads of these layers instead (`0-3,7` or `20:28`)
     #[arg(long, value_name = "LIST", conflicts_with = "last")]
-    pub layers: Option<String>,
+    pub layers: Option<LayerList>,
 
     /// What ranks heads for top:K
     #[arg(long, value_enum, default_value_t = RankBy::DeltaG)]
@@ -138,7 +139,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
     let layers = match &args.layers {
-        Some(list) => Layers::List(crate::cli::parse_layer_list(list, spec.num_layers())?),
+        Some(list) => Layers::List(list.resolve(spec.num_layers())?),
         None => Layers::Last(args.last),
     };
     let candidate_layers = layers.of(spec.num_layers());
