@@ -329,3 +329,37 @@ fn the_model_card_records_the_ablation_and_its_replay() {
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
 }
+
+#[test]
+fn a_config_that_does_not_normalize_counts_layers_from_the_names_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = fixture("qwen3");
+    let model = tmp.path().join("m");
+    let mut broken = config(&source);
+    broken["hidden_size"] = "wide".into();
+    write_model(&model, &broken, &load(&source), Some(&source));
+    let out = tmp.path().join("o");
+    let run = sinkmerge(&[
+        "ablate",
+        model.to_str().unwrap(),
+        "--norms",
+        "input_layernorm",
+        "--top-k",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let warning = stderr(&run);
+    assert!(
+        warning.contains("sinkmerge: warning:")
+            && warning.contains("config.json does not normalize")
+            && warning.contains("counted from the tensor names"),
+        "{warning}"
+    );
+    let layers = load(&source)
+        .keys()
+        .filter(|n| n.ends_with("input_layernorm.weight"))
+        .count();
+    assert!(stdout(&run).contains(&format!("ablated {layers} tensors")));
+}
