@@ -258,7 +258,8 @@ fn bad_arguments_and_values_are_refused() {
     );
     let nan_model = tmp.path().join("nan");
     write_model(&nan_model, &config(&model), &tensors, None);
-    let err = sinkmerge([
+    // NaN or Inf in an input is exit 3 in every command (tests/exit_codes.rs).
+    sinkmerge([
         "ablate",
         nan_model.to_str().unwrap(),
         "--norms",
@@ -266,8 +267,7 @@ fn bad_arguments_and_values_are_refused() {
         "-o",
         o,
     ])
-    .refused(&[]);
-    assert!(err.contains(name) && err.contains("NaN"), "{err}");
+    .non_finite(&[name, "NaN"]);
     assert!(!out.exists());
     assert!(leftovers(tmp.path()).is_empty());
 }
@@ -334,4 +334,39 @@ fn the_model_card_records_the_ablation_and_its_replay() {
     .ok();
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
+}
+
+#[test]
+fn a_config_that_does_not_normalize_counts_layers_from_the_names_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = fixture("qwen3");
+    let model = tmp.path().join("m");
+    let mut broken = config(&source);
+    broken["hidden_size"] = "wide".into();
+    write_model(&model, &broken, &load(&source), Some(&source));
+    let out = tmp.path().join("o");
+    let run = sinkmerge([
+        "ablate",
+        model.to_str().unwrap(),
+        "--norms",
+        "input_layernorm",
+        "--top-k",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .output();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let warning = stderr(&run);
+    assert!(
+        warning.contains("sinkmerge: warning:")
+            && warning.contains("config.json does not normalize")
+            && warning.contains("counted from the tensor names"),
+        "{warning}"
+    );
+    let layers = load(&source)
+        .keys()
+        .filter(|n| n.ends_with("input_layernorm.weight"))
+        .count();
+    assert!(stdout(&run).contains(&format!("ablated {layers} tensors")));
 }

@@ -344,12 +344,12 @@ fn heads_reports_never_land_inside_an_input() {
     let (r, t) = pair();
     for (flag, name) in [("--csv", "heads.csv"), ("--heatmap", "heads.svg")] {
         let inside = Path::new(&t).join(name);
-        let err = bad_input(&["heads", &r, &t, flag, inside.to_str().unwrap()]);
+        let err = sinkmerge(["heads", &r, &t, flag, inside.to_str().unwrap()]).refused(&[]);
         assert!(err.contains("lies inside input"), "{flag}: {err}");
         assert!(!inside.exists());
     }
     let dir = tempfile::tempdir().unwrap();
-    let err = bad_input(&["heads", &r, &t, "--csv", dir.path().to_str().unwrap()]);
+    let err = sinkmerge(["heads", &r, &t, "--csv", dir.path().to_str().unwrap()]).refused(&[]);
     assert!(err.contains("is a directory"), "{err}");
 }
 

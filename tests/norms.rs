@@ -315,6 +315,43 @@ fn selections_and_warnings() {
     assert!(text.contains("expert_up_proj") && text.contains("one row per expert"));
 }
 
+/// `--layers` takes the syntax of every command: the slice `A:B` (half-open, ends optional) and
+/// the list `0-3,7` (inclusive ranges) select the same layers for the same intent.
+#[test]
+fn layers_take_slices_and_lists_alike() {
+    let (r, t) = (
+        fixture("norms/spectra-ref"),
+        fixture("norms/spectra-target"),
+    );
+    let layers_of = |spec: &str| -> Vec<Value> {
+        let report = json_of(&run(&[&r, &t, "--json", "--layers", spec]));
+        let mut layers: Vec<Value> = (report["rows"].as_array().unwrap().iter())
+            .map(|row| row["layer"].clone())
+            .collect();
+        layers.dedup();
+        layers
+    };
+    let (one, two, three) = (Value::from(1), Value::from(2), Value::from(3));
+    for (spec, want) in [
+        ("1:3", vec![one.clone(), two.clone()]),
+        ("1-2", vec![one.clone(), two.clone()]),
+        ("2:", vec![two.clone(), three.clone()]),
+        ("2-3", vec![two.clone(), three.clone()]),
+        (":2", vec![Value::from(0), one.clone()]),
+        ("1,3", vec![one.clone(), three.clone()]),
+    ] {
+        assert_eq!(layers_of(spec), want, "--layers {spec}");
+    }
+    for (spec, needle) in [
+        ("1-5", "outside the model's layers 0-3"),
+        ("2:2", "is empty"),
+    ] {
+        let out = run(&[&r, &t, "--layers", spec]);
+        assert_eq!(out.status.code(), Some(2), "{spec}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{spec}: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn bad_inputs_give_one_clear_error_and_write_nothing() {
     let tmp = tempfile::tempdir().unwrap();

@@ -428,3 +428,32 @@ fn the_model_card_lists_ref_as_base_model_and_both_inputs() {
     assert!(!bare.join("README.md").exists());
     assert_eq!(load(&out), load(&bare));
 }
+
+#[test]
+fn a_config_that_does_not_normalize_skips_the_architecture_check_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = fixture("qwen2");
+    let target = tmp.path().join("t");
+    let mut broken = config(&reference);
+    broken["hidden_size"] = "wide".into();
+    write_model(&target, &broken, &make_target(&load(&reference)), None);
+    let out = tmp.path().join("o");
+    let run = sinkmerge([
+        "perturb",
+        reference.to_str().unwrap(),
+        "--match",
+        target.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ])
+    .output();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let warning = stderr(&run);
+    assert!(
+        warning.contains("sinkmerge: warning:")
+            && warning.contains("config.json does not normalize")
+            && warning.contains("not compared"),
+        "{warning}"
+    );
+    assert_eq!(warning.lines().count(), 1, "{warning}");
+}

@@ -203,7 +203,7 @@ fn arguments_and_the_panel_are_checked_before_the_model_is_scored() {
     let plot = dir.path().join("figure3.svg");
     let plot = plot.to_str().unwrap();
     let missing = "tests/fixtures/no-such-model";
-    let err = bad_input(&[
+    let err = sinkmerge([
         "predict",
         "--model",
         missing,
@@ -211,17 +211,20 @@ fn arguments_and_the_panel_are_checked_before_the_model_is_scored() {
         "inf",
         "--plot",
         plot,
-    ]);
+    ])
+    .refused(&["--similar-within"]);
     assert!(err.contains("--similar-within"), "{err}");
-    let err = bad_input(&[
+    let err = sinkmerge([
         "predict",
         "--model",
         missing,
         "--panel",
         "no-such-panel.csv",
-    ]);
+    ])
+    .refused(&["no-such-panel"]);
     assert!(err.contains("no-such-panel"), "{err}");
-    let err = bad_input(&["predict", "--model", missing, "--task", "no-such-task"]);
+    let err = sinkmerge(["predict", "--model", missing, "--task", "no-such-task"])
+        .refused(&["no-such-task"]);
     assert!(err.contains("no-such-task"), "{err}");
     assert!(!std::path::Path::new(plot).exists());
 }

@@ -6,9 +6,18 @@
 //! so exactly K entries are chosen even when several tie at the K-th magnitude. The mean is taken
 //! in f64 over the stored values before any replacement and rounded once to the tensor's dtype.
 
-use serde::Serialize;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
-use crate::arch::names::Module;
+use safetensors::Dtype;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::arch::names::{self, Module, Param};
+use crate::arch::{LayerList, QkNorm, TextConfig};
+use crate::checkpoint::Checkpoint;
+use crate::dtype;
+use crate::error::Result;
+use crate::{bad, bail};
 
 /// The per-layer norm scales `--norms` accepts.
 pub const LAYER_NORMS: [Module; 6] = [
@@ -19,6 +28,157 @@ pub const LAYER_NORMS: [Module; 6] = [
     Module::QNorm,
     Module::KNorm,
 ];
+
+/// Which tensors an ablation rewrites.
+#[derive(Debug, Clone)]
+pub struct AblationPlan {
+    /// The stored names of the norm tensors to ablate.
+    pub targets: HashSet<String>,
+    /// The selected layers, sorted.
+    pub layers: Vec<usize>,
+    pub num_layers: usize,
+    /// What the user should be told about the input (a check that could not be made).
+    pub warnings: Vec<String>,
+}
+
+/// Choose the `norms` tensors of `layers` (all when `None`) in `model`. Refuses Gemma's
+/// `(1 + weight)` scales, norms the architecture lacks, a layer missing one, non-float dtypes and
+/// tensors of fewer than `top_k` entries.
+pub fn plan(
+    model: &Checkpoint,
+    norms: &[Module],
+    top_k: usize,
+    layers: Option<&LayerList>,
+) -> Result<AblationPlan> {
+    let model_type = crate::arch::config::text_section(&model.config)
+        .0
+        .get("model_type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if model_type.starts_with("gemma") {
+        bail!(
+            "{}: model_type `{model_type}` stores norm scales as offsets (1 + weight); ablate \
+             supports plain RMSNorm scales only",
+            model.label
+        );
+    }
+    let mut warnings = Vec::new();
+    let text = match TextConfig::from_model_config(&model.config) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            warnings.push(format!(
+                "{}: config.json does not normalize ({e}); the layers are counted from the tensor \
+                 names",
+                model.label
+            ));
+            None
+        }
+    };
+
+    // Every per-layer norm tensor of the model: (layer, module) -> stored name.
+    let mut present: HashMap<(usize, Module), &String> = HashMap::new();
+    for name in model.names() {
+        if let Some(p) = names::standard_name(name).as_deref().and_then(names::parse) {
+            if let (Some(layer), Param::Weight) = (p.layer, p.param) {
+                if LAYER_NORMS.contains(&p.module) {
+                    present.insert((layer, p.module), name);
+                }
+            }
+        }
+    }
+    let all_layers: BTreeSet<usize> = present.keys().map(|&(l, _)| l).collect();
+    let num_layers = text
+        .as_ref()
+        .map(|c| c.num_hidden_layers)
+        .unwrap_or_else(|| all_layers.last().map_or(0, |l| l + 1));
+    let layers = match layers {
+        Some(list) => list.resolve(num_layers)?,
+        None => (0..num_layers).collect(),
+    };
+
+    let mut targets = HashSet::new();
+    for &module in norms {
+        if !present.keys().any(|&(_, m)| m == module) {
+            let has: Vec<&str> = LAYER_NORMS
+                .iter()
+                .filter(|m| present.keys().any(|&(_, p)| p == **m))
+                .map(|m| m.short_name())
+                .collect();
+            let qk = if matches!(module, Module::QNorm | Module::KNorm) {
+                let q_len = present
+                    .iter()
+                    .find(|((_, m), _)| *m == Module::QNorm)
+                    .and_then(|(_, n)| model.info(n).map(|i| i.numel()));
+                format!(
+                    " (QK-norm class: {})",
+                    QkNorm::classify(q_len, text.as_ref()).as_str()
+                )
+            } else {
+                String::new()
+            };
+            bail!(
+                "{}: the architecture has no `{}` tensors{qk}; its per-layer norms are: {}",
+                model.label,
+                module.short_name(),
+                has.join(", ")
+            );
+        }
+        for &layer in &layers {
+            let name = present.get(&(layer, module)).ok_or_else(|| {
+                bad!(
+                    "{}: tensor `{}` is missing (other layers have it)",
+                    model.label,
+                    names::layer_name(layer, module, Param::Weight)
+                )
+            })?;
+            let info = model.require(name)?;
+            if !dtype::is_float(info.dtype) {
+                bail!(
+                    "{}: dtype {:?} is not floating point",
+                    model.describe(name),
+                    info.dtype
+                );
+            }
+            if info.numel() < top_k {
+                bail!(
+                    "{}: has {} entries, fewer than --top-k {}",
+                    model.describe(name),
+                    info.numel(),
+                    top_k
+                );
+            }
+            targets.insert(name.to_string());
+        }
+    }
+    Ok(AblationPlan {
+        targets,
+        layers,
+        num_layers,
+        warnings,
+    })
+}
+
+/// Ablate one stored norm tensor `name` (`what` names it in errors): its new bytes, same dtype
+/// and length, and the report. Refuses NaN and Inf entries.
+pub fn ablate_stored(
+    name: &str,
+    stored: Dtype,
+    bytes: &[u8],
+    k: usize,
+    what: &str,
+) -> Result<(Vec<u8>, Ablation)> {
+    let mut values = dtype::decode(stored, bytes, what)?;
+    if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+        return Err(crate::non_finite!("{what}: entry {bad} is {}", values[bad]));
+    }
+    let round = |x: f32| {
+        let enc = dtype::encode(stored, &[x]).expect("float dtype");
+        dtype::decode(stored, &enc, "").expect("float dtype")[0]
+    };
+    let a = ablate(name, &mut values, k, round);
+    Ok((dtype::encode(stored, &values)?, a))
+}
 
 /// The indices of the `k` entries of largest magnitude, ties broken by lowest index, in
 /// selection order. `k` must not exceed `values.len()`; values must not be NaN.

@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{family, TextConfig};
 use crate::bail;
+use crate::checkpoint::rewrite::Additions;
+use crate::checkpoint::writer::PlannedTensor;
 use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
@@ -48,6 +50,27 @@ pub struct Injection {
     pub num_layers: usize,
     pub dtype: Dtype,
     pub added: Vec<AddedTensor>,
+}
+
+impl Injection {
+    /// What the rewrite writes besides the source's tensors: the Qwen3 config and the added
+    /// tensors with their bytes (the rewrite places them in natural name order).
+    pub fn additions(&self) -> Result<Additions> {
+        let tensors = (self.added.iter())
+            .map(|t| {
+                let planned = PlannedTensor {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                };
+                Ok((planned, t.bytes()?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Additions {
+            config: Some(self.config.clone()),
+            tensors,
+        })
+    }
 }
 
 /// Check that `ckpt` is a Qwen2-family causal LM without QK norms and plan its conversion.

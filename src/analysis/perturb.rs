@@ -9,6 +9,7 @@
 //! (the realized squared drift is close to linear in it) until the relative mismatch is below
 //! [`TOLERANCE`] or no longer improves.
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use rand::Rng;
@@ -18,10 +19,13 @@ use rayon::prelude::*;
 use safetensors::Dtype;
 use serde::Serialize;
 
-use crate::arch::names::{Module, Param, TensorName};
+use crate::arch::names::{self, Module, Param, TensorName};
+use crate::arch::{config, TextConfig};
+use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
 use crate::linalg::tensor_rng;
+use crate::{bad, bail};
 
 /// Elements per block: the unit of parallel work, of summation order and of random streams
 /// (block `b` draws from stream `b` of the tensor's generator), so results do not depend on
@@ -41,6 +45,91 @@ pub fn is_perturbed(name: &TensorName) -> bool {
     name.param == Param::Weight
         && (name.module.is_attention_projection() || name.module.is_mlp_projection())
         && name.module != Module::Router
+}
+
+/// Which tensors of REF the control perturbs, and against which of TARGET's.
+#[derive(Debug, Clone)]
+pub struct Pairing {
+    /// REF's stored name of each perturbed tensor -> TARGET's stored name of its partner.
+    pub partners: HashMap<String, String>,
+    /// What the user should be told about the inputs (a check that could not be made).
+    pub warnings: Vec<String>,
+}
+
+/// Pair every perturbed tensor of `reference` with `target`'s tensor of the same standard
+/// causal-LM name (so TARGET may be a VLM). Refuses incompatible architectures, a missing
+/// partner, differing shapes, non-float dtypes and a REF without projections. When a config
+/// does not normalize, the architecture check is skipped with a warning.
+pub fn pair(reference: &Checkpoint, target: &Checkpoint) -> Result<Pairing> {
+    let mut warnings = Vec::new();
+    match (
+        TextConfig::from_model_config(&reference.config),
+        TextConfig::from_model_config(&target.config),
+    ) {
+        (Ok(a), Ok(b)) => config::check_compatible(&a, &b, &reference.label, &target.label)?,
+        (a, b) => {
+            for (ckpt, err) in [(reference, a.err()), (target, b.err())] {
+                if let Some(e) = err {
+                    warnings.push(format!(
+                        "{}: config.json does not normalize ({e}); the architectures of REF and \
+                         TARGET are not compared, only their projections' names and shapes",
+                        ckpt.label
+                    ));
+                }
+            }
+        }
+    }
+
+    let target_by_standard: HashMap<String, &String> = target
+        .names()
+        .iter()
+        .filter_map(|n| names::standard_name(n).map(|s| (s, n)))
+        .collect();
+    let mut partners = HashMap::new();
+    for name in reference.names() {
+        let info = reference.require(name)?;
+        let standard = names::standard_name(name);
+        let perturbed = standard
+            .as_deref()
+            .and_then(names::parse)
+            .is_some_and(|p| is_perturbed(&p));
+        if !perturbed {
+            continue;
+        }
+        let standard = standard.expect("parsed");
+        let t = target_by_standard.get(&standard).copied().ok_or_else(|| {
+            bad!(
+                "{}: no matching tensor in {} (looked for `{standard}` under any of the usual \
+                 language-model prefixes)",
+                reference.describe(name),
+                target.label
+            )
+        })?;
+        let t_info = target.require(t)?;
+        if t_info.shape != info.shape {
+            bail!(
+                "{} has shape {:?} but {} has {:?}",
+                reference.describe(name),
+                info.shape,
+                target.describe(t),
+                t_info.shape
+            );
+        }
+        for (ckpt, n, d) in [(reference, name, info.dtype), (target, t, t_info.dtype)] {
+            if !dtype::is_float(d) {
+                bail!("{}: dtype {d:?} is not floating point", ckpt.describe(n));
+            }
+        }
+        partners.insert(name.clone(), t.clone());
+    }
+    if partners.is_empty() {
+        bail!(
+            "{}: no attention or MLP projection weights found (expected names like \
+             model.layers.0.self_attn.q_proj.weight)",
+            reference.label
+        );
+    }
+    Ok(Pairing { partners, warnings })
 }
 
 /// What happened to one tensor.

@@ -2,7 +2,7 @@
 //! `W = (1 - lambda) W_target + lambda W_ref`, and leave every other byte as it is
 //! (`docs/reference/heads.md`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::str::FromStr;
 
@@ -10,8 +10,10 @@ use serde::Serialize;
 
 use super::heads::Projection;
 use crate::arch::names::{layer_name, Param};
+use crate::checkpoint::header::TensorInfo;
 use crate::dtype;
 use crate::error::Result;
+use crate::sink::forward::Model;
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;
 use crate::{bad, bail};
@@ -168,6 +170,56 @@ pub struct TensorRepair {
     pub entries: usize,
     /// Of those, entries whose stored bytes changed.
     pub changed: usize,
+}
+
+/// One planned tensor of the target checkpoint: its standard name and the ranges that move.
+pub struct Planned<'a> {
+    pub standard: &'a str,
+    pub ranges: &'a [Range<usize>],
+}
+
+/// The tensors of `plan` (by standard name) under `target`'s stored names (a VLM prefixes its
+/// language model).
+pub fn by_stored_name<'a>(
+    target: &'a Model,
+    plan: &'a BTreeMap<String, Vec<Range<usize>>>,
+) -> Result<HashMap<&'a str, Planned<'a>>> {
+    (plan.iter())
+        .map(|(standard, ranges)| {
+            let planned = Planned { standard, ranges };
+            Ok((target.stored_name(standard)?, planned))
+        })
+        .collect()
+}
+
+/// Repair one stored tensor of the target (`info`, `bytes`, stored as `name`; `what` names it
+/// in errors) toward `reference`'s tensor of the same standard name, which must share its dtype.
+pub fn repair_stored(
+    reference: &Model,
+    planned: &Planned,
+    name: &str,
+    info: &TensorInfo,
+    bytes: &[u8],
+    lambda: f32,
+    what: &str,
+) -> Result<(Vec<u8>, TensorRepair)> {
+    let (ref_dtype, ref_bytes) = reference.stored_bytes(planned.standard, &info.shape)?;
+    if ref_dtype != info.dtype {
+        bail!(
+            "{} is {ref_dtype:?} but {what} is {:?}; repair-heads blends tensors of one dtype",
+            reference.describe(planned.standard),
+            info.dtype
+        );
+    }
+    blend(
+        info.dtype,
+        bytes,
+        ref_bytes,
+        planned.ranges,
+        lambda,
+        name,
+        what,
+    )
 }
 
 /// `target`'s bytes with the entries in `ranges` set to `(1 - lambda) target + lambda reference`

@@ -4,12 +4,14 @@
 pub mod config;
 pub mod families;
 pub mod family;
+pub mod layer_list;
 pub mod layout;
 pub mod names;
 
 use serde::Serialize;
 
 pub use config::TextConfig;
+pub use layer_list::LayerList;
 pub use names::{Module, Param, TensorName};
 
 /// How an architecture normalizes queries and keys before RoPE (the paper's central switch).

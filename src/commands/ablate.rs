@@ -1,21 +1,18 @@
 //! `sinkmerge ablate`: the norm-channel ablation (Appendix D.3). In every layer's listed norm
 //! scales, the K entries of largest |gamma| become the tensor's mean.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use serde_json::json;
 
-use serde_json::{json, Value};
-
-use crate::analysis::ablate::{self, Ablation, LAYER_NORMS};
-use crate::arch::names::{self, Module, Param};
-use crate::arch::{QkNorm, TextConfig};
+use crate::analysis::ablate::{self, Ablation, AblationPlan, LAYER_NORMS};
+use crate::arch::names::Module;
+use crate::arch::LayerList;
+use crate::bail;
 use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
-use crate::dtype;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
-use crate::{bad, bail};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -50,9 +47,10 @@ pub struct Args {
     #[arg(long, default_value_t = 10, value_name = "K")]
     pub top_k: usize,
 
-    /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a slice) [default: all]
+    /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a half-open slice; `20:`
+    /// and `:4` are open-ended) [default: all]
     #[arg(long, value_name = "LIST")]
-    pub layers: Option<String>,
+    pub layers: Option<LayerList>,
 
     #[command(flatten)]
     pub out: OutputArgs,
@@ -68,100 +66,14 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         bail!("--top-k must be at least 1");
     }
     let model = Checkpoint::open_ref(&args.model)?;
-    let model_type = crate::arch::config::text_section(&model.config)
-        .0
-        .get("model_type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    if model_type.starts_with("gemma") {
-        bail!(
-            "{}: model_type `{model_type}` stores norm scales as offsets (1 + weight); ablate \
-             supports plain RMSNorm scales only",
-            model.label
-        );
-    }
-    let text = TextConfig::from_model_config(&model.config).ok();
     let norms: Vec<Module> = args
         .norms
         .iter()
         .map(|n| Module::from_short_name(n).expect("validated by clap"))
         .collect();
-
-    // Every per-layer norm tensor of the model: (layer, module) -> stored name.
-    let mut present: HashMap<(usize, Module), &String> = HashMap::new();
-    for name in model.names() {
-        if let Some(p) = names::standard_name(name).as_deref().and_then(names::parse) {
-            if let (Some(layer), Param::Weight) = (p.layer, p.param) {
-                if LAYER_NORMS.contains(&p.module) {
-                    present.insert((layer, p.module), name);
-                }
-            }
-        }
-    }
-    let all_layers: BTreeSet<usize> = present.keys().map(|&(l, _)| l).collect();
-    let num_layers = text
-        .as_ref()
-        .map(|c| c.num_hidden_layers)
-        .unwrap_or_else(|| all_layers.last().map_or(0, |l| l + 1));
-    let layers = match &args.layers {
-        Some(spec) => crate::cli::parse_layer_list(spec, num_layers)?,
-        None => (0..num_layers).collect(),
-    };
-
-    let mut targets: HashSet<&str> = HashSet::new();
-    for &module in &norms {
-        if !present.keys().any(|&(_, m)| m == module) {
-            let has: Vec<&str> = LAYER_NORMS
-                .iter()
-                .filter(|m| present.keys().any(|&(_, p)| p == **m))
-                .map(|m| m.short_name())
-                .collect();
-            let qk = if matches!(module, Module::QNorm | Module::KNorm) {
-                let q_len = present
-                    .iter()
-                    .find(|((_, m), _)| *m == Module::QNorm)
-                    .and_then(|(_, n)| model.info(n).map(|i| i.numel()));
-                format!(
-                    " (QK-norm class: {})",
-                    QkNorm::classify(q_len, text.as_ref()).as_str()
-                )
-            } else {
-                String::new()
-            };
-            bail!(
-                "{}: the architecture has no `{}` tensors{qk}; its per-layer norms are: {}",
-                model.label,
-                module.short_name(),
-                has.join(", ")
-            );
-        }
-        for &layer in &layers {
-            let name = present.get(&(layer, module)).ok_or_else(|| {
-                bad!(
-                    "{}: tensor `{}` is missing (other layers have it)",
-                    model.label,
-                    names::layer_name(layer, module, Param::Weight)
-                )
-            })?;
-            let info = model.require(name)?;
-            if !dtype::is_float(info.dtype) {
-                bail!(
-                    "{}: dtype {:?} is not floating point",
-                    model.describe(name),
-                    info.dtype
-                );
-            }
-            if info.numel() < args.top_k {
-                bail!(
-                    "{}: has {} entries, fewer than --top-k {}",
-                    model.describe(name),
-                    info.numel(),
-                    args.top_k
-                );
-            }
-            targets.insert(name.as_str());
-        }
+    let plan = ablate::plan(&model, &norms, args.top_k, args.layers.as_ref())?;
+    for w in &plan.warnings {
+        eprintln!("sinkmerge: warning: {w}");
     }
 
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
@@ -171,24 +83,16 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         &bar,
         &Additions::default(),
         |name, info, bytes| {
-            if !targets.contains(name) {
+            if !plan.targets.contains(name) {
                 return Ok(Edit::Copy);
             }
-            let what = model.describe(name);
-            let mut values = dtype::decode(info.dtype, bytes, &what)?;
-            if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
-                bail!("{what}: entry {bad} is {}", values[bad]);
-            }
-            let round = |x: f32| {
-                let enc = dtype::encode(info.dtype, &[x]).expect("float dtype");
-                dtype::decode(info.dtype, &enc, "").expect("float dtype")[0]
-            };
-            let a = ablate::ablate(name, &mut values, args.top_k, round);
-            Ok(Edit::Replace(dtype::encode(info.dtype, &values)?, a))
+            let (bytes, a) =
+                ablate::ablate_stored(name, info.dtype, bytes, args.top_k, &model.describe(name))?;
+            Ok(Edit::Replace(bytes, a))
         },
     )?;
     if !args.out.no_model_card {
-        card(&args, &model, &layers, num_layers, targets.len()).write(&rewritten.out)?;
+        card(&args, &model, &plan).write(&rewritten.out)?;
     }
     let dest = rewritten.out.commit()?;
 
@@ -214,7 +118,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "model_hub": model.hub,
             "top_k": args.top_k,
             "norms": args.norms,
-            "layers": layers,
+            "layers": plan.layers,
             "tensors": ablations,
         });
         println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
@@ -249,13 +153,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
 }
 
 /// The model card: the ablation's settings and the command that repeats it.
-fn card(
-    args: &Args,
-    model: &Checkpoint,
-    layers: &[usize],
-    num_layers: usize,
-    tensors: usize,
-) -> ModelCard {
+fn card(args: &Args, model: &Checkpoint, plan: &AblationPlan) -> ModelCard {
     let input = model_card::Input::new("model", true, model);
     let description = format!(
         "`{}` with its norm channels ablated, a control of arXiv 2609.00746 (Appendix D.3): in \
@@ -265,16 +163,19 @@ fn card(
         input.name(),
         args.top_k
     );
-    let shown_layers = if layers.len() == num_layers {
-        format!("all {num_layers}")
+    let shown_layers = if plan.layers.len() == plan.num_layers {
+        format!("all {}", plan.num_layers)
     } else {
-        args.layers.clone().unwrap_or_default()
+        args.layers
+            .as_ref()
+            .map_or("", LayerList::as_str)
+            .to_string()
     };
     let recipe = vec![
         ("norms", args.norms.join(", ")),
         ("top-k", args.top_k.to_string()),
         ("layers", shown_layers),
-        ("tensors ablated", tensors.to_string()),
+        ("tensors ablated", plan.targets.len().to_string()),
     ];
     let mut replay = vec![
         "sinkmerge".to_string(),
@@ -286,7 +187,7 @@ fn card(
         args.top_k.to_string(),
     ];
     if let Some(spec) = &args.layers {
-        replay.extend(["--layers".to_string(), spec.clone()]);
+        replay.extend(["--layers".to_string(), spec.as_str().to_string()]);
     }
     replay.extend(["-o".to_string(), "OUT".to_string()]);
     ModelCard {

@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::arch::families::{self, Family};
+use crate::arch::families;
+use crate::bad;
 use crate::checkpoint::resolve::{self, ModelRef};
 use crate::checkpoint::{writer, Checkpoint};
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::extract::{self, Summary};
 use crate::report::{human_bytes, Table};
-use crate::{bad, bail};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -66,7 +66,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     ckpt.hub = model.hub.clone();
     let family = match &args.family {
         Some(name) => families::by_name(name).ok_or_else(|| bad!("unknown family `{name}`"))?,
-        None => detect(&ckpt)?,
+        None => extract::detect_family(&ckpt)?,
     };
     let plan = family.plan(&ckpt)?;
     let dest = args
@@ -88,27 +88,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         print!("{}", render(&summary));
     }
     Ok(())
-}
-
-fn detect(ckpt: &Checkpoint) -> Result<&'static dyn Family> {
-    if let Some(f) = families::detect(&ckpt.config, ckpt.names()) {
-        return Ok(f);
-    }
-    let (model_type, arch) = families::model_type_and_arch(&ckpt.config);
-    let plain = ckpt
-        .names()
-        .iter()
-        .all(|n| crate::arch::names::parse(n).is_some());
-    let hint = if plain {
-        " Its tensors already have causal-LM names: it looks like a plain language model, with nothing to extract."
-    } else {
-        ""
-    };
-    bail!(
-        "{}: cannot tell which VLM family this is (config.json model_type `{model_type}`, architectures `{arch}`).{hint} Supported families: {}; pass --family to choose one",
-        ckpt.label,
-        families::NAMES.join(", ")
-    )
 }
 
 /// `./<alias>-lm`, `./<directory name>-lm` or `./<repo NAME>-lm`.

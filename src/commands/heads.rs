@@ -54,7 +54,7 @@ pub struct Args {
 
     /// These layers instead of the last K: `0-3,7` (inclusive ranges) or `20:28` (a slice)
     #[arg(long, value_name = "LIST", conflicts_with = "last")]
-    pub layers: Option<String>,
+    pub layers: Option<crate::arch::LayerList>,
 
     /// Heads shown in the text table, most damaged first
     #[arg(long, value_name = "N", default_value_t = 20)]
@@ -100,7 +100,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map_err(|e| crate::bad!("{}: {e}", ckpts[0].dir.join("config.json").display()))?;
     let num_layers = spec.num_layers();
     let layers = match &args.layers {
-        Some(list) => Layers::List(crate::cli::parse_layer_list(list, num_layers)?),
+        Some(list) => Layers::List(list.resolve(num_layers)?),
         None => Layers::Last(args.scoring.last),
     };
     let template = args.scoring.chat_template.then_some(ckpts[0].dir.as_path());

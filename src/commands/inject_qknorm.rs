@@ -4,8 +4,7 @@
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
-use crate::checkpoint::writer::PlannedTensor;
+use crate::checkpoint::rewrite::{rewrite, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::dtype;
@@ -49,19 +48,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let plan = inject_qknorm::plan(&model)?;
 
     let originals = model.names().len();
-    let additions = Additions {
-        config: Some(plan.config.clone()),
-        tensors: (plan.added.iter())
-            .map(|t| {
-                let planned = PlannedTensor {
-                    name: t.name.clone(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                };
-                Ok((planned, t.bytes()?))
-            })
-            .collect::<Result<_>>()?,
-    };
+    let additions = plan.additions()?;
     let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
     let rewritten = rewrite(&model, &to, &bar, &additions, |_, _, _| {
         Ok(Edit::<()>::Copy)

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use crate::analysis::norms::{self, DriftReport, LayerSelection, Metric, RatioSeries, Report, Row};
-use crate::arch::Module;
+use crate::arch::{LayerList, Module};
+use crate::bail;
 use crate::checkpoint::{output, Checkpoint};
 use crate::error::Result;
 use crate::report::plot::{LineChart, Series};
 use crate::report::{fmt_num, Table};
-use crate::{bad, bail};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -54,10 +54,11 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LIST", value_parser = parse_module)]
     pub modules: Option<Vec<Module>>,
 
-    /// Layers A:B to report (A inclusive, B exclusive; `A:` or `:B` open-ended). Top-level
-    /// tensors (embeddings, final norm, lm_head) are reported only without --layers/--last
-    #[arg(long, value_name = "A:B", value_parser = parse_layers, conflicts_with = "last")]
-    pub layers: Option<LayerSelection>,
+    /// Layers to report: `0-3,7` (0-based, inclusive ranges) or `18:28` (a half-open slice, as
+    /// in Python; `18:` and `:4` are open-ended). Top-level tensors (embeddings, final norm,
+    /// lm_head) are reported only without --layers/--last
+    #[arg(long, value_name = "LIST", conflicts_with = "last")]
+    pub layers: Option<LayerList>,
 
     /// Report only the last K layers
     #[arg(long, value_name = "K")]
@@ -98,25 +99,6 @@ fn parse_module(s: &str) -> std::result::Result<Module, String> {
     })
 }
 
-fn parse_layers(s: &str) -> std::result::Result<LayerSelection, String> {
-    let (a, b) = s
-        .split_once(':')
-        .ok_or_else(|| format!("`{s}` is not A:B (e.g. 18:28, 18:, :4)"))?;
-    let num = |x: &str| -> std::result::Result<Option<usize>, String> {
-        let x = x.trim();
-        if x.is_empty() {
-            return Ok(None);
-        }
-        x.parse()
-            .map(Some)
-            .map_err(|_| format!("`{x}` in `{s}` is not a layer index"))
-    };
-    Ok(LayerSelection::Range {
-        start: num(a)?.unwrap_or(0),
-        end: num(b)?,
-    })
-}
-
 fn parse_tol(s: &str) -> std::result::Result<f64, String> {
     let tol: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if !(1e-7..=0.1).contains(&tol) {
@@ -146,7 +128,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let options = norms::Options {
         modules: args.modules.clone(),
         layers: match (args.layers, args.last) {
-            (Some(l), _) => l,
+            (Some(l), _) => LayerSelection::List(l),
             (None, Some(k)) => LayerSelection::Last(k),
             (None, None) => LayerSelection::All,
         },
@@ -546,5 +528,5 @@ fn plot(report: &Report, metric: Metric) -> Result<String> {
         series,
     }
     .to_svg()
-    .map_err(|e| bad!("--plot: {e}"))
+    .map_err(|e| crate::internal!("--plot: {e}"))
 }

@@ -1,20 +1,18 @@
 //! `sinkmerge perturb`: the random-dW control (Appendix D.4). Every attention and MLP projection
 //! of REF gets Gaussian noise with the Frobenius size of TARGET's change to it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
-use crate::arch::{config, names, TextConfig};
+use crate::arch::names;
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
-use crate::dtype;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
-use crate::{bad, bail};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -63,61 +61,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let to = args.out.destination("perturb")?;
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
-    if let (Ok(a), Ok(b)) = (
-        TextConfig::from_model_config(&reference.config),
-        TextConfig::from_model_config(&target.config),
-    ) {
-        config::check_compatible(&a, &b, &reference.label, &target.label)?;
-    }
-
-    let target_by_standard: HashMap<String, &String> = target
-        .names()
-        .iter()
-        .filter_map(|n| names::standard_name(n).map(|s| (s, n)))
-        .collect();
-    // TARGET's stored name of each perturbed tensor of REF.
-    let mut partners: HashMap<&str, &String> = HashMap::new();
-    for name in reference.names() {
-        let info = reference.require(name)?;
-        let standard = names::standard_name(name);
-        let perturbed = standard
-            .as_deref()
-            .and_then(names::parse)
-            .is_some_and(|p| perturb::is_perturbed(&p));
-        if perturbed {
-            let standard = standard.expect("parsed");
-            let t = target_by_standard.get(&standard).copied().ok_or_else(|| {
-                bad!(
-                    "{}: no matching tensor in {} (looked for `{standard}` under any of the \
-                     usual language-model prefixes)",
-                    reference.describe(name),
-                    target.label
-                )
-            })?;
-            let t_info = target.require(t)?;
-            if t_info.shape != info.shape {
-                bail!(
-                    "{} has shape {:?} but {} has {:?}",
-                    reference.describe(name),
-                    info.shape,
-                    target.describe(t),
-                    t_info.shape
-                );
-            }
-            for (ckpt, n, d) in [(&reference, name, info.dtype), (&target, t, t_info.dtype)] {
-                if !dtype::is_float(d) {
-                    bail!("{}: dtype {d:?} is not floating point", ckpt.describe(n));
-                }
-            }
-            partners.insert(name.as_str(), t);
-        }
-    }
-    if partners.is_empty() {
-        bail!(
-            "{}: no attention or MLP projection weights found (expected names like \
-             model.layers.0.self_attn.q_proj.weight)",
-            reference.label
-        );
+    let pairing = perturb::pair(&reference, &target)?;
+    for w in &pairing.warnings {
+        eprintln!("sinkmerge: warning: {w}");
     }
 
     let bar = crate::progress::bytes(
@@ -134,7 +80,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         &bar,
         &Additions::default(),
         |name, info, w| {
-            let Some(other) = partners.get(name) else {
+            let Some(other) = pairing.partners.get(name) else {
                 return Ok(Edit::Copy);
             };
             let (bytes, report) = perturb::perturb_tensor(
@@ -153,7 +99,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         },
     )?;
     if !args.out.no_model_card {
-        let perturbed = partners.len();
+        let perturbed = pairing.partners.len();
         card(
             &args,
             &reference,

@@ -1,8 +1,6 @@
 //! `sinkmerge repair-heads`: restore chosen heads' slices of the attention projections toward
 //! the reference, everything else byte for byte (`docs/commands/repair-heads.md`).
 
-use std::collections::HashMap;
-use std::ops::Range;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -10,6 +8,7 @@ use serde_json::json;
 
 use crate::analysis::heads::{self, check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
+use crate::arch::LayerList;
 use crate::bail;
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
 use crate::checkpoint::Checkpoint;
@@ -76,7 +75,7 @@ pub struct Args {
 
     /// Candidates of top:K and random:K: the heads of these layers instead (`0-3,7` or `20:28`)
     #[arg(long, value_name = "LIST", conflicts_with = "last")]
-    pub layers: Option<String>,
+    pub layers: Option<LayerList>,
 
     /// What ranks heads for top:K
     #[arg(long, value_enum, default_value_t = RankBy::DeltaG)]
@@ -138,7 +137,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
     let layers = match &args.layers {
-        Some(list) => Layers::List(crate::cli::parse_layer_list(list, spec.num_layers())?),
+        Some(list) => Layers::List(list.resolve(spec.num_layers())?),
         None => Layers::Last(args.last),
     };
     let candidate_layers = layers.of(spec.num_layers());
@@ -186,11 +185,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
 
     let plan = repair_heads::plan(spec, &chosen, &modules);
-    // The planned tensors by the target's stored names (a VLM prefixes its language model).
-    let mut stored: HashMap<&str, (&[Range<usize>], &str)> = HashMap::new();
-    for (standard, ranges) in &plan {
-        stored.insert(target_model.stored_name(standard)?, (ranges, standard));
-    }
+    let stored = repair_heads::by_stored_name(&target_model, &plan)?;
     let lambda = args.lambda as f32;
     let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
     let rewritten = rewrite(
@@ -202,21 +197,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         &bar,
         &Additions::default(),
         |name, info, bytes| -> Result<Edit<TensorRepair>> {
-            let Some((ranges, standard)) = stored.get(name) else {
+            let Some(planned) = stored.get(name) else {
                 return Ok(Edit::Copy);
             };
-            let (ref_dtype, ref_bytes) = ref_model.stored_bytes(standard, &info.shape)?;
-            if ref_dtype != info.dtype {
-                bail!(
-                    "{} is {ref_dtype:?} but {} is {:?}; repair-heads blends tensors of one dtype",
-                    ref_model.describe(standard),
-                    ckpts[1].describe(name),
-                    info.dtype
-                );
-            }
             let what = ckpts[1].describe(name);
             let (out, report) =
-                repair_heads::blend(info.dtype, bytes, ref_bytes, ranges, lambda, name, &what)?;
+                repair_heads::repair_stored(&ref_model, planned, name, info, bytes, lambda, &what)?;
             Ok(Edit::Replace(out, report))
         },
     )?;

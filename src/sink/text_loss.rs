@@ -19,9 +19,9 @@ use super::backend::Backend;
 use super::forward::{to_logits, HeadView, Model};
 use super::model::DecoderSpec;
 use super::tokenize::TextEncoder;
-use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::{bad, bail};
 
 /// Tokens per window when `--text-window` is not given (capped at the model's context).
 pub const DEFAULT_WINDOW: usize = 1024;

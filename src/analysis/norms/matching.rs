@@ -10,40 +10,36 @@ use std::collections::BTreeMap;
 
 use crate::arch::config::{check_compatible, TextConfig};
 use crate::arch::names::{self, Module, Param, TensorName};
+use crate::arch::LayerList;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
 
 /// Which layers to report.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LayerSelection {
     /// Every layer and the top-level tensors (embeddings, final norm, output head).
     All,
-    /// Layers `start..end` (end exclusive; `None`: through the last layer).
-    Range { start: usize, end: Option<usize> },
+    /// These layers (`--layers`).
+    List(LayerList),
     /// The last `k` layers.
     Last(usize),
 }
 
 impl LayerSelection {
-    /// The selected layer range of a model with `layers` layers; errors for a range outside it.
-    pub fn resolve(self, layers: usize) -> Result<Option<std::ops::Range<usize>>> {
+    /// The selected layers of a model with `layers` layers, sorted (`None`: every layer and the
+    /// top-level tensors); errors for a layer outside it.
+    pub fn resolve(&self, layers: usize) -> Result<Option<Vec<usize>>> {
         match self {
             LayerSelection::All => Ok(None),
             LayerSelection::Last(k) => {
-                if k == 0 {
+                if *k == 0 {
                     bail!("--last must be at least 1");
                 }
-                Ok(Some(layers.saturating_sub(k)..layers))
+                Ok(Some((layers.saturating_sub(*k)..layers).collect()))
             }
-            LayerSelection::Range { start, end } => {
-                let end = end.unwrap_or(layers);
-                if start >= end || end > layers {
-                    bail!("--layers {start}:{end} is not a non-empty range within the model's {layers} layers (0:{layers})");
-                }
-                Ok(Some(start..end))
-            }
+            LayerSelection::List(list) => list.resolve(layers).map(Some),
         }
     }
 }
@@ -164,7 +160,7 @@ pub fn match_tensors(
     reference: &Checkpoint,
     target: &Checkpoint,
     modules: Option<&[Module]>,
-    layers: LayerSelection,
+    layers: &LayerSelection,
 ) -> Result<Matching> {
     let ref_config = text_config(reference)?;
     let target_config = text_config(target)?;
@@ -201,7 +197,7 @@ pub fn match_tensors(
         }
         match (&range, parsed.layer) {
             (None, _) => Some(parsed),
-            (Some(r), Some(l)) if r.contains(&l) => Some(parsed),
+            (Some(r), Some(l)) if r.binary_search(&l).is_ok() => Some(parsed),
             _ => None,
         }
     };

@@ -64,10 +64,10 @@ pub fn run(
     show_progress: bool,
 ) -> Result<Report> {
     let modules = options.modules.as_deref();
-    let first = matching::match_tensors(reference, target, modules, options.layers)?;
+    let first = matching::match_tensors(reference, target, modules, &options.layers)?;
     let second = match vs {
         Some((r2, t2)) => {
-            let m = matching::match_tensors(r2, t2, modules, options.layers)?;
+            let m = matching::match_tensors(r2, t2, modules, &options.layers)?;
             check_compatible(
                 &first.reference_config,
                 &m.reference_config,
