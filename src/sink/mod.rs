@@ -7,7 +7,7 @@
 //! - [`backend`]: where the recipe's tensor operations run: [`backend::cpu`] and [`backend::cuda`].
 //! - [`forward`]: the decoder recipe, written once over the backend; per-head scores go to visitors, never stored for
 //!   all layers; [`forward::trace`] keeps everything for parity tests.
-//! - [`metrics`]: G, B, sink positions, pos0 and exact medians (sink-metrics.md).
+//! - [`metrics`]: G, B, sink positions, pos0 and exact medians (docs/reference/sink-metrics.md#observations).
 //! - [`score`]: several models in lockstep, the reference first, into one report.
 //! - [`prompts`] and [`tokenize`]: the shipped calibration prompts, tokenizer.json encoding and
 //!   chat templates.
