@@ -166,7 +166,8 @@ metrics! {
 }
 
 /// The bundled trained models (reference vs VL-adapted, `assets/models/`, made by
-/// `tools/train_tiny.py`) against the independent reference: the README's main command.
+/// `tools/train_tiny.py`) against the independent reference: the table of README.md, "The bundled
+/// models".
 #[test]
 fn bundled_qwen2_models_match_the_reference() {
     check("tiny_qwen2_bundled");
