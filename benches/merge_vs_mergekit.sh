@@ -14,7 +14,8 @@
 #               vocab 16384)
 #      METHODS  subset of: linear task_arithmetic ties dare_linear tsv star (default all)
 #      REF_TSV_S / REF_STAR_S  reuse an earlier reference time in seconds instead of rerunning
-#               the torch reference (TSV's took 322 s at 7B widths on 2 cores); accuracy is then not rechecked
+#               the torch reference (it takes minutes at 7B widths, docs/benchmarks.md#merges); accuracy is
+#               then not rechecked
 #      REF_ONLY=q,k  time the reference on these decomposed tensors only (full names, comma-separated)
 #               and charge each other one the time of a computed one of its shape (extrapolation,
 #               flagged in the table; the accuracy check then covers the computed tensors)

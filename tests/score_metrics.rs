@@ -1,4 +1,5 @@
-//! `sinkmerge score --json` against the independent Python reference of sink-metrics.md
+//! `sinkmerge score --json` against the independent Python reference of
+//! docs/reference/sink-metrics.md
 //! (`tools/sink_metrics_ref.py`: numpy on the scores transformers' eager attention computes).
 //! S, pos0_share, strong_sink_frac, b_gap_median and margin agree within 1e-4, and so do the
 //! per-layer, per-head and Theorem-1 numbers; observation counts and modal sink positions exactly.
@@ -165,7 +166,8 @@ metrics! {
 }
 
 /// The bundled trained models (reference vs VL-adapted, `assets/models/`, made by
-/// `tools/train_tiny.py`) against the independent reference: the README's main command.
+/// `tools/train_tiny.py`) against the independent reference: the table of README.md, "The bundled
+/// models".
 #[test]
 fn bundled_qwen2_models_match_the_reference() {
     check("tiny_qwen2_bundled");

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check `sinkmerge extract` against the real ecosystem (extraction.md 1.6).
+"""Check `sinkmerge extract` against the real ecosystem
+(docs/commands/extract.md#checking-an-extraction-against-the-vlm).
 
 Run by hand after building (see docs/commands/extract.md, "Checking an extraction against the VLM"):
 
@@ -114,7 +115,7 @@ def main():
                                                add_generation_prompt=True)
                 ok_text = "Hello there" in text
                 note += ", template renders string content" if ok_text else ", template drops string content"
-            except Exception as e:  # list-content processor templates (extraction.md 1.5)
+            except Exception as e:  # list-content processor templates (docs/commands/extract.md#what-is-written)
                 note += f", template needs list content ({type(e).__name__})"
         print(f"{case:24s} {g['family']:16s} {cls:20s} {mx:10.3g} {mean:9.3g} {top1:5.2f} {row4[0]:>11s} "
               f"{row4[1]:>5s}  {note}")

@@ -8,7 +8,8 @@ Run by hand (see docs/commands/extract.md, "Fixtures and goldens"):
 For every fixture (tests/fixtures/models/<vlm> from gen_fixtures.py, tests/fixtures/families/<case> from
 gen_family_fixtures.py) it computes, without running sinkmerge:
 
-1. The VLM language model's fp32 logits on fixed token ids (extraction.md 1.6), from the VLM itself:
+1. The VLM language model's fp32 logits on fixed token ids
+   (docs/commands/extract.md#checking-an-extraction-against-the-vlm), from the VLM itself:
    * natively supported VLMs: the transformers 5.23 class loaded from the fixture, called text-only;
    * remote-code VLMs (InternVL, Ovis2, MiniCPM-V, lmms-lab LLaVA-OV, MolmoE): the stock causal LM the remote
      code builds as its language module (`language_model`, `llm`, ...) from the VLM's own sub-config and tensors.
@@ -87,7 +88,8 @@ def disk_tensors(d):
 
 
 def split_rope(rope_parameters):
-    """A 5.x rope dict -> (rope_theta, rope_scaling); mrope is plain rope on text (extraction.md 1.2)."""
+    """A 5.x rope dict -> (rope_theta, rope_scaling); mrope is plain rope on text
+    (docs/reference/vlm-layouts.md#configs)."""
     rp = dict(rope_parameters)
     theta = rp.pop("rope_theta")
     for k in ("mrope_section", "mrope_interleaved"):
@@ -284,7 +286,8 @@ def main():
             vlm_logits, sd, text = remote_lm(case, d)
         head_names = {"lm_head.weight", "language_model.lm_head.weight", "llm.lm_head.weight",
                       "model.transformer.ff_out.weight"}
-        tied = not (on_disk & head_names)  # every tied fixture omits the head (extraction.md 1.3)
+        # every tied fixture omits the head (docs/reference/vlm-layouts.md#tied-embeddings)
+        tied = not (on_disk & head_names)
         tensors = reference_tensors(case, target, sd, text, tied)
         cfg = reference_config(target, text, tied)
         ref_logits = reference_logits(cfg, tensors)

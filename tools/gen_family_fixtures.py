@@ -9,7 +9,7 @@ It complements tools/gen_fixtures.py (which writes qwen2_5_vl, qwen2_5_vl-new, q
 idefics3 and internvl_remote under tests/fixtures/models/) with the families and layouts that script does not
 cover, following the layouts of docs/reference/vlm-layouts.md. It reuses that script's tokenizer and file writers.
 
-How each case is made (class = a real transformers 5.23 class; hand = laid out by this script from extraction.md):
+How each case is made (class = a real transformers 5.23 class; hand = laid out by this script from docs/reference/vlm-layouts.md):
 
 | case                    | built with                                   | on-disk layout written                          |
 |-------------------------|----------------------------------------------|-------------------------------------------------|
@@ -24,7 +24,7 @@ How each case is made (class = a real transformers 5.23 class; hand = laid out b
 | minicpm-v               | class Qwen3ForCausalLM (the VLM's `llm`)     | `llm.*` + random `vpm.*` / `resampler.*`, flat MiniCPMV config, remote tokenizer auto_map (hand) |
 | molmo2-o                | class Molmo2ForConditionalGeneration (olmo qk-norm, post-norm) | 5.23 save (reverts to the Hub names) with the `wte` split repaired, remote config (hand) |
 | molmo2-o-partial-rope   | same, linear rope scaling on layer 1 only    | as molmo2-o                                      |
-| molmo2-o-resaved        | the molmo2-o model                           | raw 5.23 save: `wte.embedding`/`new_embedding` split in two equal halves (extraction.md 2.9) |
+| molmo2-o-resaved        | the molmo2-o model                           | raw 5.23 save: `wte.embedding`/`new_embedding` split in two equal halves (docs/reference/vlm-layouts.md#molmo2) |
 | molmo2-qwen3            | class Molmo2ForConditionalGeneration (qwen3 qk-norm, pre-norm) | as molmo2-o                    |
 | molmoe-megablocks       | class OlmoeForCausalLM (the language module) | hand: candidate layout (a), megablocks `ffn.experts.mlp.{w1,v1,w2}`, head `model.transformer.ff_out` |
 | molmoe-hf               | class OlmoeForCausalLM                       | hand: candidate layout (b), HF-style `mlp.experts.{e}.*`, head `lm_head` |
@@ -150,7 +150,7 @@ def processor_stub(out, cls):
 
 
 # ---------------------------------------------------------------------------------------------
-# Qwen2-VL (extraction.md 2.1): tied 2B-style model, legacy names, flat Hub config
+# Qwen2-VL (docs/reference/vlm-layouts.md#qwen2-vl): tied 2B-style model, legacy names, flat Hub config
 # ---------------------------------------------------------------------------------------------
 def build_qwen2_vl(tok, tmp):
     ids = dict(image_token_id=tid(tok, "<|image_pad|>"), video_token_id=tid(tok, "<|video_pad|>"),
@@ -296,7 +296,7 @@ def build_llava_onevision_lmms(tok, tmp):
     renamed = rewrite_tensors(native / "model.safetensors", out / "model.safetensors", rename)
     assert "lm_head.weight" in renamed and "model.image_newline" in renamed
     # Flat config as LLaVA-NeXT's LlavaQwenConfig saves it (Qwen2 fields + mm_*); model_type "llava" as the
-    # lmms-lab Hub configs are reported to say (extraction.md 2.5a: detect by architectures / mm_vision_tower).
+    # lmms-lab Hub configs are reported to say (docs/reference/vlm-layouts.md#llava-onevision, layout a: detect by architectures / mm_vision_tower).
     gf.write_json(out / "config.json", {
         "architectures": ["LlavaQwenForCausalLM"], "attention_dropout": 0.0,
         "bos_token_id": text["bos_token_id"], "eos_token_id": text["eos_token_id"], "hidden_act": "silu",
@@ -386,7 +386,7 @@ def build_internvl_hf(tok, tmp):
     cfg = InternVLConfig(text_config=text, vision_config=vision, image_token_id=tid(tok, "<IMG_CONTEXT>"),
                          downsample_ratio=0.5, image_seq_length=1)
     cfg.architectures = ["InternVLForConditionalGeneration"]
-    assert cfg.tie_word_embeddings is True  # the 5.x class default (extraction.md 1.3)
+    assert cfg.tie_word_embeddings is True  # the 5.x class default (docs/reference/vlm-layouts.md#tied-embeddings)
     seed("internvl-hf")
     model = InternVLForConditionalGeneration(cfg)
     out = tmp / "internvl-hf"
@@ -578,7 +578,7 @@ def build_minicpm_v(tok, tmp):
     qwen_files(out, tok, gf.QWEN_TEMPLATE, extra=["<image>"])
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
-    tc["tokenizer_class"] = "MiniCPMVTokenizerFast"  # a remote tokenizer class (extraction.md 1.5, UNVERIFIED)
+    tc["tokenizer_class"] = "MiniCPMVTokenizerFast"  # a remote tokenizer class (docs/reference/vlm-layouts.md#minicpm-v, UNVERIFIED)
     tc["auto_map"] = {"AutoTokenizer": ["tokenization_minicpmv_fast.MiniCPMVTokenizerFast", None]}
     gf.write_json(tc_path, tc)
     placeholder = "# Placeholder for the openbmb remote-code file of the same name (fixture only).\n"
@@ -629,7 +629,7 @@ def molmo2_native_config(text, vit, adapter):
 
 
 def molmo2_remote_config(text, vit, adapter):
-    """The allenai remote-code schema (field names of the remote modeling_molmo2.py, extraction.md 2.9)."""
+    """The allenai remote-code schema (field names of the remote modeling_molmo2.py, docs/reference/vlm-layouts.md#molmo2)."""
     t = dict(text, model_type="molmo2_text", hidden_act="silu", use_qk_norm=True, embedding_dropout=0.0,
              residual_dropout=0.0, attention_dropout=0.0, initializer_range=0.02, use_cache=True)
     return {
@@ -760,7 +760,7 @@ def build_molmoe(tok, tmp):
         out = tmp / name
         out.mkdir()
         save_file(dict(sorted(t.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
-        gf.write_json(out / "config.json", {  # the MolmoE-1B-0924 schema (extraction.md 2.10), tiny sizes
+        gf.write_json(out / "config.json", {  # the MolmoE-1B-0924 schema (docs/reference/vlm-layouts.md#molmoe), tiny sizes
             "architectures": ["OLMoForCausalLM"], "auto_map": {"AutoConfig": "config_molmoe.MolmoConfig",
                                                                "AutoModelForCausalLM": "modeling_molmoe.MolmoForCausalLM"},
             "activation_type": "swiglu", "additional_vocab_size": A, "attention_layer_norm": True,

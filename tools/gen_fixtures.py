@@ -184,7 +184,7 @@ LLAMA3_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
-# llava-hf processor template: list content only (extraction.md 1.5)
+# llava-hf processor template: list content only (docs/commands/extract.md#what-is-written)
 LLAVA_OV_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
@@ -460,7 +460,7 @@ def q25_config(tok):
 
 
 def q25_flat_hub_config(text, vision, ids, tok):
-    """Hand-written flat config in the schema of Qwen/Qwen2.5-VL-7B-Instruct's config.json (extraction.md 2.2)."""
+    """Hand-written flat config in the schema of Qwen/Qwen2.5-VL-7B-Instruct's config.json (docs/reference/vlm-layouts.md#qwen25-vl)."""
     return {
         "architectures": ["Qwen2_5_VLForConditionalGeneration"],
         "attention_dropout": 0.0,
@@ -539,7 +539,8 @@ def build_qwen2_5_vl(tok, tmp):
     saved = sorted(read_header_names(legacy))
     assert any(k.startswith("model.layers.") for k in saved) and any(k.startswith("visual.") for k in saved), \
         "expected 5.23 save_pretrained to write the legacy Qwen2.5-VL layout"
-    # -new: the same bytes under post-4.52 names (extraction.md 2.1, 'Other layouts'); config as 5.23 saved it
+    # -new: the same bytes under post-4.52 names (docs/reference/vlm-layouts.md#qwen2-vl); config as 5.23
+    # saved it
     shutil.copytree(legacy, new)
 
     def to_new(name, t):
@@ -549,7 +550,7 @@ def build_qwen2_5_vl(tok, tmp):
             return [("model.language_model." + name[len("model."):], t)]
         return [(name, t)]
     rename_single_file(new / "model.safetensors", to_new)
-    # legacy: flat 4.x-style Hub config (hand-written, extraction.md 2.2)
+    # legacy: flat 4.x-style Hub config (hand-written, docs/reference/vlm-layouts.md#qwen25-vl)
     write_json(legacy / "config.json", q25_flat_hub_config(text, vision, ids, tok))
     for d in (legacy, new):
         qwen_vl_common_files(d, tok, text)
@@ -607,7 +608,8 @@ def build_llava_onevision(tok, tmp, cfg4_dir):
     names = read_header_names(native)
     assert any(k.startswith("language_model.model.") for k in names), "expected legacy llava-hf layout"
     # 5.23 strips SiglipVisionModel's `vision_model.` level in memory (conversion_mapping: PrefixChange) and does
-    # not put it back on save; llava-hf Hub repos have `vision_tower.vision_model.*` (extraction.md 2.5(b)).
+    # not put it back on save; llava-hf Hub repos have `vision_tower.vision_model.*`
+    # (docs/reference/vlm-layouts.md#llava-onevision, layout b).
     assert not any(k.startswith("vision_tower.vision_model.") for k in names)
     out = tmp / "llava_onevision"
     shutil.copytree(native, out)
@@ -831,7 +833,7 @@ def build_internvl_remote(tok, tmp, cfg4_dir):
         "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": [0.485, 0.456, 0.406],
         "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 8})
     placeholder = ("# Placeholder for the OpenGVLab remote-code file of the same name (fixture only; not importable\n"
-                   "# model code). Real repos ship it; extraction must not copy *.py (extraction.md 1.5).\n")
+                   "# model code). Real repos ship it; extraction must not copy *.py (docs/commands/extract.md#what-is-written).\n")
     for py in ("configuration_internvl_chat.py", "modeling_internvl_chat.py", "conversation.py"):
         (out / py).write_text(placeholder)
     return out, native, model

@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "assets" / "models"
 
 # ---------------------------------------------------------------------------------------------
-# Settings of the committed run (README-train.md). Flags override the training ones.
+# Settings of the committed run (tools/README-train.md). Flags override the training ones.
 # ---------------------------------------------------------------------------------------------
 VOCAB_SIZE = 2048
 BOS, EOS = "<|begin_of_text|>", "<|endoftext|>"
@@ -88,7 +88,7 @@ ARCH = {
 SHAPE_FLAGS = {"num_hidden_layers": 6, "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 32}
 
-# The pretraining run whose final weights are the bundled reference (README-train.md).
+# The pretraining run whose final weights are the bundled reference (tools/README-train.md).
 REF_RUN = "{arch}"
 
 # Held-out instruction-style prompts for monitoring the sink while training (written for this

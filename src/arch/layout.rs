@@ -1,6 +1,6 @@
 //! The tensors a Hugging Face causal LM loads, by name and shape, derived from its normalized
 //! config: what an extracted (or merged) model must contain, nothing more. Follows the modules of
-//! transformers' `*ForCausalLM` classes (forward.md, "Safetensors keys").
+//! transformers' `*ForCausalLM` classes (docs/reference/forward.md#tensor-names).
 
 use crate::arch::config::TextConfig;
 use crate::bail;

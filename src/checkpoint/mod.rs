@@ -294,8 +294,9 @@ pub fn copy_aux_files(out: &output::OutputDir, from: &Checkpoint) -> Result<Vec<
     Ok(copied)
 }
 
-/// Files carried over from an input model to an output model, as mergekit and
-/// `save_pretrained` do (see merging.md §2, extraction.md §1.5).
+/// Files carried over from an input model to an output model, as mergekit and `save_pretrained` do
+/// (docs/reference/merges.md#inputs-what-happens-to-each-tensor-as-in-mergekit,
+/// docs/commands/extract.md#what-is-written).
 pub const AUX_FILES: &[&str] = &[
     "tokenizer.json",
     "tokenizer_config.json",

@@ -56,7 +56,8 @@ fn families_help() -> String {
     }
     s += "\nUNVERIFIED layouts are implemented from the family's published modeling code, without a \
 checkpoint to compare against; check such an \
-extraction against the VLM (README, \"Checking an extraction against the VLM\"; tools/check_extract.py).";
+extraction against the VLM (docs/commands/extract.md#checking-an-extraction-against-the-vlm; \
+tools/check_extract.py).";
     s
 }
 

@@ -69,7 +69,8 @@ pub struct Args {
     pub stat: Stat,
 
     /// Sink position: `column` = the key with the largest attention column mass per
-    /// (prompt, layer, head), lowest index on ties (project default, sink-metrics.md);
+    /// (prompt, layer, head), lowest index on ties (project default,
+    /// docs/reference/sink-metrics.md#observations);
     /// `per-query` = each query's most-attended key
     #[arg(long, value_enum, default_value_t = SinkPosition::Column)]
     pub sink_position: SinkPosition,

@@ -1,4 +1,5 @@
-//! Tokenizer, generation config and chat template of the extracted model (extraction.md 1.5).
+//! Tokenizer, generation config and chat template of the extracted model
+//! (docs/commands/extract.md#what-is-written).
 //!
 //! Tokenizer files and `generation_config.json` are copied verbatim: the extracted embedding keeps
 //! the VLM's rows, so the VLM's token ids (image tokens included) stay valid. Processor files and

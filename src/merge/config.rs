@@ -1,12 +1,12 @@
 //! Merge configurations: the mergekit YAML subset sinkmerge reads, and `sinkmerge_config.yml`,
 //! the fully resolved record it writes next to every merged model.
 //!
-//! Supported keys (mergekit's meaning, merging.md §3): `merge_method`, `base_model`,
-//! `models[].model`, `models[].parameters`, top-level `parameters`, `dtype`, `out_dtype`,
-//! `tokenizer_source` (`base` or a model; the tokenizer files are copied from it). Parameter
-//! values are scalars, layer gradients or `{filter, value}` lists. `slices`, `modules`,
-//! `tokenizer` (vocabulary surgery), `tokenizer_source: union` and `chat_template` are refused
-//! with a clear error, as is any key sinkmerge does not know.
+//! Supported keys (mergekit's meaning, docs/commands/merge.md#the-yaml-format): `merge_method`,
+//! `base_model`, `models[].model`, `models[].parameters`, top-level `parameters`, `dtype`,
+//! `out_dtype`, `tokenizer_source` (`base` or a model; the tokenizer files are copied from it).
+//! Parameter values are scalars, layer gradients or `{filter, value}` lists. `slices`, `modules`,
+//! `tokenizer` (vocabulary surgery), `tokenizer_source: union` and `chat_template` are refused with
+//! a clear error, as is any key sinkmerge does not know.
 //!
 //! sinkmerge always computes in f32; `dtype` only sets the output dtype when `out_dtype` is
 //! absent (mergekit also computes in `dtype`; with `dtype: float32` both agree).

@@ -1,7 +1,7 @@
 //! DARE (Yu et al. 2024, "Language Models are Super Mario"): drop each task-vector entry with
 //! probability `1 - density`, rescale the survivors, then combine as task arithmetic
 //! (`dare_linear`) or with TIES' sign election (`dare_ties`); mergekit `dare_linear` /
-//! `dare_ties` (merging.md §1.4).
+//! `dare_ties` (docs/reference/merges.md#dare).
 //!
 //! Rescaling: `l1` (mergekit's default since PR #245) scales the survivors so the task vector
 //! keeps its exact L1 norm; `inverse` divides them by `density`, as the official code does

@@ -1,6 +1,7 @@
-//! Linear (weighted average) merge, as mergekit 0.1.5 `linear` computes it:
-//! `sum_i w_i x_i`, divided by `sum_i w_i` when `normalize` (merging.md §1.1). There is no base.
-//! mergekit divides by a zero weight sum without a guard; sinkmerge refuses it instead.
+//! Linear (weighted average) merge, as mergekit 0.1.5 `linear` computes it: `sum_i w_i x_i`,
+//! divided by `sum_i w_i` when `normalize` (docs/reference/merges.md#linear-and-task-arithmetic).
+//! There is no base. mergekit divides by a zero weight sum without a guard; sinkmerge refuses it
+//! instead.
 
 use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::{Method, MethodInfo, TensorJob, TensorValues};

@@ -1,11 +1,12 @@
 //! Merge parameters: what each method declares (name, scope, type, default, meaning) and the
 //! values a config gives them.
 //!
-//! A value is set as in mergekit's YAML (merging.md §3): a scalar, a *gradient* (a list of
-//! numbers interpolated over the layers, with embeddings, final norm and lm_head at `t = 0`),
-//! or a list of `{filter, value}` entries where the first entry whose `filter` is a substring of
-//! the tensor name wins (`filter` absent or `"*"` matches everything). Per-model settings take
-//! precedence over the top-level `parameters`, which take precedence over the method's default.
+//! A value is set as in mergekit's YAML (docs/commands/merge.md#the-yaml-format): a scalar, a
+//! *gradient* (a list of numbers interpolated over the layers, with embeddings, final norm and
+//! lm_head at `t = 0`), or a list of `{filter, value}` entries where the first entry whose `filter`
+//! is a substring of the tensor name wins (`filter` absent or `"*"` matches everything). Per-model
+//! settings take precedence over the top-level `parameters`, which take precedence over the
+//! method's default.
 
 use std::collections::BTreeMap;
 

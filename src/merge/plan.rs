@@ -3,7 +3,8 @@
 //! allows), encoded, handed to the sharded writer, and its input pages are released; nothing
 //! is written to the destination until the whole model is complete.
 //!
-//! Input handling follows mergekit (merging.md §2):
+//! Input handling follows mergekit
+//! (docs/reference/merges.md#inputs-what-happens-to-each-tensor-as-in-mergekit):
 //! - The output has the tensors of the base (of the first model for `linear`, or its
 //!   `base_model`), and `lm_head.weight` exactly when some input stores one; an input without it
 //!   contributes its `model.embed_tokens.weight` (tied embeddings). `tie_word_embeddings` is

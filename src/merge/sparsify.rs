@@ -1,5 +1,5 @@
 //! Sparsifying task vectors: magnitude top-k (TIES) and Bernoulli masks (DARE), with the
-//! rescaling rules of mergekit and of the official code (merging.md §1.3, §1.4).
+//! rescaling rules of mergekit and of the official code (docs/reference/merges.md#ties, #dare).
 //!
 //! **Top-k by selection.** mergekit keeps the `k = max(1, int(density * numel))` largest
 //! magnitudes with a full `argsort`. sinkmerge finds the same k-th largest magnitude by a

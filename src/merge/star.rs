@@ -1,5 +1,5 @@
 //! STAR, Spectral Truncation And Rescale (Lee et al., NAACL 2025), as the official code's
-//! `merger/STAR.py` computes it (merging.md §1.6):
+//! `merger/STAR.py` computes it (docs/reference/merges.md#star):
 //!
 //! ```text
 //! for each task i and 2-D tensor:  U, s, V = svd(delta_i)

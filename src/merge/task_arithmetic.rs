@@ -1,6 +1,7 @@
 //! Task arithmetic (Ilharco et al. 2023): `base + lambda * sum_i w_i (x_i - base)`, optionally
-//! divided by `sum_i w_i`; mergekit `task_arithmetic` (merging.md §1.2). The official code has no
-//! per-task weights: it is `weight: 1` for every model with `normalize: false`.
+//! divided by `sum_i w_i`; mergekit `task_arithmetic`
+//! (docs/reference/merges.md#linear-and-task-arithmetic). The official code has no per-task
+//! weights: it is `weight: 1` for every model with `normalize: false`.
 
 use super::params::ParamSpec;
 use super::task_vector::{self, Combine};

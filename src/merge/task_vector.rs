@@ -1,6 +1,7 @@
 //! What the task-vector methods (task arithmetic, TIES, DARE) share: their common parameters and
 //! the final combination of (sparsified) task vectors, mergekit's
-//! `GeneralizedTaskArithmeticMerge.merge_group` (merging.md §1.2-1.4):
+//! `GeneralizedTaskArithmeticMerge.merge_group`
+//! (docs/reference/merges.md#methods-their-parameters-and-defaults):
 //!
 //! ```text
 //! wd_i = w_i * d_i

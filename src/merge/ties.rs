@@ -1,6 +1,6 @@
 //! TIES-Merging (Yadav et al. 2023): trim each task vector to its largest magnitudes, elect a
 //! sign per entry, and average the entries that agree with it; mergekit `ties`
-//! (merging.md §1.3).
+//! (docs/reference/merges.md#ties).
 //!
 //! Defaults follow mergekit: per-tensor ("local") trim keeping `max(1, int(density * numel))`
 //! entries, weights applied before the "sum" election (a tie goes to +1), the divisor being the

@@ -1,5 +1,5 @@
 //! TSV-Merge (Gargiulo et al., CVPR 2025, "Task Singular Vectors"), as the official code's
-//! `compute_and_sum_svd_mem_reduction` computes it (merging.md §1.5):
+//! `compute_and_sum_svd_mem_reduction` computes it (docs/reference/merges.md#tsv-merge):
 //!
 //! ```text
 //! for each 2-D tensor, T tasks, k = min(m, n), r = int(k * (1/T)):
@@ -10,7 +10,7 @@
 //! theta = base + alpha * merged                               (alpha scales every tensor)
 //! ```
 //!
-//! Choices (documented in README.md, merges):
+//! Choices (documented in docs/reference/merges.md#tsv-merge):
 //! - Embeddings and lm_head are averaged, not SVD'd, as mergekit PR #639 does; set
 //!   `svd_embeddings: true` for the official code's behaviour (it SVDs every 2-D tensor).
 //! - The official code leaves the last `k - T r` columns of `U_cat` zero and orthogonalizes the

@@ -183,7 +183,8 @@ pub(crate) fn first_key(q: usize, window: Option<usize>) -> usize {
     window.map_or(0, |w| (q + 1).saturating_sub(w))
 }
 
-/// Theorem-1 ingredients of one layer with QK norms (sink-metrics.md; paper Appendix A.3).
+/// Theorem-1 ingredients of one layer with QK norms (docs/commands/score.md#the-metrics,
+/// docs/reference/theory.md; paper Appendix A.3).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct QkNormStats {
     /// max |γ| of the q_norm and k_norm scales.

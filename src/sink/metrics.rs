@@ -25,7 +25,7 @@ use super::forward::HeadView;
 #[serde(rename_all = "kebab-case")]
 pub enum SinkPosition {
     /// One position per (prompt, layer, head): the key with the largest attention column mass
-    /// (sink-metrics.md default).
+    /// (the default of docs/reference/sink-metrics.md#observations).
     Column,
     /// Each query row's own most-attended key.
     PerQuery,
@@ -35,7 +35,8 @@ pub enum SinkPosition {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum GapFrom {
-    /// The scores, with a stable log-sum-exp in f64: never infinite (sink-metrics.md default).
+    /// The scores, with a stable log-sum-exp in f64: never infinite (the default of
+    /// docs/reference/sink-metrics.md#observations).
     Scores,
     /// The attention probability a of the sink as the forward pass stored it (bf16-rounded under
     /// `--precision bf16`), as `log(a / (1 - a))`: what a probe on transformers' attention

@@ -7,7 +7,7 @@
 //! - [`backend`]: where the recipe's tensor operations run: [`backend::cpu`] and [`backend::cuda`].
 //! - [`forward`]: the decoder recipe, written once over the backend; per-head scores go to visitors, never stored for
 //!   all layers; [`forward::trace`] keeps everything for parity tests.
-//! - [`metrics`]: G, B, sink positions, pos0 and exact medians (sink-metrics.md).
+//! - [`metrics`]: G, B, sink positions, pos0 and exact medians (docs/reference/sink-metrics.md#observations).
 //! - [`score`]: several models in lockstep, the reference first, into one report.
 //! - [`inputs`]: each model's token ids of the prompt set and the same-token check B needs.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.

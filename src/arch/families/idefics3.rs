@@ -1,6 +1,7 @@
-//! Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3), extraction.md 2.8: a Llama language model under
-//! `model.text_model.`, SigLIP under `model.vision_model.`, the connector under `model.connector.`;
-//! `text_config` of type llama, Llama-3.1 rope scaling kept as is. No surgery.
+//! Idefics3 (HuggingFaceM4/Idefics3-8B-Llama3; docs/reference/vlm-layouts.md#idefics3): a Llama
+//! language model under `model.text_model.`, SigLIP under `model.vision_model.`, the connector
+//! under `model.connector.`; `text_config` of type llama, Llama-3.1 rope scaling kept as is. No
+//! surgery.
 
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! InternVL3 / InternVL3.5, extraction.md 2.7. Two layouts:
+//! InternVL3 / InternVL3.5 (docs/reference/vlm-layouts.md#internvl). Two layouts:
 //! * OpenGVLab remote code (`internvl_chat`): a stock causal LM under `language_model.` (head
 //!   `language_model.lm_head`), InternViT under `vision_model.`, the projector `mlp1.*`; the full
 //!   `llm_config` names the class (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,

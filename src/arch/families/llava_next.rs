@@ -1,7 +1,7 @@
-//! LLaVA-NeXT (llava-hf/llava-v1.6-*-hf), extraction.md 2.6: the llava-hf layout of
-//! LLaVA-OneVision around a Mistral (v1.6-mistral), Llama (vicuna, llama3) or Qwen2 language model,
-//! chosen from `text_config.model_type`. The resized vocabulary (32064 with `<image>` and `<pad>`)
-//! is kept. No surgery.
+//! LLaVA-NeXT (llava-hf/llava-v1.6-*-hf; docs/reference/vlm-layouts.md#llava-next): the llava-hf
+//! layout of LLaVA-OneVision around a Mistral (v1.6-mistral), Llama (vicuna, llama3) or Qwen2
+//! language model, chosen from `text_config.model_type`. The resized vocabulary (32064 with
+//! `<image>` and `<pad>`) is kept. No surgery.
 
 use serde_json::Value;
 

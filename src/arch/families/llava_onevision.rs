@@ -1,4 +1,5 @@
-//! LLaVA-OneVision, extraction.md 2.5. Two layouts of a Qwen2 language model:
+//! LLaVA-OneVision (docs/reference/vlm-layouts.md#llava-onevision). Two layouts of a Qwen2 language
+//! model:
 //! * lmms-lab originals (`LlavaQwenForCausalLM`, flat Qwen2 config plus `mm_*` keys): the language
 //!   model under `model.` beside `model.vision_tower.*`, `model.mm_projector.*` and
 //!   `model.image_newline`; `lm_head` may be absent (tied). The class forces `rope_scaling = None`.
@@ -30,7 +31,8 @@ static LMMS: PrefixLayout = PrefixLayout {
     ],
 };
 
-/// The llava-hf layout, shared with LLaVA-NeXT and InternVL-hf (extraction.md 2.5b, 2.6, 2.7).
+/// The llava-hf layout, shared with LLaVA-NeXT and InternVL-hf
+/// (docs/reference/vlm-layouts.md#llava-onevision, layout b).
 pub static LLAVA_HF: PrefixLayout = PrefixLayout {
     lm: &[
         ("language_model.model.", "model."),

@@ -1,9 +1,9 @@
-//! MiniCPM-V-4.5 (openbmb/MiniCPM-V-4_5, remote `MiniCPMV`), extraction.md 2.12: a stock
-//! Qwen3ForCausalLM under `llm.` beside the SigLIP-NaViT `vpm.*` and the `resampler.*`. The config
-//! is flat (MiniCPMVConfig subclasses the Qwen3 config), so the Qwen3 fields are read at the top
-//! level and every other key is left behind. UNVERIFIED: the complete list of extra config keys,
-//! and whether the tokenizer config names a remote tokenizer class (if it does, it is rewritten
-//! to the stock `Qwen2TokenizerFast`).
+//! MiniCPM-V-4.5 (openbmb/MiniCPM-V-4_5, remote `MiniCPMV`;
+//! docs/reference/vlm-layouts.md#minicpm-v): a stock Qwen3ForCausalLM under `llm.` beside the
+//! SigLIP-NaViT `vpm.*` and the `resampler.*`. The config is flat (MiniCPMVConfig subclasses the
+//! Qwen3 config), so the Qwen3 fields are read at the top level and every other key is left behind.
+//! UNVERIFIED: the complete list of extra config keys, and whether the tokenizer config names a
+//! remote tokenizer class (if it does, it is rewritten to the stock `Qwen2TokenizerFast`).
 
 use serde_json::Value;
 

@@ -1,6 +1,6 @@
 //! Vision-language model families: how each keeps its language model on disk, and how to cut it
 //! out as a standalone Hugging Face causal LM (each family's layout as its transformers modeling
-//! file, or its remote code, names the weights; README.md, "extract", has the table).
+//! file, or its remote code, names the weights; docs/reference/vlm-layouts.md has the table).
 //!
 //! Each family is one small file implementing [`Family`]: detection from `config.json` and tensor
 //! names, and an [`ExtractPlan`] mapping every stored tensor to kept-under-a-new-name, dropped (vision

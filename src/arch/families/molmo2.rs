@@ -1,5 +1,6 @@
-//! Molmo2 (allenai/Molmo2-*, remote code; native in transformers 5.x), extraction.md 2.9. The
-//! language model sits under `model.transformer.` with fused projections:
+//! Molmo2 (allenai/Molmo2-*, remote code; native in transformers 5.x;
+//! docs/reference/vlm-layouts.md#molmo2). The language model sits under `model.transformer.` with
+//! fused projections:
 //! * `self_attn.att_proj` [q | k | v] is split by rows into q/k/v;
 //! * `mlp.ff_proj` is split in halves, **first half `up_proj`, second half `gate_proj`** (the remote
 //!   code does `x, gate = chunk(2); act(gate) * x`);
@@ -125,7 +126,7 @@ impl Text {
         let flag =
             |keys: &[&str], default: bool| get(keys).and_then(Value::as_bool).unwrap_or(default);
         if flag(&["qkv_bias", "attention_bias"], false) {
-            bail!("{label}: text_config has q/k/v biases (qkv_bias); no stock target class holds them without an o_proj bias (extraction.md 2.9)");
+            bail!("{label}: text_config has q/k/v biases (qkv_bias); no stock target class holds them without an o_proj bias (docs/reference/vlm-layouts.md#molmo2)");
         }
         if !flag(&["use_qk_norm"], true) {
             bail!("{label}: text_config.use_qk_norm is false; Olmo3 and Qwen3 always normalise q and k");

@@ -1,6 +1,6 @@
-//! MolmoE-1B (allenai/MolmoE-1B-0924, remote code only), extraction.md 2.10. **UNVERIFIED layout**:
-//! no copy of the official weight index was available, so both documented candidates are accepted
-//! and recognised by their tensor names:
+//! MolmoE-1B (allenai/MolmoE-1B-0924, remote code only; docs/reference/vlm-layouts.md#molmoe).
+//! **UNVERIFIED layout**: no copy of the official weight index was available, so both documented
+//! candidates are accepted and recognised by their tensor names:
 //! * (a) megablocks dMoE: `model.transformer.blocks.{i}.{att_proj, attn_out, q_norm, k_norm,
 //!   attn_norm, ff_norm}.weight`, router `ffn.router.layer.weight` [E, H], experts
 //!   `ffn.experts.mlp.{w1, v1, w2}` each [E*I, H]; GLU `act(x w1^T) * (x v1^T) @ w2`, so expert e is

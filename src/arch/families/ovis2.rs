@@ -1,4 +1,5 @@
-//! Ovis2 (AIDC-AI/Ovis2-*), extraction.md 2.11, a Qwen2 language model in two layouts:
+//! Ovis2 (AIDC-AI/Ovis2-*; docs/reference/vlm-layouts.md#ovis2), a Qwen2 language model in two
+//! layouts:
 //! * remote code (`ovis`): `llm.model.*`, head `llm.lm_head`, the AIMv2 visual tokenizer
 //!   `visual_tokenizer.*` (its `head.*` is the projector) and the visual embedding table `vte`;
 //!   the full `llm_config` holds the text config.

@@ -370,9 +370,9 @@ impl<'a> PlanBuilder<'a> {
         Ok(())
     }
 
-    /// Apply the tie rule (extraction.md 1.3), set `tie_word_embeddings` in `config`, then check every
-    /// tensor the target class will load against the planned ones: nothing missing, nothing extra,
-    /// every shape as the config implies.
+    /// Apply the tie rule (docs/reference/vlm-layouts.md#tied-embeddings), set
+    /// `tie_word_embeddings` in `config`, then check every tensor the target class will load
+    /// against the planned ones: nothing missing, nothing extra, every shape as the config implies.
     pub fn finish(
         mut self,
         target: Target,
@@ -454,8 +454,9 @@ impl<'a> PlanBuilder<'a> {
         })
     }
 
-    /// extraction.md 1.3: head absent -> tied; head present and flag false (or unstated) -> kept;
-    /// head present and flag true -> tied if byte-identical to the embedding, else an error.
+    /// docs/reference/vlm-layouts.md#tied-embeddings: head absent -> tied; head present and flag
+    /// false (or unstated) -> kept; head present and flag true -> tied if byte-identical to the
+    /// embedding, else an error.
     fn apply_tie_rule(&mut self, flag: Option<bool>) -> Result<bool> {
         let Some(head) = self.head.take() else {
             self.note("tie_word_embeddings: true (the checkpoint stores no output head)");

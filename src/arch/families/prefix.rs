@@ -1,7 +1,8 @@
-//! The common case: a VLM that keeps a stock causal LM under a name prefix (extraction.md 1.1).
-//! Tensors under the language-model prefix are renamed to standard names and copied verbatim;
-//! tensors under the vision / projector prefixes are dropped; anything else is an error, because
-//! remote-code layouts drift between revisions and a silently dropped tensor is a wrong model.
+//! The common case: a VLM that keeps a stock causal LM under a name prefix
+//! (docs/reference/vlm-layouts.md#the-families). Tensors under the language-model prefix are
+//! renamed to standard names and copied verbatim; tensors under the vision / projector prefixes are
+//! dropped; anything else is an error, because remote-code layouts drift between revisions and a
+//! silently dropped tensor is a wrong model.
 
 use serde_json::{Map, Value};
 
@@ -160,9 +161,10 @@ pub fn text_fields(
     (fields, key)
 }
 
-/// The tie flag the VLM itself used (extraction.md 1.3, step 1). transformers 4.x ties on the text
-/// config's flag, 5.x on the top-level one; a config is read the way the version that wrote it
-/// reads it (`transformers_version`), defaulting to 4.x, which wrote the Hub configs.
+/// The tie flag the VLM itself used (docs/reference/vlm-layouts.md#tied-embeddings). transformers
+/// 4.x ties on the text config's flag, 5.x on the top-level one; a config is read the way the
+/// version that wrote it reads it (`transformers_version`), defaulting to 4.x, which wrote the Hub
+/// configs.
 pub fn tie_flag(config: &Value, section_key: Option<&str>) -> Option<bool> {
     let top = config.get("tie_word_embeddings").and_then(Value::as_bool);
     let text = section_key

@@ -1,6 +1,7 @@
-//! Qwen2.5-VL (Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-Instruct), extraction.md 2.2: the language-model
-//! layout, config schema and target of Qwen2-VL (both the legacy `model.layers.*` + `visual.*` and
-//! the post-4.52 `model.language_model.*` layouts); only the vision tower differs, and it is dropped.
+//! Qwen2.5-VL (Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-Instruct; docs/reference/vlm-layouts.md#qwen25-vl):
+//! the language-model layout, config schema and target of Qwen2-VL (both the legacy
+//! `model.layers.*` + `visual.*` and the post-4.52 `model.language_model.*` layouts); only the
+//! vision tower differs, and it is dropped.
 
 use serde_json::Value;
 

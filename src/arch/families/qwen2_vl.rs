@@ -1,8 +1,8 @@
-//! Qwen2-VL (Qwen/Qwen2-VL-{2B,7B,72B}-Instruct), extraction.md 2.1: a Qwen2 language model under
-//! `model.` next to `visual.` (Hub, and what `save_pretrained` writes), or under
-//! `model.language_model.` next to `model.visual.` (checkpoints saved from transformers >= 4.52
-//! memory). The Hub config is flat; 5.x saves a nested `text_config`. Target `Qwen2ForCausalLM`;
-//! mrope is plain rope on text and becomes `rope_scaling: null`. No surgery.
+//! Qwen2-VL (Qwen/Qwen2-VL-{2B,7B,72B}-Instruct; docs/reference/vlm-layouts.md#qwen2-vl): a Qwen2
+//! language model under `model.` next to `visual.` (Hub, and what `save_pretrained` writes), or
+//! under `model.language_model.` next to `model.visual.` (checkpoints saved from transformers >=
+//! 4.52 memory). The Hub config is flat; 5.x saves a nested `text_config`. Target
+//! `Qwen2ForCausalLM`; mrope is plain rope on text and becomes `rope_scaling: null`. No surgery.
 
 use serde_json::Value;
 
@@ -14,7 +14,8 @@ use crate::error::Result;
 
 pub struct Qwen2Vl;
 
-/// Shared with Qwen2.5-VL, whose language-model layout is identical (extraction.md 2.2).
+/// Shared with Qwen2.5-VL, whose language-model layout is identical
+/// (docs/reference/vlm-layouts.md#qwen25-vl).
 pub static LAYOUT: PrefixLayout = PrefixLayout {
     lm: &[("model.language_model.", "model."), ("model.", "model.")],
     heads: &["lm_head.weight"],

@@ -1,6 +1,7 @@
-//! Qwen3-VL dense (Qwen/Qwen3-VL-{2B,4B,8B,32B}), extraction.md 2.3: a Qwen3 language model (per-head
-//! q_norm/k_norm kept) under `model.language_model.`, vision and deepstack mergers under
-//! `model.visual.`. Target `Qwen3ForCausalLM`; interleaved mrope is plain rope on text.
+//! Qwen3-VL dense (Qwen/Qwen3-VL-{2B,4B,8B,32B}; docs/reference/vlm-layouts.md#qwen3-vl): a Qwen3
+//! language model (per-head q_norm/k_norm kept) under `model.language_model.`, vision and deepstack
+//! mergers under `model.visual.`. Target `Qwen3ForCausalLM`; interleaved mrope is plain rope on
+//! text.
 
 use serde_json::Value;
 
@@ -12,7 +13,7 @@ use crate::error::Result;
 
 pub struct Qwen3Vl;
 
-/// Shared with Qwen3-VL-MoE (extraction.md 2.4: same prefixes).
+/// Shared with Qwen3-VL-MoE (docs/reference/vlm-layouts.md#qwen3-vl-moe: same prefixes).
 pub static LAYOUT: PrefixLayout = PrefixLayout {
     lm: &[("model.language_model.", "model.")],
     heads: &["lm_head.weight"],

@@ -1,10 +1,11 @@
-//! Qwen3-VL-MoE (Qwen/Qwen3-VL-30B-A3B, 235B-A22B), extraction.md 2.4: the Qwen3-VL prefixes, with
-//! each layer's experts fused into two un-suffixed tensors. They are unfused into the per-expert
-//! `Qwen3MoeForCausalLM` tensors. The orientation is read from the shapes against hidden size H and
-//! expert size I: the Hub stores `x @ W` ([E, H, 2I] and [E, I, H]; slices need a transpose),
-//! transformers 5.x stores `W x` ([E, 2I, H] and [E, H, I]; slices are contiguous). When H == 2I
-//! (or H == I) the shapes cannot tell, and extraction refuses. `norm_topk_prob: true` is written
-//! explicitly: the VLM always renormalises the top-k weights, Qwen3MoeConfig defaults to false.
+//! Qwen3-VL-MoE (Qwen/Qwen3-VL-30B-A3B, 235B-A22B; docs/reference/vlm-layouts.md#qwen3-vl-moe): the
+//! Qwen3-VL prefixes, with each layer's experts fused into two un-suffixed tensors. They are
+//! unfused into the per-expert `Qwen3MoeForCausalLM` tensors. The orientation is read from the
+//! shapes against hidden size H and expert size I: the Hub stores `x @ W` ([E, H, 2I] and [E, I,
+//! H]; slices need a transpose), transformers 5.x stores `W x` ([E, 2I, H] and [E, H, I]; slices
+//! are contiguous). When H == 2I (or H == I) the shapes cannot tell, and extraction refuses.
+//! `norm_topk_prob: true` is written explicitly: the VLM always renormalises the top-k weights,
+//! Qwen3MoeConfig defaults to false.
 
 use serde_json::Value;
 

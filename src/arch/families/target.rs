@@ -1,4 +1,4 @@
-//! The standalone causal-LM config an extraction writes (extraction.md 1.2).
+//! The standalone causal-LM config an extraction writes (docs/reference/vlm-layouts.md#configs).
 //!
 //! Every architectural field is written explicitly, because VLM text configs are diffs against
 //! their own class defaults, which differ from the target class's (Qwen2VLTextConfig vs Qwen2Config
@@ -157,7 +157,8 @@ pub fn standalone_config(
             put("layer_types", json!(types));
             put("sliding_window", json!(c.sliding_window));
             // Also the nested 5.x form: a legacy `rope_theta` other than 500000 reaches only the
-            // full-attention layers in transformers 5.x (forward.md, Olmo-3 quirk).
+            // full-attention layers in transformers 5.x
+            // (docs/reference/forward.md#olmo-3-rope-per-layer-type).
             let mut full = scaling
                 .as_object()
                 .cloned()

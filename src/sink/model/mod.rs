@@ -4,8 +4,8 @@
 //! decoder layer: which projections carry a bias, which QK norm, clipping, which layers slide,
 //! which RoPE each layer uses, dense MLP or top-k MoE. Each file turns the normalized
 //! [`TextConfig`] into a [`DecoderSpec`] the way its transformers class reads its config
-//! (forward.md §1-2); [`crate::sink::forward`] runs the spec. Weight names mirror Hugging Face
-//! (`model.layers.{i}.self_attn.q_proj.weight`, ...).
+//! (docs/reference/forward.md#step-list-one-model-f32); [`crate::sink::forward`] runs the spec.
+//! Weight names mirror Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...).
 
 pub mod llama;
 pub mod mistral;
@@ -64,7 +64,7 @@ pub enum NormPlacement {
     PostNorm,
 }
 
-/// Top-k routed experts (forward.md §1.10).
+/// Top-k routed experts (docs/reference/forward.md#moe-routing).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MoeSpec {
     pub num_experts: usize,
