@@ -8,14 +8,18 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::heads::Projection;
+use super::heads::{head_sinks, rank, Projection, RankBy};
 use crate::arch::names::{layer_name, Param};
 use crate::checkpoint::header::TensorInfo;
+use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
+use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::forward::Model;
+use crate::sink::inputs::{check_same_tokens, prompt_input};
 use crate::sink::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;
+use crate::sink::score::Settings;
 use crate::{bad, bail};
 
 /// Which heads `--heads` names.
@@ -89,6 +93,42 @@ pub fn draw_heads(candidates: &[(usize, usize)], count: usize, seed: u64) -> Vec
     pool.truncate(count);
     pool.sort_unstable();
     pool
+}
+
+/// `top:K`: the `count` heads of `candidate_layers` (ascending) that rank first by `rank_by`, as
+/// `sinkmerge heads` ranks them, from one CPU scoring pass over the reference `ckpts[0]` and the
+/// target `ckpts[1]` (models of `num_layers` layers) on `prompts`; in layer and head order.
+pub fn top_heads(
+    ckpts: &[Checkpoint; 2],
+    prompts: &[String],
+    candidate_layers: &[usize],
+    num_layers: usize,
+    rank_by: RankBy,
+    count: usize,
+    show_progress: bool,
+) -> Result<Vec<(usize, usize)>> {
+    let pair = [
+        prompt_input(&ckpts[0], prompts, None)?,
+        prompt_input(&ckpts[1], prompts, None)?,
+    ];
+    check_same_tokens(&pair[0], &pair[1], None)?;
+    let bar = crate::progress::items(2 * num_layers as u64, "scoring", show_progress);
+    // The ranking needs the sink statistics only, not the drift.
+    let (sinks, _) = head_sinks(
+        &CpuBackend::default(),
+        &pair,
+        candidate_layers,
+        num_layers,
+        Settings::default(),
+        &|| bar.inc(1),
+    )?;
+    bar.finish_and_clear();
+    let order = rank(&sinks, rank_by);
+    let mut top: Vec<(usize, usize)> = (order.iter().take(count))
+        .map(|&i| (sinks[i].layer, sinks[i].head))
+        .collect();
+    top.sort_unstable();
+    Ok(top)
 }
 
 /// Check a list of heads against the model, and K against the number of candidates.

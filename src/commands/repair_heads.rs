@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::analysis::heads::{self, check_same_geometry, Layers, RankBy};
+use crate::analysis::heads::{check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::LayerList;
 use crate::bail;
@@ -16,11 +16,8 @@ use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::Table;
-use crate::sink::backend::cpu::CpuBackend;
 use crate::sink::forward::Model;
-use crate::sink::inputs::{check_same_tokens, prompt_input};
 use crate::sink::prompts::{self, PromptSource};
-use crate::sink::score::Settings;
 
 pub const LONG_ABOUT: &str = "Head-selective repair: in TARGET, move the chosen heads' slices of the \
 chosen attention projections toward REF, W = (1 - lambda) W_target + lambda W_ref (f32 arithmetic, \
@@ -159,28 +156,15 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             let (prompts, source) =
                 prompts::choose(args.prompts.as_deref(), args.n, args.prompt_seed)?;
             prompt_source = Some(source);
-            let pair = [
-                prompt_input(&ckpts[0], &prompts, None)?,
-                prompt_input(&ckpts[1], &prompts, None)?,
-            ];
-            check_same_tokens(&pair[0], &pair[1], None)?;
-            let bar = crate::progress::items(2 * spec.num_layers() as u64, "scoring", show);
-            // The ranking needs the sink statistics only, not the drift.
-            let (sinks, _) = heads::head_sinks(
-                &CpuBackend::default(),
-                &pair,
+            repair_heads::top_heads(
+                &ckpts,
+                &prompts,
                 &candidate_layers,
                 spec.num_layers(),
-                Settings::default(),
-                &|| bar.inc(1),
-            )?;
-            bar.finish_and_clear();
-            let order = heads::rank(&sinks, args.rank_by);
-            let mut top: Vec<(usize, usize)> = (order.iter().take(*k))
-                .map(|&i| (sinks[i].layer, sinks[i].head))
-                .collect();
-            top.sort_unstable();
-            top
+                args.rank_by,
+                *k,
+                show,
+            )?
         }
     };
 

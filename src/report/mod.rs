@@ -1,9 +1,10 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
-//! model cards, and the reports of `score`, `heads` and `predict`.
+//! model cards, and the reports of `score`, `heads`, `predict` and `norms`.
 
 pub mod heads;
 pub mod heatmap;
 pub mod model_card;
+pub mod norms;
 pub mod plot;
 pub mod predict;
 pub mod score;
