@@ -55,7 +55,7 @@ pub struct Injection {
 impl Injection {
     /// What the rewrite writes besides the source's tensors: the Qwen3 config and the added
     /// tensors with their bytes (the rewrite places them in natural name order).
-    pub fn additions(&self) -> Result<Additions> {
+    pub fn additions(&self) -> Result<Additions<'static>> {
         let tensors = (self.added.iter())
             .map(|t| {
                 let planned = PlannedTensor {
@@ -69,6 +69,7 @@ impl Injection {
         Ok(Additions {
             config: Some(self.config.clone()),
             tensors,
+            files: Vec::new(),
         })
     }
 }

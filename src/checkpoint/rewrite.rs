@@ -2,10 +2,11 @@
 //! recomputed from their stored bytes (the controls, head repair): every tensor is planned with
 //! the source's name, dtype and shape, the output directory is staged beside its destination,
 //! config.json and the tokenizer and processor files are copied, and the shards are written in
-//! parallel. The caller adds its own files (a model card, a recipe) and commits.
+//! parallel, the caller's own files (a model card, a recipe) are added, and the output is
+//! committed: complete or absent.
 
 use std::borrow::Cow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use indicatif::ProgressBar;
@@ -16,10 +17,28 @@ use super::writer::{self, PlannedTensor, Progress};
 use super::{copy_aux_files, natural_cmp, Checkpoint};
 use crate::error::Result;
 
-/// The staged output and what the edits reported, by tensor name in natural order.
+/// The committed output and what the edits reported, by tensor name in natural order.
 pub struct Rewritten<R> {
-    pub out: OutputDir,
+    pub dest: PathBuf,
     pub edits: Vec<(String, R)>,
+}
+
+/// A file the output carries besides the source's (a model card, a recipe), written into the
+/// staged directory before it is committed.
+pub trait ExtraFile: Sync {
+    fn write_into(&self, out: &OutputDir) -> Result<()>;
+}
+
+/// An extra file given by its name and bytes.
+pub struct NamedFile {
+    pub name: &'static str,
+    pub bytes: Vec<u8>,
+}
+
+impl ExtraFile for NamedFile {
+    fn write_into(&self, out: &OutputDir) -> Result<()> {
+        out.write_file(self.name, &self.bytes)
+    }
 }
 
 /// Where the output goes.
@@ -36,11 +55,13 @@ pub struct Destination<'a> {
 
 /// What the output has besides the source's tensors and files.
 #[derive(Default)]
-pub struct Additions {
+pub struct Additions<'a> {
     /// config.json to write instead of the source's.
     pub config: Option<serde_json::Value>,
     /// New tensors and their bytes, placed among the source's in natural name order.
     pub tensors: Vec<(PlannedTensor, Vec<u8>)>,
+    /// Files to add, in this order.
+    pub files: Vec<&'a dyn ExtraFile>,
 }
 
 /// What an edit does with one tensor.
@@ -54,13 +75,12 @@ pub enum Edit<R> {
 }
 
 /// Write `source` to `to.dir` with the tensors `edit(name, info, bytes)` recomputes, plus
-/// `additions`. Nothing is visible at the destination until the caller commits
-/// [`Rewritten::out`].
+/// `additions`, and commit it. On any error nothing is left at the destination.
 pub fn rewrite<R: Send>(
     source: &Checkpoint,
     to: &Destination,
     bar: &ProgressBar,
-    additions: &Additions,
+    additions: &Additions<'_>,
     edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Edit<R>> + Sync,
 ) -> Result<Rewritten<R>> {
     // Each planned tensor, and the index of its bytes in `additions` when it is new.
@@ -120,7 +140,11 @@ pub fn rewrite<R: Send>(
         },
     )?;
     bar.finish_and_clear();
+    for file in &additions.files {
+        file.write_into(&out)?;
+    }
+    let dest = out.commit()?;
     let mut edits = edits.into_inner().expect("no panics hold the lock");
     edits.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-    Ok(Rewritten { out, edits })
+    Ok(Rewritten { dest, edits })
 }

@@ -7,7 +7,7 @@ use crate::analysis::ablate::{self, Ablation, AblationPlan, LAYER_NORMS};
 use crate::arch::names::Module;
 use crate::arch::LayerList;
 use crate::bail;
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -77,24 +77,20 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
 
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
-    let rewritten = rewrite(
-        &model,
-        &to,
-        &bar,
-        &Additions::default(),
-        |name, info, bytes| {
-            if !plan.targets.contains(name) {
-                return Ok(Edit::Copy);
-            }
-            let (bytes, a) =
-                ablate::ablate_stored(name, info.dtype, bytes, args.top_k, &model.describe(name))?;
-            Ok(Edit::Replace(bytes, a))
-        },
-    )?;
-    if !args.out.no_model_card {
-        card(&args, &model, &plan).write(&rewritten.out)?;
-    }
-    let dest = rewritten.out.commit()?;
+    let card = (!args.out.no_model_card).then(|| card(&args, &model, &plan));
+    let additions = Additions {
+        files: card.iter().map(|c| c as &dyn ExtraFile).collect(),
+        ..Additions::default()
+    };
+    let rewritten = rewrite(&model, &to, &bar, &additions, |name, info, bytes| {
+        if !plan.targets.contains(name) {
+            return Ok(Edit::Copy);
+        }
+        let (bytes, a) =
+            ablate::ablate_stored(name, info.dtype, bytes, args.top_k, &model.describe(name))?;
+        Ok(Edit::Replace(bytes, a))
+    })?;
+    let dest = rewritten.dest;
 
     let ablations: Vec<Ablation> = rewritten.edits.into_iter().map(|(_, a)| a).collect();
     let unchanged: Vec<&Ablation> = ablations

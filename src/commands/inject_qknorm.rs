@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::rewrite::{rewrite, Edit};
+use crate::checkpoint::rewrite::{rewrite, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::dtype;
@@ -48,14 +48,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let plan = inject_qknorm::plan(&model)?;
 
     let originals = model.names().len();
-    let additions = plan.additions()?;
-    let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
-    let rewritten = rewrite(&model, &to, &bar, &additions, |_, _, _| {
-        Ok(Edit::<()>::Copy)
-    })?;
-    let out = rewritten.out;
     let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
-    if !args.out.no_model_card {
+    let card = (!args.out.no_model_card).then(|| {
         let input = model_card::Input::new("model", true, &model);
         let description = format!(
             "`{}` rewritten as a `Qwen3ForCausalLM` checkpoint with unit-scale per-head \
@@ -64,7 +58,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
              is copied byte for byte; the result computes a different function.",
             input.name()
         );
-        let card = ModelCard {
+        ModelCard {
             kind: model_card::Kind::QkNormInjection,
             description,
             recipe: vec![
@@ -90,10 +84,15 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             .map(String::from)
             .to_vec(),
             inputs: vec![input],
-        };
-        card.write(&out)?;
-    }
-    let dest = out.commit()?;
+        }
+    });
+    let mut additions = plan.additions()?;
+    additions.files = card.iter().map(|c| c as &dyn ExtraFile).collect();
+    let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);
+    let rewritten = rewrite(&model, &to, &bar, &additions, |_, _, _| {
+        Ok(Edit::<()>::Copy)
+    })?;
+    let dest = rewritten.dest;
 
     if args.json {
         let value = json!({

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::names;
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -71,6 +71,20 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         "perturbing",
         progress && !args.json,
     );
+    let perturbed = pairing.partners.len();
+    let card = (!args.out.no_model_card).then(|| {
+        card(
+            &args,
+            &reference,
+            &target,
+            perturbed,
+            reference.names().len() - perturbed,
+        )
+    });
+    let additions = Additions {
+        files: card.iter().map(|c| c as &dyn ExtraFile).collect(),
+        ..Additions::default()
+    };
     let rewritten = rewrite(
         &reference,
         &Destination {
@@ -78,7 +92,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             ..to
         },
         &bar,
-        &Additions::default(),
+        &additions,
         |name, info, w| {
             let Some(other) = pairing.partners.get(name) else {
                 return Ok(Edit::Copy);
@@ -98,18 +112,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             })
         },
     )?;
-    if !args.out.no_model_card {
-        let perturbed = pairing.partners.len();
-        card(
-            &args,
-            &reference,
-            &target,
-            perturbed,
-            reference.names().len() - perturbed,
-        )
-        .write(&rewritten.out)?;
-    }
-    let dest = rewritten.out.commit()?;
+    let dest = rewritten.dest;
 
     let reports: Vec<TensorReport> = rewritten.edits.into_iter().map(|(_, r)| r).collect();
     let worst = reports

@@ -10,7 +10,7 @@ use crate::analysis::heads::{check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::LayerList;
 use crate::bail;
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit};
+use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile, NamedFile};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
@@ -171,26 +171,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let plan = repair_heads::plan(spec, &chosen, &modules);
     let stored = repair_heads::by_stored_name(&target_model, &plan)?;
     let lambda = args.lambda as f32;
-    let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
-    let rewritten = rewrite(
-        &ckpts[1],
-        &Destination {
-            other_inputs: &[ckpts[0].dir.as_path()],
-            ..to
-        },
-        &bar,
-        &Additions::default(),
-        |name, info, bytes| -> Result<Edit<TensorRepair>> {
-            let Some(planned) = stored.get(name) else {
-                return Ok(Edit::Copy);
-            };
-            let what = ckpts[1].describe(name);
-            let (out, report) =
-                repair_heads::repair_stored(&ref_model, planned, name, info, bytes, lambda, &what)?;
-            Ok(Edit::Replace(out, report))
-        },
-    )?;
-
     let recipe = Recipe {
         method: "repair_heads",
         reference: model_card::Input::new("reference", true, &ckpts[0]).reference(),
@@ -205,13 +185,37 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         lambda: args.lambda,
     };
     let yaml = serde_yaml_ng::to_string(&recipe).expect("the recipe serializes");
-    rewritten
-        .out
-        .write_file("sinkmerge_config.yml", yaml.as_bytes())?;
-    if !args.out.no_model_card {
-        card(&args, &ckpts, &recipe, &yaml).write(&rewritten.out)?;
-    }
-    let dest = rewritten.out.commit()?;
+    let card = (!args.out.no_model_card).then(|| card(&args, &ckpts, &recipe, &yaml));
+    let config = NamedFile {
+        name: "sinkmerge_config.yml",
+        bytes: yaml.into_bytes(),
+    };
+    let mut files: Vec<&dyn ExtraFile> = vec![&config];
+    files.extend(card.iter().map(|c| c as &dyn ExtraFile));
+    let additions = Additions {
+        files,
+        ..Additions::default()
+    };
+    let bar = crate::progress::bytes(ckpts[1].total_bytes(), "repairing", show);
+    let rewritten = rewrite(
+        &ckpts[1],
+        &Destination {
+            other_inputs: &[ckpts[0].dir.as_path()],
+            ..to
+        },
+        &bar,
+        &additions,
+        |name, info, bytes| -> Result<Edit<TensorRepair>> {
+            let Some(planned) = stored.get(name) else {
+                return Ok(Edit::Copy);
+            };
+            let what = ckpts[1].describe(name);
+            let (out, report) =
+                repair_heads::repair_stored(&ref_model, planned, name, info, bytes, lambda, &what)?;
+            Ok(Edit::Replace(out, report))
+        },
+    )?;
+    let dest = rewritten.dest;
     let repairs: Vec<TensorRepair> = rewritten.edits.into_iter().map(|(_, r)| r).collect();
 
     if args.json {

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::resolve::HubRef;
+use crate::checkpoint::rewrite::ExtraFile;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
@@ -210,6 +211,12 @@ impl ModelCard {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into());
         out.write_file(FILE, self.render(&name).as_bytes())
+    }
+}
+
+impl ExtraFile for ModelCard {
+    fn write_into(&self, out: &OutputDir) -> Result<()> {
+        self.write(out)
     }
 }
 
