@@ -71,6 +71,26 @@ pub struct Lambda {
     pub lambda: f64,
 }
 
+/// The models of a weighted task-vector method (task arithmetic, TIES, DARE) and their weights.
+#[derive(Debug, clap::Args)]
+pub struct WeightedTaskModels {
+    #[command(flatten)]
+    pub models: TaskModels,
+    #[command(flatten)]
+    pub weights: Weights,
+}
+
+/// How task arithmetic and DARE combine the task vectors: scaled by `--lambda`, normalized only
+/// on request (mergekit's default for both).
+#[derive(Debug, clap::Args)]
+pub struct ScaledSum {
+    #[command(flatten)]
+    pub lambda: Lambda,
+    /// Divide the weighted sum by the sum of the weights (mergekit default: off)
+    #[arg(long)]
+    pub normalize: bool,
+}
+
 /// Weighted average of models: sum_i w_i x_i / sum_i w_i (mergekit `linear`).
 ///
 /// The weights are normalized to sum to 1 unless --no-normalize. Embeddings and lm_head of
@@ -97,14 +117,9 @@ pub struct LinearArgs {
 #[derive(Debug, clap::Args)]
 pub struct TaskArithmeticArgs {
     #[command(flatten)]
-    pub models: TaskModels,
+    pub inputs: WeightedTaskModels,
     #[command(flatten)]
-    pub weights: Weights,
-    #[command(flatten)]
-    pub lambda: Lambda,
-    /// Divide the weighted sum by the sum of the weights (mergekit default: off)
-    #[arg(long)]
-    pub normalize: bool,
+    pub combine: ScaledSum,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -118,9 +133,7 @@ pub struct TaskArithmeticArgs {
 #[derive(Debug, clap::Args)]
 pub struct TiesArgs {
     #[command(flatten)]
-    pub models: TaskModels,
-    #[command(flatten)]
-    pub weights: Weights,
+    pub inputs: WeightedTaskModels,
     /// Fraction of each task vector's entries kept, in (0, 1]; comma-separated per model
     #[arg(
         long,
@@ -163,11 +176,11 @@ pub enum Consensus {
 /// Paper setting: --drop-rate 0.9 --lambda 1.
 #[derive(Debug, clap::Args)]
 #[command(group = clap::ArgGroup::new("keep").required(true).args(["density", "drop_rate"]))]
+// `--normalize` here also covers dare_ties, whose divisor is the agreeing models' weight sum.
+#[command(mut_arg("normalize", |arg| arg.help("Divide by the (agreeing) models' weight sum (mergekit default: off)")))]
 pub struct DareArgs {
     #[command(flatten)]
-    pub models: TaskModels,
-    #[command(flatten)]
-    pub weights: Weights,
+    pub inputs: WeightedTaskModels,
     /// Probability of keeping an entry, in (0, 1]; comma-separated per model
     #[arg(
         long,
@@ -194,10 +207,7 @@ pub struct DareArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     #[command(flatten)]
-    pub lambda: Lambda,
-    /// Divide by the (agreeing) models' weight sum (mergekit default: off)
-    #[arg(long)]
-    pub normalize: bool,
+    pub combine: ScaledSum,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -295,14 +305,14 @@ fn entries(models: &[String], columns: &[(&ParamSpec, Vec<Option<f64>>)]) -> Vec
 /// The entries of a task-vector command: `--weights` (1 each by default) and, for the
 /// sparsifying methods, `density`.
 fn task_entries(
-    models: &TaskModels,
-    weights: &Weights,
+    inputs: &WeightedTaskModels,
     density: Option<(&str, Vec<f64>)>,
 ) -> Result<Vec<ModelEntry>> {
+    let models = &inputs.models;
     let n = models.models.len();
     let mut columns = vec![(
         &task_vector::WEIGHT,
-        per_model("weights", &weights.weights, n, Some(1.0))?,
+        per_model("weights", &inputs.weights.weights, n, Some(1.0))?,
     )];
     if let Some((flag, values)) = density {
         columns.push((&task_vector::DENSITY, per_model(flag, &values, n, None)?));
@@ -362,16 +372,19 @@ pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
 
 pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<()> {
     let params = Settings::from([
-        set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
+        set(
+            &task_vector::LAMBDA,
+            ParamValue::Number(args.combine.lambda.lambda),
+        ),
         set(
             &task_arithmetic::NORMALIZE,
-            ParamValue::Bool(args.normalize),
+            ParamValue::Bool(args.combine.normalize),
         ),
     ]);
     merge_with(
         "task_arithmetic",
-        Some(args.models.base.clone()),
-        task_entries(&args.models, &args.weights, None)?,
+        Some(args.inputs.models.base.clone()),
+        task_entries(&args.inputs, None)?,
         params,
         &args.common,
         progress,
@@ -388,8 +401,8 @@ pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
     ]);
     merge_with(
         "ties",
-        Some(args.models.base.clone()),
-        task_entries(&args.models, &args.weights, Some(("density", args.density)))?,
+        Some(args.inputs.models.base.clone()),
+        task_entries(&args.inputs, Some(("density", args.density)))?,
         params,
         &args.common,
         progress,
@@ -415,8 +428,11 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
     };
     // dare offers no --election: dare_ties elects with the default, `sum` (as mergekit does).
     let params = Settings::from([
-        set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
-        set(&dare::NORMALIZE, ParamValue::Bool(args.normalize)),
+        set(
+            &task_vector::LAMBDA,
+            ParamValue::Number(args.combine.lambda.lambda),
+        ),
+        set(&dare::NORMALIZE, ParamValue::Bool(args.combine.normalize)),
         set(&dare::RESCALE, choice(args.rescale)),
         set(&dare::SEED, ParamValue::Integer(args.seed)),
     ]);
@@ -426,8 +442,8 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
     };
     merge_with(
         method,
-        Some(args.models.base.clone()),
-        task_entries(&args.models, &args.weights, Some(density))?,
+        Some(args.inputs.models.base.clone()),
+        task_entries(&args.inputs, Some(density))?,
         params,
         &args.common,
         progress,
