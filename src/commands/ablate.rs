@@ -117,7 +117,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "layers": plan.layers,
             "tensors": ablations,
         });
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        print!("{}", crate::report::json_text(&value)?);
     } else {
         let mut t = Table::new([
             "tensor",

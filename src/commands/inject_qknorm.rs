@@ -106,7 +106,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "copied": originals,
             "added": plan.added.iter().map(|t| &t.name).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        print!("{}", crate::report::json_text(&value)?);
     } else {
         println!(
             "{}: {} layers, head_dim {}: added q_norm/k_norm (ones) and o_proj.bias (zeros) in {}; \

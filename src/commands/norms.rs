@@ -154,7 +154,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     if args.json {
         let value = json_value(&report, args.tol);
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        print!("{}", crate::report::json_text(&value)?);
     } else {
         print!("{}", render_text(&report, args.tol));
     }

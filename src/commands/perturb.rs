@@ -148,7 +148,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "max_abs_cosine": max_cos,
             "tensors": reports,
         });
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        print!("{}", crate::report::json_text(&value)?);
     } else {
         print!("{}", summary(&reports));
         println!(

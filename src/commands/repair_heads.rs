@@ -229,7 +229,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "lambda": args.lambda,
             "tensors": repairs,
         });
-        println!("{}", serde_json::to_string_pretty(&value).expect("JSON"));
+        print!("{}", crate::report::json_text(&value)?);
     } else {
         let mut t = Table::new(["tensor", "entries", "changed"]);
         for r in &repairs {
