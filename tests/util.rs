@@ -163,6 +163,19 @@ impl Sinkmerge {
         stdout(&output)
     }
 
+    /// Run, expect success with a `sinkmerge: warning:` on stderr naming every one of `needles`;
+    /// return stdout and stderr.
+    pub fn warns(self, needles: &[&str]) -> (String, String) {
+        let (args, output) = self.output_and_args();
+        let err = stderr(&output);
+        assert!(output.status.success(), "sinkmerge {args:?}: {err}");
+        assert!(err.contains("sinkmerge: warning:"), "no warning: {err}");
+        for needle in needles {
+            assert!(err.contains(needle), "`{needle}` not in: {err}");
+        }
+        (stdout(&output), err)
+    }
+
     /// Run, expect success and JSON on stdout.
     pub fn json(self) -> serde_json::Value {
         serde_json::from_str(&self.ok()).expect("JSON on stdout")
