@@ -24,7 +24,8 @@ HF_HUB_OFFLINE=1. --no-download never downloads.\n\n\
 Exit codes, the same in every command: 0 success; 1 a failure while writing, or an internal \
 error (a device error, a decomposition that did not converge on finite values); 2 bad input or \
 usage; 3 NaN or Inf values, stored in an input (`inspect --check` lists them) or produced by the \
-arithmetic (activations or merged values overflowing f32).",
+arithmetic (activations or merged values overflowing f32); 130, 143 or 129 stopped by SIGINT, \
+SIGTERM or SIGHUP, with the output in progress removed and the destination as it was.",
     after_help = "Run `sinkmerge <COMMAND> --help` for each command's options."
 )]
 pub struct Cli {

@@ -11,6 +11,9 @@ pub const EXIT_BAD_INPUT: i32 = 2;
 pub const EXIT_NON_FINITE: i32 = 3;
 /// Exit code for failures while writing an output, and for internal errors.
 pub const EXIT_FAILURE: i32 = 1;
+/// Exit codes of a run stopped by a signal are 128 + the signal's number, as shells report them:
+/// 130 for SIGINT (Ctrl-C), 143 for SIGTERM, 129 for SIGHUP.
+pub const EXIT_SIGNAL_BASE: i32 = 128;
 
 /// What kind of failure an error is; each kind has one exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +27,8 @@ pub enum Kind {
     /// Not the input's fault: a device error, a decomposition that did not converge on finite
     /// values, a broken invariant: exit 1.
     Internal,
+    /// Stopped by a signal (SIGINT, SIGTERM, SIGHUP): exit 128 + the signal's number.
+    Interrupted(i32),
 }
 
 impl Kind {
@@ -32,6 +37,7 @@ impl Kind {
             Kind::BadInput => EXIT_BAD_INPUT,
             Kind::Write | Kind::Internal => EXIT_FAILURE,
             Kind::NonFinite => EXIT_NON_FINITE,
+            Kind::Interrupted(signal) => EXIT_SIGNAL_BASE + signal,
         }
     }
 }
@@ -63,6 +69,9 @@ pub enum Error {
     /// An internal failure.
     #[error("{0}")]
     Internal(String),
+    /// The user stopped the run with a signal; the output in progress was removed.
+    #[error("interrupted by {}", signal_name(*.0))]
+    Interrupted(i32),
     /// Another error with what was being done when it happened; it keeps that error's kind.
     #[error("{context}: {source}")]
     Context { context: String, source: Box<Error> },
@@ -75,6 +84,7 @@ impl Error {
             Error::Write(_) | Error::WriteFile { .. } => Kind::Write,
             Error::NonFinite(_) => Kind::NonFinite,
             Error::Internal(_) => Kind::Internal,
+            Error::Interrupted(signal) => Kind::Interrupted(*signal),
             Error::Context { source, .. } => source.kind(),
         }
     }
@@ -105,6 +115,16 @@ impl Error {
             path: path.to_path_buf(),
             source: err,
         }
+    }
+}
+
+/// The conventional name of the signals sinkmerge handles, for messages.
+pub fn signal_name(signal: i32) -> String {
+    match signal {
+        1 => "SIGHUP".into(),
+        2 => "SIGINT".into(),
+        15 => "SIGTERM".into(),
+        other => format!("signal {other}"),
     }
 }
 

@@ -1,9 +1,35 @@
 use clap::Parser;
 
+use sinkmerge::checkpoint::output::{exit, interrupted_message};
+use sinkmerge::error::{Kind, EXIT_FAILURE};
+
 fn main() {
     let cli = sinkmerge::cli::Cli::parse();
-    if let Err(err) = sinkmerge::commands::run(cli) {
-        eprintln!("sinkmerge: error: {err}");
-        std::process::exit(err.exit_code());
+    // The last line of defence: a panic is a bug, never the answer to an input. It still gets
+    // one line and the internal-error exit code, not Rust's exit 101 and a backtrace prompt.
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        eprintln!("sinkmerge: internal error: {message}{location}; please report this as a bug");
+    }));
+    match std::panic::catch_unwind(|| sinkmerge::commands::run(cli)) {
+        Ok(Ok(())) => exit(0, None),
+        Ok(Err(err)) => {
+            let message = match err.kind() {
+                Kind::Interrupted(signal) => interrupted_message(signal),
+                _ => format!("sinkmerge: error: {err}"),
+            };
+            exit(err.exit_code(), Some(&message))
+        }
+        // The hook has said what happened.
+        Err(_) => exit(EXIT_FAILURE, None),
     }
 }

@@ -24,4 +24,5 @@ mod score_metrics;
 mod score_paper;
 mod score_parity;
 mod score_tokenize;
+mod write_safety;
 mod writer;

@@ -178,6 +178,7 @@ where
                         data: Vec<Result<Cow<'a, [u8]>>>|
      -> Result<()> {
         for (k, bytes) in data.into_iter().enumerate() {
+            super::output::check_cancelled()?;
             let i = start + k;
             let bytes = bytes?;
             let t = &tensors[i];
@@ -201,7 +202,14 @@ where
         Ok(())
     };
     let produce_window = |r: &std::ops::Range<usize>| -> Vec<Result<Cow<'a, [u8]>>> {
-        r.clone().into_par_iter().map(&produce).collect()
+        r.clone()
+            .into_par_iter()
+            .map(|i| {
+                // A cancelled run stops producing too: a window of SVDs can take minutes.
+                super::output::check_cancelled()?;
+                produce(i)
+            })
+            .collect()
     };
 
     let mut pending: Option<Window<'a>> = None;

@@ -28,7 +28,7 @@ pub fn run(cli: Cli) -> Result<()> {
             .num_threads(n.max(1))
             .build_global();
     }
-    crate::checkpoint::output::remove_partial_outputs_on_interrupt();
+    crate::checkpoint::output::handle_signals()?;
     let progress = crate::progress::enabled(cli.quiet);
     crate::checkpoint::resolve::allow_downloads(!cli.no_download, progress);
     match cli.command {
