@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::arch::families;
 use crate::bad;
 use crate::checkpoint::resolve::{self, ModelRef};
-use crate::checkpoint::{writer, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::extract::{self, Summary};
@@ -75,8 +75,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .output
         .clone()
         .unwrap_or_else(|| default_output(&args.source, &model));
+    crate::cli::check_output_dir(&dest)?;
     let opts = extract::Options {
-        max_shard_size: writer::parse_size(&args.out.max_shard_size)?,
+        max_shard_size: args.out.max_shard_size()?,
         force: args.out.force,
         verify: !args.no_verify,
         progress: progress && !args.json,
