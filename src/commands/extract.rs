@@ -62,6 +62,10 @@ tools/check_extract.py).";
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
+    // The default output lies in the working directory; a given one is checked before any work.
+    if let Some(dest) = &args.out.output {
+        crate::cli::check_output_dir(dest)?;
+    }
     let model = resolve::resolve(&args.source)?;
     let mut ckpt = Checkpoint::open_dir(&model.dir, &model.label)?;
     ckpt.hub = model.hub.clone();
@@ -75,7 +79,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .output
         .clone()
         .unwrap_or_else(|| default_output(&args.source, &model));
-    crate::cli::check_output_dir(&dest)?;
     let opts = extract::Options {
         max_shard_size: args.out.max_shard_size()?,
         force: args.out.force,
