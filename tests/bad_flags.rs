@@ -164,6 +164,10 @@ fn two_outputs_that_are_one_file_are_refused() {
             vec!["score", &r, "--text", s(&prompts), "--heatmap", s(&prompts)],
             vec!["--heatmap", "would overwrite the --text file"],
         ),
+        (
+            vec!["predict", "--panel", s(&prompts), "--plot", s(&prompts)],
+            vec!["--plot", "would overwrite the --panel file"],
+        ),
     ];
     for (args, needles) in cases {
         sinkmerge(&args).refused(&needles);
@@ -201,6 +205,7 @@ fn outputs_under_a_regular_file_are_refused_before_any_work() {
             s(&out),
         ],
         vec!["linear", "--models", &r, &t, "-o", s(&out)],
+        vec!["extract", &t, "-o", s(&out)],
     ];
     for args in cases {
         sinkmerge(&args).refused(&[&named]);
