@@ -2,11 +2,14 @@
 //! `commands/`, so one file tells the whole story of a command; this file holds the top level
 //! and the argument groups several commands share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
+use crate::bail;
+use crate::checkpoint::output::absolute;
 use crate::commands;
+use crate::error::Result;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,8 +35,9 @@ pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 
-    /// Worker threads (default: all cores, or RAYON_NUM_THREADS). Results do not depend on it.
-    #[arg(long, global = true, value_name = "N")]
+    /// Worker threads, 1 to 1024 (default: all cores, or RAYON_NUM_THREADS). Results do not
+    /// depend on it
+    #[arg(long, global = true, value_name = "N", value_parser = whole_number(1, MAX_THREADS))]
     pub threads: Option<usize>,
 
     /// Never draw progress bars (they are already hidden when output is not a terminal).
@@ -121,11 +125,144 @@ impl OutputArgs {
     ) -> crate::error::Result<crate::checkpoint::rewrite::Destination<'_>> {
         let dir = (self.output.as_deref())
             .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
+        check_output_dir(dir)?;
         Ok(crate::checkpoint::rewrite::Destination {
             dir,
             other_inputs: &[],
             force: self.force,
-            max_shard_size: crate::checkpoint::writer::parse_size(&self.max_shard_size)?,
+            max_shard_size: self.max_shard_size()?,
         })
     }
+
+    /// `--max-shard-size` in bytes; a bad value is an error naming the flag.
+    pub fn max_shard_size(&self) -> Result<u64> {
+        crate::checkpoint::writer::parse_size(&self.max_shard_size)
+            .map_err(|e| e.context("--max-shard-size"))
+    }
+}
+
+/// Check `-o OUT` before any work, so a command that computes for minutes first (`repair-heads
+/// --heads top:K`) does not fail only when it writes: OUT lies under no regular file and is not
+/// itself a file. Writing checks the rest ([`crate::checkpoint::output::OutputDir::create`]).
+pub fn check_output_dir(dir: &Path) -> Result<()> {
+    check_output_paths(&[("-o", dir)], &[])?;
+    if absolute(dir)?.is_file() {
+        bail!("-o {}: exists and is not a directory", dir.display());
+    }
+    Ok(())
+}
+
+/// Refuse a comma-separated flag that names one item twice (`--modules q_proj,q_proj`): the
+/// repeat would be ignored, or counted twice, without a word.
+pub fn refuse_repeats<T: PartialEq>(
+    flag: &str,
+    items: &[T],
+    name: impl Fn(&T) -> String,
+) -> Result<()> {
+    for (i, item) in items.iter().enumerate() {
+        if items[..i].contains(item) {
+            bail!("{flag}: `{}` is listed twice", name(item));
+        }
+    }
+    Ok(())
+}
+
+/// The most worker threads `--threads` takes. Every pool is CPU-bound, so threads beyond the
+/// cores only add switching; 1024 is above the core count of any single machine sinkmerge runs
+/// on, and a typo such as `--threads 100000` is refused instead of spawning that many.
+pub const MAX_THREADS: usize = 1024;
+
+/// A clap value parser for a whole number from `min` to `max`, for counts that size allocations
+/// or loops: a value outside is refused when the command line is read (exit 2), with the bounds
+/// in the message. `1e6` is read as the whole number it is, and says "too large" when it is.
+pub fn whole_number(
+    min: usize,
+    max: usize,
+) -> impl Fn(&str) -> std::result::Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let t = s.trim();
+        let value = match t.parse::<i128>() {
+            Ok(n) => n as f64,
+            Err(_) => match t.parse::<f64>() {
+                Ok(x) if x.is_finite() && x.fract() == 0.0 => x,
+                _ => return Err(format!("`{s}` is not a whole number")),
+            },
+        };
+        if value < min as f64 {
+            Err(format!(
+                "{s} is too small: give a whole number of at least {min} and at most {max}"
+            ))
+        } else if value > max as f64 {
+            Err(format!("{s} is too large: the maximum is {max}"))
+        } else {
+            Ok(value as usize)
+        }
+    }
+}
+
+/// Check, before any work, every path a command will write (`-o`, `--csv`, `--plot`, ...,
+/// each with its flag) against each other and against the input files it reads (`--prompts`,
+/// `--text`, ...):
+///
+/// - no path lies under a regular file (writing there would fail only at the end, with
+///   "File exists" or "Not a directory");
+/// - no two outputs are the same file, or one inside the other, after `./`, `..` and symlinks
+///   are resolved (hard links too): one would silently overwrite the other;
+/// - no output is, or contains, an input file: inputs are never written.
+///
+/// Model directories are checked by [`crate::checkpoint::output::refuse_inputs`].
+pub fn check_output_paths(outputs: &[(&str, &Path)], input_files: &[(&str, &Path)]) -> Result<()> {
+    let mut seen: Vec<(&str, &Path, PathBuf)> = Vec::new();
+    for &(flag, path) in outputs {
+        let abs = absolute(path)?;
+        // The deepest existing ancestor must be a directory; `exists` is false below a file.
+        if let Some(file) = abs.ancestors().skip(1).find(|a| a.exists()) {
+            if !file.is_dir() {
+                bail!(
+                    "{flag} {}: {} is a file, not a directory",
+                    path.display(),
+                    file.display()
+                );
+            }
+        }
+        for (other_flag, other, other_abs) in &seen {
+            let relation = if same_file(&abs, other_abs) {
+                "is the same file as"
+            } else if abs.starts_with(other_abs) {
+                "lies inside"
+            } else if other_abs.starts_with(&abs) {
+                "contains"
+            } else {
+                continue;
+            };
+            bail!(
+                "{flag} {} {relation} {other_flag} {}; give each output its own path",
+                path.display(),
+                other.display()
+            );
+        }
+        for &(input_flag, input) in input_files {
+            let input_abs = absolute(input)?;
+            if same_file(&abs, &input_abs) || input_abs.starts_with(&abs) {
+                bail!(
+                    "{flag} {} would overwrite the {input_flag} file {}; inputs are never written",
+                    path.display(),
+                    input.display()
+                );
+            }
+        }
+        seen.push((flag, path, abs));
+    }
+    Ok(())
+}
+
+/// Whether two absolute paths (from [`absolute`]) are one file: equal, or hard links to the
+/// same inode.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a == b
+        || matches!(
+            (std::fs::metadata(a), std::fs::metadata(b)),
+            (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino()
+        )
 }

@@ -6,6 +6,7 @@
 mod util;
 
 mod ablate;
+mod bad_flags;
 mod bad_input;
 mod exit_codes;
 mod extract;

@@ -37,32 +37,45 @@ impl FromStr for Selection {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Selection, String> {
-        let count = |k: &str| {
-            k.parse::<usize>()
-                .ok()
-                .filter(|&k| k > 0)
-                .ok_or_else(|| format!("`{s}`: K must be a positive integer"))
+        let count = |mode: &str, k: &str| {
+            if k.contains(',') {
+                return Err(format!(
+                    "`{s}`: {mode}:K takes one count, not a list; name heads as LAYER.HEAD,... \
+                     without {mode}:"
+                ));
+            }
+            match k.trim().parse::<usize>() {
+                Ok(k) if k > 0 => Ok(k),
+                // All digits, yet no usize: more heads than any model has.
+                Err(_) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => Err(format!(
+                    "`{s}`: K = {k} is too large; K counts heads of the chosen layers"
+                )),
+                _ => Err(format!("`{s}`: K must be a whole number of at least 1")),
+            }
         };
         if let Some(k) = s.strip_prefix("top:") {
-            return Ok(Selection::Top(count(k)?));
+            return Ok(Selection::Top(count("top", k)?));
         }
         if let Some(k) = s.strip_prefix("random:") {
-            return Ok(Selection::Random(count(k)?));
+            return Ok(Selection::Random(count("random", k)?));
         }
-        let heads = s
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (l, h) = p.split_once('.').ok_or(())?;
-                Ok::<_, ()>((l.parse().map_err(|_| ())?, h.parse().map_err(|_| ())?))
-            })
-            .collect::<Result<Vec<(usize, usize)>, ()>>()
-            .map_err(|_| {
-                format!("`{s}` is not top:K, random:K or a list of LAYER.HEAD like 20.3,21.0")
-            })?;
-        if heads.is_empty() {
-            return Err("no heads given".into());
+        let mut heads: Vec<(usize, usize)> = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            if part.is_empty() {
+                return Err(format!("`{s}`: an empty item; list heads as 20.3,21.0"));
+            }
+            let head = (part.split_once('.'))
+                .and_then(|(l, h)| Some((l.parse().ok()?, h.parse().ok()?)))
+                .ok_or_else(|| {
+                    format!(
+                        "`{part}` is not LAYER.HEAD; give top:K, random:K or a list of \
+                         LAYER.HEAD like 20.3,21.0"
+                    )
+                })?;
+            if heads.contains(&head) {
+                return Err(format!("head {part} is listed twice"));
+            }
+            heads.push(head);
         }
         Ok(Selection::List(heads))
     }
@@ -151,10 +164,6 @@ pub fn check_selection(selection: &Selection, spec: &DecoderSpec, candidates: us
                         spec.num_heads - 1
                     );
                 }
-            }
-            let distinct: BTreeSet<_> = heads.iter().collect();
-            if distinct.len() != heads.len() {
-                bail!("--heads: a head is listed twice");
             }
             Ok(())
         }
@@ -310,15 +319,15 @@ pub fn blend(
 /// Parse `--modules q,k,v,o`.
 pub fn parse_modules(list: &str) -> Result<Vec<Projection>> {
     let mut out = BTreeSet::new();
-    for m in list.split(',').map(str::trim).filter(|m| !m.is_empty()) {
-        out.insert(
-            Projection::from_short_name(m).ok_or_else(|| {
-                bad!("--modules: `{m}` is not a projection; choose from q, k, v, o")
-            })?,
-        );
-    }
-    if out.is_empty() {
-        bail!("--modules: no module given");
+    for m in list.split(',').map(str::trim) {
+        if m.is_empty() {
+            bail!("--modules {list}: an empty item; list projections as q,k");
+        }
+        let projection = Projection::from_short_name(m)
+            .ok_or_else(|| bad!("--modules: `{m}` is not a projection; choose from q, k, v, o"))?;
+        if !out.insert(projection) {
+            bail!("--modules {list}: `{m}` is listed twice");
+        }
     }
     Ok(out.into_iter().collect())
 }
@@ -337,6 +346,13 @@ mod tests {
         );
         assert!("top:0".parse::<Selection>().is_err());
         assert!("3-1".parse::<Selection>().is_err());
+        let err = |s: &str| s.parse::<Selection>().unwrap_err();
+        assert!(err("1.1,").contains("empty item"));
+        assert!(err("1.1,,2.0").contains("empty item"));
+        assert_eq!(err("1.1,2.0,1.1"), "head 1.1 is listed twice");
+        assert!(err("top:2,1.1").contains("one count, not a list"));
+        assert!(err("random:99999999999999999999999").contains("too large"));
+        assert!(err("top:x").contains("whole number"));
         assert_eq!(Selection::List(vec![(3, 1), (4, 0)]).to_string(), "3.1,4.0");
     }
 
@@ -380,5 +396,9 @@ mod tests {
         );
         let err = parse_modules("q,gate").unwrap_err().to_string();
         assert!(err.contains("`gate`"), "{err}");
+        let err = parse_modules("q,k,q").unwrap_err().to_string();
+        assert!(err.contains("`q` is listed twice"), "{err}");
+        let err = parse_modules("q,,k").unwrap_err().to_string();
+        assert!(err.contains("empty item"), "{err}");
     }
 }

@@ -118,6 +118,30 @@ impl MoeConfig {
     }
 }
 
+/// A warning when the stored tensors `names` hold decoder layers beyond the `num_hidden_layers`
+/// of `config` (transformers builds only the declared layers and ignores the rest, and so does
+/// sinkmerge): `None` when they do not, or when the config does not parse (its error comes when
+/// the model is used). `model` names the checkpoint.
+pub fn undeclared_layers(model: &str, config: &Value, names: &[String]) -> Option<String> {
+    let declared = TextConfig::from_model_config(config)
+        .ok()?
+        .num_hidden_layers;
+    let held = (names.iter())
+        .filter_map(|n| crate::arch::names::parse(&crate::arch::names::standard_name(n)?)?.layer)
+        .max()?
+        + 1;
+    (held > declared).then(|| {
+        let ignored = match held - declared {
+            1 => format!("layer {declared} is"),
+            _ => format!("layers {declared}-{} are", held - 1),
+        };
+        format!(
+            "{model}: config.json declares num_hidden_layers {declared} but the weights hold \
+             {held} layers; {ignored} ignored"
+        )
+    })
+}
+
 impl TextConfig {
     /// Normalize a whole `config.json` (plain LM or VLM) to its language model's config.
     pub fn from_model_config(config: &Value) -> Result<TextConfig> {
@@ -161,6 +185,10 @@ impl TextConfig {
         let hidden_size = c.usize("hidden_size")?;
         let num_attention_heads = c.usize("num_attention_heads")?;
         let num_hidden_layers = c.usize("num_hidden_layers")?;
+        // No layer would score nothing and report an empty table with exit 0.
+        if num_hidden_layers == 0 {
+            bail!("config ({raw_type}): num_hidden_layers is 0; a decoder has at least one layer");
+        }
         let num_key_value_heads = c
             .opt_usize("num_key_value_heads")?
             .unwrap_or(num_attention_heads);
@@ -692,6 +720,27 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn no_layers_is_refused_and_undeclared_layers_are_named() {
+        let config = |layers: usize| {
+            json!({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                   "num_hidden_layers": layers, "num_attention_heads": 4, "vocab_size": 300})
+        };
+        let err = TextConfig::from_model_config(&config(0)).unwrap_err();
+        assert!(err.to_string().contains("num_hidden_layers is 0"), "{err}");
+        let names: Vec<String> = (0..3)
+            .map(|l| format!("model.language_model.layers.{l}.mlp.up_proj.weight"))
+            .chain(["model.language_model.embed_tokens.weight".to_string()])
+            .collect();
+        let warning = undeclared_layers("m", &config(2), &names).unwrap();
+        assert!(warning.contains("num_hidden_layers 2"), "{warning}");
+        assert!(
+            warning.contains("hold 3 layers; layer 2 is ignored"),
+            "{warning}"
+        );
+        assert_eq!(undeclared_layers("m", &config(3), &names), None);
     }
 
     #[test]

@@ -29,7 +29,10 @@ impl FromStr for LayerList {
 
     fn from_str(text: &str) -> Result<LayerList> {
         let mut parts = Vec::new();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        for part in text.split(',').map(str::trim) {
+            if part.is_empty() {
+                bail!("--layers {text}: an empty item; list layers as 0-3,7");
+            }
             let index = |s: &str| {
                 s.trim().parse::<usize>().map_err(|_| {
                     bad!(
@@ -62,9 +65,6 @@ impl FromStr for LayerList {
                 first,
                 last,
             });
-        }
-        if parts.is_empty() {
-            bail!("--layers: no layers given");
         }
         Ok(LayerList {
             text: text.to_string(),
@@ -127,5 +127,9 @@ mod tests {
             assert!(err.contains("outside the model's layers 0-7"), "{err}");
         }
         assert!(layers("8:", 8).is_err());
+        for text in ["1,,2", "1,", ",3"] {
+            let err = text.parse::<LayerList>().unwrap_err().to_string();
+            assert!(err.contains("an empty item"), "{text}: {err}");
+        }
     }
 }

@@ -89,19 +89,35 @@ pub fn parse(path: &Path, file: &[u8]) -> Result<Header> {
     // Zero-size tensors sort before a non-empty tensor at the same offset.
     tensors.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
 
+    // Overlaps first, over the whole file: two tensors that share bytes are the fault, not the
+    // gap their sharing leaves before some later tensor.
+    let mut reach: Option<&TensorInfo> = None;
+    for t in &tensors {
+        if let Some(p) = reach.filter(|p| t.begin < p.end) {
+            let how = if (t.begin, t.end) == (p.begin, p.end) {
+                "shares its bytes with"
+            } else {
+                "overlaps"
+            };
+            bail!(
+                "{file_name}: tensor `{}` (bytes {}..{}) {how} tensor `{}` (bytes {}..{})",
+                t.name,
+                t.begin,
+                t.end,
+                p.name,
+                p.begin,
+                p.end
+            );
+        }
+        if reach.is_none_or(|p| t.end > p.end) {
+            reach = Some(t);
+        }
+    }
     let mut covered = 0usize;
-    let mut previous: Option<&TensorInfo> = None;
     for t in &tensors {
         if t.end > data_len {
             bail!(
                 "{file_name}: tensor `{}` spans bytes {}..{} of the data area, which has only {data_len} bytes (truncated file, or a header that lies)",
-                t.name, t.begin, t.end
-            );
-        }
-        if t.begin < covered {
-            let other = previous.map(|p| p.name.as_str()).unwrap_or("?");
-            bail!(
-                "{file_name}: tensor `{}` (bytes {}..{}) overlaps tensor `{other}` (ends at {covered})",
                 t.name, t.begin, t.end
             );
         }
@@ -112,7 +128,6 @@ pub fn parse(path: &Path, file: &[u8]) -> Result<Header> {
             );
         }
         covered = t.end;
-        previous = Some(t);
     }
     if covered != data_len {
         bail!(
@@ -318,6 +333,22 @@ mod tests {
             .to_string();
         assert!(
             err.contains("`b`") && err.contains("`a`") && err.contains("o.safetensors"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn shared_offsets_are_named_before_the_gap_they_leave() {
+        // `b` and `c` share 8..12, so 4..8 is unused: the sharing is the fault.
+        let json = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"c":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}}"#;
+        let err = parse(
+            Path::new("s.safetensors"),
+            &file_with_header(json, &[0; 12]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("tensor `c` (bytes 8..12) shares its bytes with tensor `b`"),
             "{err}"
         );
     }

@@ -65,6 +65,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }
+    crate::cli::refuse_repeats("--norms", &args.norms, String::clone)?;
     let model = Checkpoint::open_ref(&args.model)?;
     let norms: Vec<Module> = args
         .norms

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use crate::arch::families;
 use crate::bad;
 use crate::checkpoint::resolve::{self, ModelRef};
-use crate::checkpoint::{writer, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
 use crate::extract::{self, Summary};
@@ -62,6 +62,10 @@ tools/check_extract.py).";
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
+    // The default output lies in the working directory; a given one is checked before any work.
+    if let Some(dest) = &args.out.output {
+        crate::cli::check_output_dir(dest)?;
+    }
     let model = resolve::resolve(&args.source)?;
     let mut ckpt = Checkpoint::open_dir(&model.dir, &model.label)?;
     ckpt.hub = model.hub.clone();
@@ -76,7 +80,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .clone()
         .unwrap_or_else(|| default_output(&args.source, &model));
     let opts = extract::Options {
-        max_shard_size: writer::parse_size(&args.out.max_shard_size)?,
+        max_shard_size: args.out.max_shard_size()?,
         force: args.out.force,
         verify: !args.no_verify,
         progress: progress && !args.json,

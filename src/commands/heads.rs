@@ -1,12 +1,13 @@
 //! `sinkmerge heads`: which heads lost their sink, and whether they are the heads whose weights
 //! moved most (`docs/commands/heads.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::scoring_args::ScoringArgs;
 use crate::analysis::heads::{self, diagnose, Diagnosis, Layers, RankBy};
 use crate::checkpoint::output::{check_report_file, write_file_atomic};
 use crate::checkpoint::Checkpoint;
+use crate::cli::{check_output_paths, whole_number};
 use crate::error::Result;
 use crate::report::heads::{
     heatmap_svg, render_csv, render_text, HeadsReport, HeadsReportSettings,
@@ -39,6 +40,11 @@ sinkmerge heads assets/models/tiny-qwen3/ref assets/models/tiny-qwen3/vl\n  \
 sinkmerge heads qwen2.5-vl:ref qwen2.5-vl:lm --last 10 --top 20 --csv heads.csv --heatmap heads.svg\n  \
 sinkmerge heads REF TARGET --layers 20-27 --rank-by margin --json";
 
+/// The most `--permutations`: a permutation p-value resolves steps of 1/(N+1), 1e-6 here, finer
+/// than a Bonferroni correction over the heads of any model needs; each permutation costs a
+/// pass over every head for every correlation, so the cap bounds the run time.
+pub const MAX_PERMUTATIONS: usize = 1_000_000;
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Reference LLM: directory, HF repo id (`ORG/NAME[@rev]`) or alias
@@ -64,8 +70,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = RankBy::DeltaG)]
     pub rank_by: RankBy,
 
-    /// Permutations of each correlation's p-value (0: none)
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    /// Permutations of each correlation's p-value (0: none), at most 1000000
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = whole_number(0, MAX_PERMUTATIONS))]
     pub permutations: usize,
 
     /// Seed of the permutations
@@ -88,11 +95,20 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     args.scoring.validate()?;
+    let reports: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--heatmap", &args.heatmap)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    let read: Vec<(&str, &Path)> = (args.scoring.prompts.iter())
+        .map(|p| ("--prompts", p.as_path()))
+        .collect();
+    check_output_paths(&reports, &read)?;
     let (prompts, source) = args.scoring.prompt_set()?;
     let ckpts = [
         Checkpoint::open_ref(&args.reference)?,
         Checkpoint::open_ref(&args.target)?,
     ];
+    super::scoring_args::warn_undeclared_layers(&ckpts);
     for out in [&args.csv, &args.heatmap].into_iter().flatten() {
         check_report_file(out, &[ckpts[0].dir.as_path(), ckpts[1].dir.as_path()])?;
     }

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use crate::analysis::norms::{self, LayerSelection, Metric};
 use crate::arch::{LayerList, Module};
-use crate::bail;
 use crate::checkpoint::{output, Checkpoint};
 use crate::error::Result;
 use crate::report::norms::{json_value, plot_svg, render_csv, render_text};
@@ -105,6 +104,14 @@ fn parse_tol(s: &str) -> std::result::Result<f64, String> {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
+    let reports: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--plot", &args.plot)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    crate::cli::check_output_paths(&reports, &[])?;
+    if let Some(modules) = &args.modules {
+        crate::cli::refuse_repeats("--modules", modules, |m| m.short_name().to_string())?;
+    }
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
     let vs = match &args.vs {
@@ -117,9 +124,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     for path in args.csv.iter().chain(&args.plot) {
         output::check_report_file(path, &inputs)?;
-    }
-    if args.csv.is_some() && args.csv == args.plot {
-        bail!("--csv and --plot name the same file");
     }
 
     let options = norms::Options {

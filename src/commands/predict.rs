@@ -72,6 +72,13 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     // Every argument and the panel are checked before the scorer runs: it takes minutes.
+    if let Some(plot) = &args.plot {
+        let panel_file = Path::new(&args.panel);
+        let read: Vec<(&str, &Path)> = (panel_file.is_file().then_some(("--panel", panel_file)))
+            .into_iter()
+            .collect();
+        crate::cli::check_output_paths(&[("--plot", plot)], &read)?;
+    }
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");

@@ -1,7 +1,7 @@
 //! `sinkmerge repair-heads`: restore chosen heads' slices of the attention projections toward
 //! the reference, everything else byte for byte (`docs/commands/repair-heads.md`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::json;
@@ -49,9 +49,9 @@ pub struct Args {
     #[arg(long, value_name = "SELECTION", required = true)]
     pub heads: Selection,
 
-    /// Seed of `random:K`
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of `random:K` [default: 0]
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
 
     /// Projections whose head slices move, comma-separated, from q, k, v, o
     #[arg(long, value_name = "LIST", default_value = "q,k")]
@@ -66,17 +66,17 @@ pub struct Args {
     )]
     pub lambda: f64,
 
-    /// Candidates of top:K and random:K: the heads of the last K layers
-    #[arg(long, value_name = "K", default_value_t = 10)]
-    pub last: usize,
+    /// Candidates of top:K and random:K: the heads of the last K layers [default: 10]
+    #[arg(long, value_name = "K")]
+    pub last: Option<usize>,
 
     /// Candidates of top:K and random:K: the heads of these layers instead (`0-3,7` or `20:28`)
     #[arg(long, value_name = "LIST", conflicts_with = "last")]
     pub layers: Option<LayerList>,
 
-    /// What ranks heads for top:K
-    #[arg(long, value_enum, default_value_t = RankBy::DeltaG)]
-    pub rank_by: RankBy,
+    /// What ranks heads for top:K [default: delta-g]
+    #[arg(long, value_enum)]
+    pub rank_by: Option<RankBy>,
 
     /// top:K: prompt file, one prompt per line [default: the 15 built-in prompts]
     #[arg(long, value_name = "FILE", conflicts_with = "n")]
@@ -122,22 +122,34 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if !(0.0..=1.0).contains(&args.lambda) {
         bail!("--lambda {} is outside [0, 1]", args.lambda);
     }
-    if args.last == 0 {
+    let last = args.last.unwrap_or(10);
+    if last == 0 {
         bail!("--last must be at least 1");
     }
+    let read: Vec<(&str, &Path)> = (args.prompts.iter())
+        .map(|p| ("--prompts", p.as_path()))
+        .collect();
+    crate::cli::check_output_paths(&[("-o", to.dir)], &read)?;
+    let (seed, rank_by) = (
+        args.seed.unwrap_or(0),
+        args.rank_by.unwrap_or(RankBy::DeltaG),
+    );
     let modules = repair_heads::parse_modules(&args.modules)?;
     let ckpts = [
         Checkpoint::open_ref(&args.reference)?,
         Checkpoint::open_ref(&args.target)?,
     ];
+    super::scoring_args::warn_undeclared_layers(&ckpts);
     let (ref_model, target_model) = (Model::new(&ckpts[0])?, Model::new(&ckpts[1])?);
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
     let layers = match &args.layers {
         Some(list) => Layers::List(list.resolve(spec.num_layers())?),
-        None => Layers::Last(args.last),
+        None => Layers::Last(last),
     };
     let candidate_layers = layers.of(spec.num_layers());
+    // After the layers are checked against the model, so a list outside it is named as such.
+    check_mode_flags(&args)?;
     let candidates: Vec<(usize, usize)> = (candidate_layers.iter())
         .flat_map(|&l| (0..spec.num_heads).map(move |h| (l, h)))
         .collect();
@@ -151,7 +163,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             list.sort_unstable();
             list
         }
-        Selection::Random(k) => repair_heads::draw_heads(&candidates, *k, args.seed),
+        Selection::Random(k) => repair_heads::draw_heads(&candidates, *k, seed),
         Selection::Top(k) => {
             let (prompts, source) =
                 prompts::choose(args.prompts.as_deref(), args.n, args.prompt_seed)?;
@@ -161,7 +173,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 &prompts,
                 &candidate_layers,
                 spec.num_layers(),
-                args.rank_by,
+                rank_by,
                 *k,
                 show,
             )?
@@ -176,8 +188,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         reference: model_card::Input::new("reference", true, &ckpts[0]).reference(),
         target: model_card::Input::new("target", true, &ckpts[1]).reference(),
         selection: args.heads.to_string(),
-        seed: matches!(args.heads, Selection::Random(_)).then_some(args.seed),
-        rank_by: matches!(args.heads, Selection::Top(_)).then_some(args.rank_by),
+        seed: matches!(args.heads, Selection::Random(_)).then_some(seed),
+        rank_by: matches!(args.heads, Selection::Top(_)).then_some(rank_by),
         prompts: prompt_source,
         candidate_layers,
         heads: chosen.iter().map(|(l, h)| format!("{l}.{h}")).collect(),
@@ -249,6 +261,43 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             ckpts[0].label,
             dest.display()
         );
+    }
+    Ok(())
+}
+
+/// Refuse a flag that does nothing with the `--heads` given, as `score` refuses `--seed` without
+/// `--n`: the user meant something by it, and ignoring it would hide that it had no effect.
+fn check_mode_flags(args: &Args) -> Result<()> {
+    let (top, random) = match args.heads {
+        Selection::Top(_) => (true, false),
+        Selection::Random(_) => (false, true),
+        Selection::List(_) => (false, false),
+    };
+    let given = [
+        ("--seed", args.seed.is_some(), random, "random:K"),
+        ("--n", args.n.is_some(), top, "top:K"),
+        ("--prompts", args.prompts.is_some(), top, "top:K"),
+        ("--rank-by", args.rank_by.is_some(), top, "top:K"),
+        (
+            "--last",
+            args.last.is_some(),
+            top || random,
+            "top:K and random:K",
+        ),
+        (
+            "--layers",
+            args.layers.is_some(),
+            top || random,
+            "top:K and random:K",
+        ),
+    ];
+    for (flag, set, applies, mode) in given {
+        if set && !applies {
+            bail!(
+                "{flag} applies to --heads {mode} only; with --heads {} it would do nothing",
+                args.heads
+            );
+        }
     }
     Ok(())
 }

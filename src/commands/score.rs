@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::scoring_args::ScoringArgs;
 use crate::checkpoint::output::{check_report_file, write_file_atomic};
 use crate::checkpoint::Checkpoint;
+use crate::cli::{check_output_paths, whole_number};
 use crate::error::Result;
 use crate::report::json_text;
 use crate::report::score::{
@@ -90,9 +91,10 @@ pub struct Args {
           allow_negative_numbers = true)]
     pub trailing_queries: usize,
 
-    /// Bootstrap resamples over prompts for `pos0_trailing_ci`, the percentile 95% interval
-    #[arg(long, value_name = "B", default_value = "1000", value_parser = at_least_one,
-          allow_negative_numbers = true)]
+    /// Bootstrap resamples over prompts for `pos0_trailing_ci`, the percentile 95% interval,
+    /// 100 to 1000000
+    #[arg(long, value_name = "B", default_value = "1000",
+          value_parser = whole_number(MIN_BOOTSTRAP, MAX_BOOTSTRAP), allow_negative_numbers = true)]
     pub bootstrap: usize,
 
     /// Seed of the bootstrap (SplitMix64)
@@ -105,19 +107,20 @@ pub struct Args {
     pub bands: Option<Bands>,
 
     /// Also report S (and the margin) for every window of the last K layers, K = LO..=HI
-    /// (Appendix E.4 sweeps 3-20), from the same forward passes
+    /// (Appendix E.4 sweeps 3-20; HI at most 1024), from the same forward passes. A K beyond a
+    /// model's layers is the whole model
     #[arg(long, value_name = "LO-HI", value_parser = parse_k_sweep)]
     pub k_sweep: Option<(usize, usize)>,
 
     /// The paper's N-sweep (Appendix D.1, Table 9): for each N, draw N prompts from the pool with
     /// seeds 0..SEEDS and report the mean and sample standard deviation of S (and the margin)
-    /// over the draws. Each distinct prompt runs once
+    /// over the draws. Each distinct prompt runs once; each N once
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["prompts", "n"])]
     pub sweep: Option<Vec<usize>>,
 
-    /// Draws per N of --sweep
-    #[arg(long, value_name = "SEEDS", default_value = "3", value_parser = at_least_one,
-          requires = "sweep")]
+    /// Draws per N of --sweep, 1 to 1000
+    #[arg(long, value_name = "SEEDS", default_value = "3",
+          value_parser = whole_number(1, MAX_SEEDS), requires = "sweep")]
     pub seeds: usize,
 
     /// Whose chat template renders the prompts: `ref` = the reference's, for every model (the
@@ -153,6 +156,23 @@ pub struct Args {
     pub text_window: Option<usize>,
 }
 
+/// The fewest `--bootstrap` resamples: the percentile interval's ends are the 2.5th and 97.5th
+/// percentiles of the resampled means, so each tail needs a few resamples of its own (2.5 at
+/// 100); with one resample the "interval" is a single resampled mean, which need not contain the
+/// estimate. Efron and Tibshirani (An Introduction to the Bootstrap, 1993) advise about 1000 for
+/// percentile intervals, the default.
+pub const MIN_BOOTSTRAP: usize = 100;
+/// The most `--bootstrap` resamples: 8 MB of resampled means, and a Monte Carlo error of the
+/// interval's ends far below the sampling error of any prompt set the pool offers.
+pub const MAX_BOOTSTRAP: usize = 1_000_000;
+/// The most `--seeds` draws per N: the paper draws 3 (Appendix D.1); every draw is summarized
+/// from the one pass, and 1000 already resolves the standard deviation to about 2%.
+pub const MAX_SEEDS: usize = 1000;
+/// The largest HI of `--k-sweep`: the sweep has a row per K, and a K beyond the model's layers
+/// repeats the whole-model row (as the paper's 3-20 sweep does on the 6-layer test models), so
+/// the cap only bounds that repetition; it is far above the depth of any model sinkmerge scores.
+pub const MAX_K_SWEEP: usize = 1024;
+
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<i64>() {
         Ok(n) if n >= 1 => Ok(n as usize),
@@ -163,15 +183,16 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
-/// `LO-HI` with 1 <= LO <= HI.
+/// `LO-HI` with 1 <= LO <= HI <= [`MAX_K_SWEEP`].
 fn parse_k_sweep(s: &str) -> Result<(usize, usize), String> {
-    let bad = || format!("`{s}`: give the range as LO-HI with 1 <= LO <= HI, e.g. 3-20");
+    let bad =
+        || format!("`{s}`: give the range as LO-HI with 1 <= LO <= HI <= {MAX_K_SWEEP}, e.g. 3-20");
     let (lo, hi) = s.split_once('-').ok_or_else(bad)?;
     let (lo, hi): (usize, usize) = (
         lo.trim().parse().map_err(|_| bad())?,
         hi.trim().parse().map_err(|_| bad())?,
     );
-    if lo == 0 || lo > hi {
+    if lo == 0 || lo > hi || hi > MAX_K_SWEEP {
         return Err(bad());
     }
     Ok((lo, hi))
@@ -179,6 +200,15 @@ fn parse_k_sweep(s: &str) -> Result<(usize, usize), String> {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     args.scoring.validate()?;
+    let reports: Vec<(&str, &Path)> = [("--plot", &args.plot), ("--heatmap", &args.heatmap)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    let read: Vec<(&str, &Path)> = [("--prompts", &args.scoring.prompts), ("--text", &args.text)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    check_output_paths(&reports, &read)?;
     let with_reference = args.reference.is_some();
     let template_from = TemplateFrom::choose(
         args.scoring.chat_template,
@@ -197,6 +227,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let ckpts: Vec<Checkpoint> = (args.reference.iter().chain(&args.models))
         .map(|r| Checkpoint::open_ref(r))
         .collect::<Result<_>>()?;
+    super::scoring_args::warn_undeclared_layers(&ckpts);
     let dirs: Vec<&Path> = ckpts.iter().map(|c| c.dir.as_path()).collect();
     for out in [&args.plot, &args.heatmap].into_iter().flatten() {
         check_report_file(out, &dirs)?;

@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
+use crate::arch::config::undeclared_layers;
 use crate::bail;
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::sink::backend::Precision;
 use crate::sink::device::ComputeDevice;
@@ -61,5 +63,15 @@ impl ScoringArgs {
     /// The prompt set (`--prompts`, `--n`/`--seed`, or the built-in default) and its name.
     pub fn prompt_set(&self) -> Result<(Vec<String>, PromptSource)> {
         prompts::choose(self.prompts.as_deref(), self.n, self.seed)
+    }
+}
+
+/// Warn about each checkpoint whose weights hold more decoder layers than its config declares:
+/// the scorer runs the declared ones only, as transformers does.
+pub fn warn_undeclared_layers(ckpts: &[Checkpoint]) {
+    for c in ckpts {
+        if let Some(w) = undeclared_layers(&c.label, &c.config, c.names()) {
+            eprintln!("sinkmerge: warning: {w}");
+        }
     }
 }

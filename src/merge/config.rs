@@ -107,6 +107,9 @@ impl MergeSpec {
         let Yaml::Mapping(top) = doc else {
             bail!("{origin}: expected a mapping with `merge_method` and `models` at the top level");
         };
+        if top.get("method").and_then(Yaml::as_str) == Some("repair_heads") {
+            bail!("{origin}: {}", repair_heads_recipe(&top));
+        }
         let mut warnings = Vec::new();
         for (key, _) in &top {
             let Some(k) = key.as_str() else {
@@ -328,6 +331,34 @@ impl MergeSpec {
     }
 }
 
+/// What to say about a `repair-heads` recipe (OUT/sinkmerge_config.yml of `sinkmerge
+/// repair-heads`) given to `merge`: what it is, and the command that replays it from its own
+/// fields, as the model card's replay command does.
+fn repair_heads_recipe(top: &Mapping) -> String {
+    let text = |k: &str| match top.get(k) {
+        Some(Yaml::String(s)) => s.clone(),
+        Some(Yaml::Number(n)) => n.to_string(),
+        Some(Yaml::Sequence(items)) => (items.iter())
+            .filter_map(|v| match v {
+                Yaml::String(s) => Some(s.clone()),
+                Yaml::Number(n) => Some(n.to_string()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => k.to_ascii_uppercase(),
+    };
+    format!(
+        "this is a repair-heads recipe (`method: repair_heads`), not a merge config; replay it \
+         with `sinkmerge repair-heads --ref {} {} --heads {} --modules {} --lambda {} -o OUT`",
+        text("reference"),
+        text("target"),
+        text("heads"),
+        text("modules"),
+        text("lambda"),
+    )
+}
+
 fn parse_settings(
     method: &dyn MergeMethod,
     value: Option<&Yaml>,
@@ -414,6 +445,24 @@ mod tests {
 
     fn parse(text: &str) -> Result<(MergeSpec, Vec<String>)> {
         MergeSpec::from_yaml(text, "cfg.yaml")
+    }
+
+    #[test]
+    fn a_repair_heads_recipe_is_named_with_its_replay_command() {
+        let recipe = "method: repair_heads\nreference: ref\ntarget: vl\nselection: top:2\n\
+                      candidate_layers: [4, 5]\nheads:\n- '4.1'\n- '5.0'\nmodules:\n- q\n- k\n\
+                      lambda: 0.5\n";
+        let err = parse(recipe).unwrap_err().to_string();
+        assert!(
+            err.starts_with("cfg.yaml: this is a repair-heads recipe"),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "`sinkmerge repair-heads --ref ref vl --heads 4.1,5.0 --modules q,k --lambda 0.5 -o OUT`"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

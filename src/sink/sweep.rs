@@ -7,12 +7,12 @@ use serde::Serialize;
 use super::metrics::{mean, sample_std};
 use super::prompts::{self, PromptSource};
 use super::score::Observations;
-use crate::bad;
 use crate::error::Result;
+use crate::{bad, bail};
 
 /// Every draw of a sweep, and the prompts that cover them all.
 pub struct Sweep {
-    /// The sizes as given (a repeated size is reported once).
+    /// The sizes as given, each once.
     sizes: Vec<usize>,
     /// Draws per size.
     seeds: usize,
@@ -23,9 +23,16 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    /// Draw `seeds` prompt sets of each size in `sizes`; a size the pool cannot hold is bad input.
+    /// Draw `seeds` prompt sets of each size in `sizes`; a size the pool cannot hold, or a size
+    /// given twice, is bad input.
     pub fn draw(sizes: &[usize], seeds: usize) -> Result<Sweep> {
         let pool_len = prompts::pool().len();
+        // A size given twice would count its draws twice in the mean and the std.
+        if let Some(n) =
+            (sizes.iter().enumerate()).find_map(|(i, n)| sizes[..i].contains(n).then_some(n))
+        {
+            bail!("--sweep: {n} is listed twice; give each N once");
+        }
         let mut draws = Vec::new();
         for &n in sizes {
             for seed in 0..seeds as u64 {

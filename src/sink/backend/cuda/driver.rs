@@ -235,15 +235,16 @@ impl Driver {
         let started = Instant::now();
         if let Some(lib) = missing_library() {
             return Err(bad!(
-                "--device cuda: {lib} cannot be loaded; this machine has no usable CUDA \
+                "--device cuda:{ordinal}: {lib} cannot be loaded; this machine has no usable CUDA \
                  installation (put the libraries on LD_LIBRARY_PATH), or score with --device cpu"
             ));
         }
-        let count = CudaContext::device_count()
-            .map_err(|e| bad!("--device cuda: the CUDA driver finds no usable GPU: {e}"))?;
+        let count = CudaContext::device_count().map_err(|e| {
+            bad!("--device cuda:{ordinal}: the CUDA driver finds no usable GPU: {e}")
+        })?;
         if count <= 0 {
             return Err(bad!(
-                "--device cuda: the CUDA driver reports no GPU on this machine"
+                "--device cuda:{ordinal}: the CUDA driver reports no GPU on this machine"
             ));
         }
         if ordinal >= count as usize {
