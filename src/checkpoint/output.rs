@@ -135,6 +135,30 @@ pub fn handle_signals() -> Result<()> {
     Ok(())
 }
 
+/// The checks [`OutputDir::create`] makes, without creating anything, for commands that compute
+/// for minutes before they write: `dest` is, contains and lies inside none of `inputs` (nor what
+/// their symlinks resolve to), and is not a file, nor a non-empty directory unless `force`.
+pub fn check_destination(dest: &Path, inputs: &[&Path], force: bool) -> Result<()> {
+    refuse_inputs(dest, inputs)?;
+    let dest_abs = absolute(dest)?;
+    if dest_abs.exists() {
+        if !dest_abs.is_dir() {
+            bail!("output {} exists and is not a directory", dest.display());
+        }
+        let non_empty = fs::read_dir(&dest_abs)
+            .map_err(|e| Error::read(dest, e))?
+            .next()
+            .is_some();
+        if non_empty && !force {
+            bail!(
+                "output {} exists and is not empty; pass --force to replace it",
+                dest.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub struct OutputDir {
     dest: PathBuf,
     temp: PathBuf,
@@ -148,23 +172,8 @@ impl OutputDir {
     /// Prepare to write the model directory `dest`. Refuses a destination that is, contains or
     /// lies inside any of `inputs`, an existing file, and a non-empty directory unless `force`.
     pub fn create(dest: &Path, inputs: &[&Path], force: bool) -> Result<OutputDir> {
-        refuse_inputs(dest, inputs)?;
+        check_destination(dest, inputs, force)?;
         let dest_abs = absolute(dest)?;
-        if dest_abs.exists() {
-            if !dest_abs.is_dir() {
-                bail!("output {} exists and is not a directory", dest.display());
-            }
-            let non_empty = fs::read_dir(&dest_abs)
-                .map_err(|e| Error::read(dest, e))?
-                .next()
-                .is_some();
-            if non_empty && !force {
-                bail!(
-                    "output {} exists and is not empty; pass --force to replace it",
-                    dest.display()
-                );
-            }
-        }
         let parent = dest_abs.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(parent).map_err(|e| Error::write(parent, e))?;
         remove_dead_leftovers(parent);

@@ -140,6 +140,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         Checkpoint::open_ref(&args.target)?,
     ];
     super::scoring_args::warn_undeclared_layers(&ckpts);
+    // Before `top:K`'s scoring pass, so a taken OUT does not fail only when it is written.
+    crate::checkpoint::output::check_destination(
+        to.dir,
+        &[&ckpts[0].dir, &ckpts[1].dir],
+        to.force,
+    )?;
     let (ref_model, target_model) = (Model::new(&ckpts[0])?, Model::new(&ckpts[1])?);
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;
