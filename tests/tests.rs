@@ -9,6 +9,7 @@ mod ablate;
 mod bad_input;
 mod exit_codes;
 mod extract;
+mod fuzz;
 mod heads;
 mod hub;
 mod inject_qknorm;
