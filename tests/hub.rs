@@ -1,7 +1,8 @@
 //! Fetching from the Hub, against a local server on 127.0.0.1 that speaks the Hub's protocol:
 //! `GET /api/models/ORG/NAME/revision/REV` for the file list and commit, and
 //! `GET /ORG/NAME/resolve/REV/FILE` with the commit and etag headers, range requests, and a
-//! redirect to `/lfs/SHA256` for large files, as huggingface.co does. The server is test code:
+//! redirect to `/lfs/SHA256` for large files, as huggingface.co does. On purpose it can also
+//! answer as a broken or hostile endpoint would ([`Faults`]). The server is test code:
 //! loopback only, and it stops after a minute or 2000 requests.
 
 use std::collections::HashMap;

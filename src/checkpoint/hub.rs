@@ -389,6 +389,9 @@ impl<'a> Client<'a> {
                 .timeout_read(hub.timeout)
                 .timeout_write(hub.timeout)
                 .redirects(redirects)
+                // The token follows a redirect within the Hub (a renamed repository), never
+                // one to another host (a large file's storage).
+                .redirect_auth_headers(ureq::RedirectAuthHeaders::SameHost)
                 .user_agent(concat!("sinkmerge/", env!("CARGO_PKG_VERSION")))
                 .build()
         };
@@ -402,7 +405,7 @@ impl<'a> Client<'a> {
     }
 
     /// A GET of `url`, with the token when `url` is on the Hub itself (never to the storage a
-    /// large file is redirected to: ureq drops it on redirects by default).
+    /// large file is redirected to).
     fn get(&self, agent: &ureq::Agent, url: &str) -> ureq::Request {
         let request = agent.get(url);
         match &self.hub.token {

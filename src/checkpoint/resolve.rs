@@ -352,10 +352,20 @@ pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     }
     let ref_file = repo_dir.join("refs").join(rev);
     let commit = if ref_file.is_file() {
-        std::fs::read_to_string(&ref_file)
+        let commit = std::fs::read_to_string(&ref_file)
             .map_err(|e| crate::error::Error::read(&ref_file, e))?
             .trim()
-            .to_string()
+            .to_string();
+        // It names the snapshot folder: one plain path component (a commit hash, as
+        // huggingface_hub writes it).
+        if !commit.bytes().all(|b| b.is_ascii_alphanumeric()) || commit.is_empty() {
+            bail!(
+                "{}: holds `{}`, not a commit hash; delete it and fetch {repo}@{rev} again",
+                ref_file.display(),
+                commit.escape_debug()
+            );
+        }
+        commit
     } else {
         rev.to_string()
     };
