@@ -730,9 +730,11 @@ fn shards_of_index(repo: &str, index: &Path, listed: &[String]) -> Result<Vec<St
 }
 
 /// A file name short enough for a progress bar's message.
+/// The name comes from the Hub, so it is cut by characters, never inside one.
 fn short(file: &str) -> String {
-    if file.len() > 24 {
-        format!("…{}", &file[file.len() - 23..])
+    let chars = file.chars().count();
+    if chars > 24 {
+        format!("…{}", file.chars().skip(chars - 23).collect::<String>())
     } else {
         file.to_string()
     }
@@ -916,6 +918,17 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("http://hub.example") && message.contains("boom"));
         assert_eq!(guarded("org/name", &hub, || Ok(7)).unwrap(), 7);
+    }
+
+    #[test]
+    fn long_names_are_cut_by_characters() {
+        assert_eq!(short("config.json"), "config.json");
+        assert_eq!(
+            short("model-00001-of-00004.safetensors"),
+            "…01-of-00004.safetensors"
+        );
+        let name = format!("{}.safetensors", "é".repeat(20));
+        assert_eq!(short(&name).chars().count(), 24);
     }
 
     #[test]
