@@ -3,7 +3,7 @@
 
 use std::path::{Component, Path};
 
-use sinkmerge::checkpoint::hub::{is_commit, parse_file_meta, parse_repo_info, parse_size};
+use sinkmerge::checkpoint::hub::{is_commit, parse_file_meta, parse_repo_info, parse_size, wanted};
 use sinkmerge::checkpoint::resolve::check_revision;
 
 /// The commit the file answers are checked against.
@@ -50,8 +50,8 @@ pub fn revision(data: &[u8]) {
 
 /// Any bytes as the Hub's answers: header lines (`Name: value`), a blank line, then the API's
 /// JSON. No panic; an accepted commit is 40 lowercase hex digits and an accepted etag 40 or 64,
-/// both a single path component (they name cache folders and files); a file is taken only
-/// from the commit asked for.
+/// both a single path component (they name cache folders and files), as is every file name
+/// sinkmerge would fetch; a file is taken only from the commit asked for.
 pub fn hub_answer(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let (head, body) = text.split_once("\n\n").unwrap_or(("", &text));
@@ -71,6 +71,10 @@ pub fn hub_answer(data: &[u8]) {
             info.commit
         );
         assert!(one_component(&info.commit), "{:?}", info.commit);
+        // The files fetched become links in the snapshot folder.
+        for file in info.files.iter().filter(|f| wanted(f)) {
+            assert!(one_component(file), "{file:?}");
+        }
     }
     let headers = sinkmerge::checkpoint::hub::FileHeaders {
         repo_commit: header("X-Repo-Commit"),
