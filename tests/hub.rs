@@ -1,7 +1,8 @@
 //! Fetching from the Hub, against a local server on 127.0.0.1 that speaks the Hub's protocol:
 //! `GET /api/models/ORG/NAME/revision/REV` for the file list and commit, and
 //! `GET /ORG/NAME/resolve/REV/FILE` with the commit and etag headers, range requests, and a
-//! redirect to `/lfs/SHA256` for large files, as huggingface.co does. The server is test code:
+//! redirect to `/lfs/SHA256` for large files, as huggingface.co does. On purpose it can also
+//! answer as a broken or hostile endpoint would ([`Faults`]). The server is test code:
 //! loopback only, and it stops after a minute or 2000 requests.
 
 use std::collections::HashMap;
@@ -41,6 +42,16 @@ struct Faults {
     drop_halfway: Vec<String>,
     /// Files whose body is served with one byte flipped (hash mismatch).
     corrupt: Vec<String>,
+    /// The API answer's `sha`, as raw JSON, in place of the commit's (a hostile endpoint).
+    sha: Option<String>,
+    /// Etag headers (`X-Linked-Etag` or `ETag`) by file, in place of the files' hashes.
+    etag: HashMap<String, String>,
+    /// The `X-Repo-Commit` of every file, in place of the commit asked for.
+    repo_commit: Option<String>,
+    /// The status the API answers with, in place of its answer (a failing server).
+    api_status: Option<&'static str>,
+    /// File requests get no answer: the connection stays open, silent.
+    stall: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -200,6 +211,11 @@ fn serve(
                     b"{}",
                 );
             };
+            let faults = faults.lock().unwrap().clone();
+            if let Some(status) = faults.api_status {
+                return respond(&mut stream, status, &[], b"");
+            }
+            let sha = faults.sha.unwrap_or_else(|| format!("\"{commit}\""));
             let mut names: Vec<&String> = files.keys().collect();
             names.sort();
             let siblings: Vec<String> = names
@@ -207,7 +223,7 @@ fn serve(
                 .map(|n| format!("{{\"rfilename\":\"{n}\"}}"))
                 .collect();
             let body = format!(
-                "{{\"id\":\"{id}\",\"sha\":\"{commit}\",\"siblings\":[{}]}}",
+                "{{\"id\":\"{id}\",\"sha\":{sha},\"siblings\":[{}]}}",
                 siblings.join(",")
             );
             respond(
@@ -230,9 +246,16 @@ fn serve(
             let Some(f) = files.get(*file) else {
                 return not_found(&mut stream);
             };
-            let mut headers = vec![("X-Repo-Commit", commit.clone())];
+            let hostile = faults.lock().unwrap().clone();
+            if hostile.stall {
+                std::thread::sleep(Duration::from_secs(30));
+                return;
+            }
+            let commit = hostile.repo_commit.unwrap_or(commit.clone());
+            let etag = (hostile.etag.get(*file).cloned()).unwrap_or(format!("\"{}\"", f.etag));
+            let mut headers = vec![("X-Repo-Commit", commit)];
             if f.lfs {
-                headers.push(("X-Linked-Etag", format!("\"{}\"", f.etag)));
+                headers.push(("X-Linked-Etag", etag));
                 headers.push(("ETag", "\"pointer-etag\"".into()));
                 headers.push((
                     "Location",
@@ -240,7 +263,7 @@ fn serve(
                 ));
                 respond(&mut stream, "302 Found", &headers, b"");
             } else {
-                headers.push(("ETag", format!("\"{}\"", f.etag)));
+                headers.push(("ETag", etag));
                 send_body(&mut stream, file, f, range.as_deref(), &headers, faults);
             }
         }
@@ -606,7 +629,8 @@ fn a_corrupted_body_is_refused_and_nothing_is_cached() {
     };
     let server = Server::start(repos(), faults);
     let user = User::new(server.endpoint());
-    refused(
+    // The reference is good and the server failed: exit 1, as for any failed download.
+    failed(
         &user.run(&["fetch", "test-org/tiny-qwen2"], &[]),
         &["model.safetensors", "corrupted", "etag"],
     );
@@ -618,7 +642,7 @@ fn a_corrupted_body_is_refused_and_nothing_is_cached() {
         user.cached_files()
     );
     // A later run does not take a corrupt blob for a good one.
-    refused(
+    failed(
         &user.run(&["fetch", "test-org/tiny-qwen2"], &[]),
         &["corrupted"],
     );
@@ -699,9 +723,9 @@ fn missing_repos_revisions_and_weights_get_one_clear_error() {
     let endpoint = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let lost = User::new(endpoint);
-    refused(
+    failed(
         &lost.run(&["fetch", "test-org/tiny-qwen2"], &[]),
-        &["cannot be reached", "HF_HUB_OFFLINE"],
+        &["cannot be reached", &lost.endpoint, "HF_HUB_OFFLINE"],
     );
     assert!(lost.cached_files().is_empty());
 }
@@ -826,4 +850,294 @@ fn extract_norms_score_and_merge_run_from_an_empty_cache() {
             assert_eq!(a, b, "{dir}/{f}");
         }
     }
+}
+
+/// Exit code 1 with one error line that names every one of `needles`, no panic (exit 101),
+/// nothing on stdout: how a download of a good reference fails (the network, the server, or
+/// an answer sinkmerge cannot use).
+fn failed(output: &Output, needles: &[&str]) -> String {
+    let err = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "`{needle}` not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one error line: {err}");
+    assert!(output.stdout.is_empty(), "nothing on stdout on error");
+    err
+}
+
+impl User {
+    /// What a download wrote under the user's home outside the cache (`hf/hub`), and the links
+    /// in the cache that point out of it: both must stay empty.
+    fn outside_cache(&self) -> Vec<String> {
+        let home = self.home.path();
+        let cache = self.cache();
+        let mut out = Vec::new();
+        let mut stack = vec![home.to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                let inside = p.starts_with(&cache);
+                if p.is_symlink() {
+                    // The target, lexically: every `..` must stay within the cache.
+                    let mut target = p.parent().unwrap().to_path_buf();
+                    for c in std::fs::read_link(&p).unwrap().components() {
+                        match c {
+                            std::path::Component::ParentDir => {
+                                target.pop();
+                            }
+                            c => target.push(c),
+                        }
+                    }
+                    if !inside || !target.starts_with(&cache) {
+                        out.push(format!("{} -> {}", p.display(), target.display()));
+                    }
+                } else if p.is_dir() {
+                    if !(inside || cache.starts_with(&p)) {
+                        out.push(p.display().to_string());
+                    }
+                    stack.push(p);
+                } else if !inside {
+                    out.push(p.display().to_string());
+                }
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn bad_revisions_are_refused_before_any_request_or_path() {
+    let server = Server::start(repos(), Faults::default());
+    let user = User::new(server.endpoint());
+    // The case: a revision that climbs out of the snapshots folder to a local model,
+    // which was then scored as that Hub repo at a commit of `../../../model`.
+    std::fs::create_dir_all(user.cache().join("models--test-org--tiny-qwen2/snapshots")).unwrap();
+    copy_tree(&fixture("qwen2"), &user.home.path().join("hf/model"));
+    let bad = [
+        "",
+        "../../../model",
+        "..",
+        "a..b",
+        "-x",
+        "/a",
+        "a/",
+        "a//b",
+        ".v1",
+        "a/.b",
+        "v1.lock",
+        "v1.",
+        "a b",
+        "a~1",
+        "a^",
+        "a:b",
+        "a?",
+        "a*",
+        "a[",
+        "a\\b",
+        "@",
+        "a@{1}",
+        "a\tb",
+        "a\nb",
+    ];
+    for rev in bad {
+        let reference = format!("test-org/tiny-qwen2@{rev}");
+        for cmd in ["fetch", "inspect", "score"] {
+            refused(
+                &user.run(&[cmd, &reference], &[]),
+                &["test-org/tiny-qwen2@", "the revision", "give a branch"],
+            );
+        }
+    }
+    // Repo ids the Hub refuses (huggingface_hub's validate_repo_id) are no repo ids at all.
+    for reference in ["test-org/a..b", "test--org/x", "test-org/x-", "test-org/.x"] {
+        refused(
+            &user.run(&["fetch", reference], &[]),
+            &[reference, "not a known alias or a Hugging Face repo id"],
+        );
+    }
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    let outside = user.outside_cache();
+    assert!(
+        outside.iter().all(|p| p.contains("hf/model")),
+        "{outside:?}"
+    );
+    // A branch with `/` (the Hub's pull-request refs) is a valid name, sent quoted.
+    refused(
+        &user.run(&["fetch", "test-org/tiny-qwen2@refs/pr/1"], &[]),
+        &["revision `refs/pr/1` does not exist"],
+    );
+    assert!(server
+        .requests()
+        .iter()
+        .any(|r| r.path.ends_with("/revision/refs%2Fpr%2F1")));
+}
+
+#[test]
+fn a_hostile_commit_fails_with_exit_1_and_writes_nothing_outside_the_cache() {
+    // A path out of the cache, a short hash, upper case, not a string, none.
+    for sha in [
+        "\"../../../../escaped\"",
+        "\"a1a1\"",
+        "\"A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1\"",
+        "42",
+        "null",
+    ] {
+        let faults = Faults {
+            sha: Some(sha.to_string()),
+            ..Faults::default()
+        };
+        let server = Server::start(repos(), faults);
+        let user = User::new(server.endpoint());
+        for cmd in ["fetch", "score"] {
+            failed(
+                &user.run(&[cmd, "test-org/tiny-qwen2"], &[]),
+                &["test-org/tiny-qwen2", &server.endpoint(), "commit"],
+            );
+        }
+        assert!(
+            user.outside_cache().is_empty(),
+            "{:?}",
+            user.outside_cache()
+        );
+        assert!(user.cached_files().is_empty(), "{:?}", user.cached_files());
+    }
+    // A file served from another commit than the one asked for.
+    let faults = Faults {
+        repo_commit: Some("../../../../escaped".to_string()),
+        ..Faults::default()
+    };
+    let server = Server::start(repos(), faults);
+    let user = User::new(server.endpoint());
+    failed(
+        &user.run(&["fetch", "test-org/tiny-qwen2"], &[]),
+        &[
+            "config.json",
+            &server.endpoint(),
+            "commit `../../../../escaped`",
+        ],
+    );
+    assert!(
+        user.outside_cache().is_empty(),
+        "{:?}",
+        user.outside_cache()
+    );
+    assert!(user.cached_files().is_empty(), "{:?}", user.cached_files());
+}
+
+#[test]
+fn a_hostile_etag_fails_with_exit_1_and_writes_nothing_outside_the_cache() {
+    // A small file's `ETag` and a large file's `X-Linked-Etag`.
+    for file in ["config.json", "model.safetensors"] {
+        for etag in [
+            "\"../../../../escaped\"",
+            "\"../../../../a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1\"",
+            "\"pointer-etag\"",
+            "W/\"\"",
+            "",
+        ] {
+            let faults = Faults {
+                etag: HashMap::from([(file.to_string(), etag.to_string())]),
+                ..Faults::default()
+            };
+            let server = Server::start(repos(), faults);
+            let user = User::new(server.endpoint());
+            failed(
+                &user.run(&["fetch", "test-org/tiny-qwen2"], &[]),
+                &[file, &server.endpoint(), "etag"],
+            );
+            assert!(
+                user.outside_cache().is_empty(),
+                "{:?}",
+                user.outside_cache()
+            );
+            assert!(user.cached_files().is_empty(), "{:?}", user.cached_files());
+        }
+    }
+    // A weak etag of the right hash is the same hash.
+    let config = std::fs::read(fixture("qwen2").join("config.json")).unwrap();
+    let faults = Faults {
+        etag: HashMap::from([(
+            "config.json".to_string(),
+            format!("W/\"{}\"", git_sha1(&config)),
+        )]),
+        ..Faults::default()
+    };
+    let server = Server::start(repos(), faults);
+    let user = User::new(server.endpoint());
+    ok(&user.run(&["fetch", "test-org/tiny-qwen2"], &[]));
+}
+
+#[test]
+fn a_silent_server_times_out_naming_the_endpoint_and_the_limit() {
+    // Connections complete in the kernel's backlog; nothing ever answers.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let user = User::new(format!("http://{}", silent.local_addr().unwrap()));
+    for cmd in ["fetch", "score"] {
+        let start = Instant::now();
+        failed(
+            &user.run(
+                &[cmd, "test-org/tiny-qwen2"],
+                &[("HF_HUB_DOWNLOAD_TIMEOUT", "1")],
+            ),
+            &[&user.endpoint, "within 1 s", "HF_HUB_DOWNLOAD_TIMEOUT"],
+        );
+        assert!(start.elapsed() < Duration::from_secs(8), "{cmd}");
+    }
+    // A server that lists the files and then never answers for one.
+    let faults = Faults {
+        stall: true,
+        ..Faults::default()
+    };
+    let server = Server::start(repos(), faults);
+    let user = User::new(server.endpoint());
+    let start = Instant::now();
+    failed(
+        &user.run(
+            &["fetch", "test-org/tiny-qwen2"],
+            &[("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")],
+        ),
+        &[&server.endpoint(), "within 0.5 s"],
+    );
+    assert!(start.elapsed() < Duration::from_secs(8));
+    assert!(
+        user.outside_cache().is_empty(),
+        "{:?}",
+        user.outside_cache()
+    );
+    assert!(user.cached_files().is_empty(), "{:?}", user.cached_files());
+    // The limit is a number of seconds above 0.
+    for bad in ["0", "-1", "ten", "nan", "inf", "1e9"] {
+        refused(
+            &user.run(
+                &["fetch", "test-org/tiny-qwen2"],
+                &[("HF_HUB_DOWNLOAD_TIMEOUT", bad)],
+            ),
+            &[&format!("HF_HUB_DOWNLOAD_TIMEOUT={bad}")],
+        );
+    }
+}
+
+/// docs/commands/fetch.md: a reference the Hub refuses exits 2, a failed download of a good
+/// one exits 1.
+#[test]
+fn a_failing_server_exits_1_and_a_refused_reference_2() {
+    let faults = Faults {
+        api_status: Some("503 Service Unavailable"),
+        ..Faults::default()
+    };
+    let server = Server::start(repos(), faults);
+    let user = User::new(server.endpoint());
+    failed(
+        &user.run(&["fetch", "test-org/tiny-qwen2"], &[]),
+        &["test-org/tiny-qwen2", &server.endpoint(), "503"],
+    );
+    let server = Server::start(repos(), Faults::default());
+    let user = User::new(server.endpoint());
+    refused(
+        &user.run(&["fetch", "test-org/tiny-qwen2@no-such-branch"], &[]),
+        &["does not exist"],
+    );
+    refused(&user.run(&["fetch", "test-org/gated"], &[]), &["gated"]);
 }

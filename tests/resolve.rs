@@ -122,3 +122,42 @@ fn models_missing_from_the_cache_name_the_download_command() {
         "the error should list the aliases: {err}"
     );
 }
+
+#[test]
+fn a_ref_that_is_no_commit_is_refused_not_followed() {
+    // A ref naming a folder out of the snapshots, where a model lies.
+    let tmp = tempfile::tempdir().unwrap();
+    let hub = tmp.path().join("hub");
+    fake_hub_cache(
+        &hub,
+        "Qwen/Qwen3-8B",
+        "aaaa1111",
+        &["main"],
+        &fixture("qwen3"),
+    );
+    std::fs::write(
+        hub.join("models--Qwen--Qwen3-8B/refs/main"),
+        "../../../elsewhere\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(tmp.path().join("elsewhere")).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(
+            fixture("qwen3").join(f),
+            tmp.path().join("elsewhere").join(f),
+        )
+        .unwrap();
+    }
+    let (code, out, err) = inspect_with(
+        &["--no-download"],
+        "Qwen/Qwen3-8B",
+        &[("HF_HUB_CACHE", &hub)],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty());
+    assert!(
+        err.contains("refs/main") && err.contains("not a commit hash"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

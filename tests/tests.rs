@@ -10,6 +10,7 @@ mod bad_flags;
 mod bad_input;
 mod exit_codes;
 mod extract;
+mod fuzz;
 mod heads;
 mod hub;
 mod inject_qknorm;

@@ -64,9 +64,15 @@ pub fn read_json<T: DeserializeOwned>(path: impl AsRef<Path>) -> T {
 }
 
 /// The Hugging Face variables a run starts without (docs/reference/hub.md): a token, a token
-/// file, another endpoint or offline mode of the user's must not change what a test sees.
-const CLEARED_HF_VARIABLES: [&str; 4] =
-    ["HF_TOKEN", "HF_TOKEN_PATH", "HF_ENDPOINT", "HF_HUB_OFFLINE"];
+/// file, another endpoint, offline mode or a timeout of the user's must not change what a test
+/// sees.
+const CLEARED_HF_VARIABLES: [&str; 5] = [
+    "HF_TOKEN",
+    "HF_TOKEN_PATH",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+];
 
 /// One run of the `sinkmerge` binary, built up like a [`Command`]. `HF_HOME` and `HF_HUB_CACHE`
 /// point into an empty temporary directory of this run and the [`CLEARED_HF_VARIABLES`] are unset,

@@ -228,6 +228,11 @@ pub fn resolve(reference: &str) -> Result<ModelRef> {
         None => (reference, None),
     };
     if is_repo_id(repo) {
+        // The revision names a folder of the cache and a URL path: checked before either is
+        // built.
+        if let Some(Err(why)) = revision.map(check_revision) {
+            bail!("{}: {why}", reference.escape_debug());
+        }
         return resolve_cached(repo, revision);
     }
     bail!(
@@ -236,17 +241,59 @@ pub fn resolve(reference: &str) -> Result<ModelRef> {
     )
 }
 
+/// Whether `s` is a repo id the Hub accepts, as huggingface_hub's `validate_repo_id` checks
+/// it: `ORG/NAME`, each part of letters, digits, `-`, `_` and `.`, not starting or ending with
+/// `-` or `.`, without `--` or `..` (the cache folder joins the parts with `--`), at most 96
+/// characters.
 fn is_repo_id(s: &str) -> bool {
     let mut parts = s.split('/');
     let ok = |p: Option<&str>| {
         p.is_some_and(|p| {
             !p.is_empty()
-                && !p.starts_with('.')
+                && !p.starts_with(['.', '-'])
+                && !p.ends_with(['.', '-'])
+                && !p.contains("..")
+                && !p.contains("--")
                 && p.chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         })
     };
-    ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+    s.len() <= 96 && ok(parts.next()) && ok(parts.next()) && parts.next().is_none()
+}
+
+/// Check a revision (`ORG/NAME@REV`) as the Hub takes it: a commit hash, or a branch or tag
+/// name by git's ref-name rules (`git check-ref-format --allow-onelevel`, plus `--branch`'s
+/// refusal of a leading `-`): no `..`, no component starting with `.` or ending with `.lock`,
+/// no control character, space or any of `~^:?*[\`, no `@{`, not `@`, no leading, trailing or
+/// double `/`, no trailing `.`. The error says what is wrong.
+pub fn check_revision(rev: &str) -> std::result::Result<(), String> {
+    let why = if rev.is_empty() {
+        "is empty".to_string()
+    } else if rev.len() > 255 {
+        "is longer than 255 bytes".to_string()
+    } else if let Some(c) = rev
+        .chars()
+        .find(|c| c.is_control() || " ~^:?*[\\".contains(*c))
+    {
+        format!("holds {c:?}")
+    } else if rev.contains("..") {
+        "holds `..`".to_string()
+    } else if rev.contains("@{") || rev == "@" {
+        "is `@` or holds `@{`".to_string()
+    } else if rev.starts_with(['/', '-']) || rev.ends_with(['/', '.']) || rev.contains("//") {
+        "starts with `/` or `-`, ends with `/` or `.`, or holds `//`".to_string()
+    } else if rev
+        .split('/')
+        .any(|c| c.starts_with('.') || c.ends_with(".lock"))
+    {
+        "has a part starting with `.` or ending with `.lock`".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "the revision `{}` {why}: give a branch, a tag or a commit hash",
+        rev.escape_debug()
+    ))
 }
 
 /// Whether a repo missing from the cache may be downloaded (`--no-download` turns it off).
@@ -266,7 +313,7 @@ fn resolve_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     match find_cached(repo, revision) {
         Err(_) if DOWNLOADS.load(Ordering::Relaxed) => {
             let cache = hub_cache_dir();
-            let mut hub = super::hub::Hub::from_env();
+            let mut hub = super::hub::Hub::from_env()?;
             hub.progress = DOWNLOAD_PROGRESS.load(Ordering::Relaxed);
             let fetched = super::hub::fetch(repo, revision, &cache, &hub)?;
             let mut model = find_cached(repo, Some(&fetched.commit))?;
@@ -290,6 +337,9 @@ pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     let cache = hub_cache_dir();
     let repo_dir = cache.join(repo_folder(repo));
     let rev = revision.unwrap_or("main");
+    if let Err(why) = check_revision(rev) {
+        bail!("{repo}@{}: {why}", rev.escape_debug());
+    }
     let download = match revision {
         Some(r) => format!("hf download {repo} --revision {r}"),
         None => format!("hf download {repo}"),
@@ -302,10 +352,20 @@ pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
     }
     let ref_file = repo_dir.join("refs").join(rev);
     let commit = if ref_file.is_file() {
-        std::fs::read_to_string(&ref_file)
+        let commit = std::fs::read_to_string(&ref_file)
             .map_err(|e| crate::error::Error::read(&ref_file, e))?
             .trim()
-            .to_string()
+            .to_string();
+        // It names the snapshot folder: one plain path component (a commit hash, as
+        // huggingface_hub writes it).
+        if !commit.bytes().all(|b| b.is_ascii_alphanumeric()) || commit.is_empty() {
+            bail!(
+                "{}: holds `{}`, not a commit hash; delete it and fetch {repo}@{rev} again",
+                ref_file.display(),
+                commit.escape_debug()
+            );
+        }
+        commit
     } else {
         rev.to_string()
     };
@@ -354,5 +414,35 @@ mod tests {
         assert!(!is_repo_id("Qwen"));
         assert!(!is_repo_id("a/b/c"));
         assert!(!is_repo_id("../x"));
+        for bad in ["a/b..c", "a--b/c", "a/b-", "a/.b", "-a/b", "a/b.", "a/b c"] {
+            assert!(!is_repo_id(bad), "{bad}");
+        }
+        assert!(is_repo_id("allenai/Olmo-3-7B-Instruct"));
+        assert!(is_repo_id("openbmb/MiniCPM-V-4_5"));
+    }
+
+    #[test]
+    fn revisions_follow_git_ref_rules() {
+        for good in [
+            "main",
+            "v2",
+            "v1.0",
+            "refs/pr/1",
+            "feature/x-y_z",
+            "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
+            "a@b",
+            "ünïcode",
+        ] {
+            assert_eq!(check_revision(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "", "..", "../x", "a/../b", "a..b", "-x", "/a", "a/", "a//b", ".a", "a/.b", "a.lock",
+            "a.lock/b", "a.", "a b", "a~", "a^", "a:", "a?", "a*", "a[", "a\\b", "@", "a@{1}",
+            "a\tb", "a\u{7f}",
+        ] {
+            let err = check_revision(bad).unwrap_err();
+            assert!(err.contains("the revision"), "{bad}: {err}");
+        }
+        assert!(check_revision(&"a".repeat(256)).is_err());
     }
 }
