@@ -23,7 +23,8 @@ paper's aliases (`qwen2.5-vl` is the VLM, `qwen2.5-vl:ref` its reference LLM; se
 Repo ids are looked up in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else \
 ~/.cache/huggingface/hub); one missing from it is downloaded there from the Hub (config, tokenizer \
 and safetensors files only), honouring HF_ENDPOINT, HF_TOKEN (or the token file) and \
-HF_HUB_OFFLINE=1. --no-download never downloads.\n\n\
+HF_HUB_OFFLINE=1, and HF_HUB_DOWNLOAD_TIMEOUT (seconds a silent Hub is waited for; default 10). \
+--no-download never downloads.\n\n\
 Exit codes, the same in every command: 0 success; 1 a failure while writing, or an internal \
 error (a device error, a decomposition that did not converge on finite values); 2 bad input or \
 usage; 3 NaN or Inf values, stored in an input (`inspect --check` lists them) or produced by the \
