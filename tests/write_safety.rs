@@ -280,6 +280,36 @@ fn two_concurrent_writers_of_one_new_output_never_replace_each_other() {
 }
 
 #[test]
+fn two_concurrent_force_writers_leave_one_complete_output_and_no_leftovers() {
+    let inputs = inputs();
+    let expected = reference(&inputs, "3");
+    let out = inputs.work.join("out");
+    sinkmerge(linear_args(&inputs, "1", &out, false)).ok();
+    for _ in 0..3 {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+                    .args(linear_args(&inputs, "3", &out, true))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for run in runs {
+            let output = run.wait_with_output().unwrap();
+            assert!(output.status.success(), "{}", util::stderr(&output));
+        }
+        assert_eq!(tree(&out), expected);
+        let names: Vec<_> = std::fs::read_dir(&inputs.work)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["out"], "nothing beside OUT");
+    }
+}
+
+#[test]
 fn an_output_created_during_the_run_is_not_replaced_without_force() {
     let inputs = inputs();
     let out = inputs.work.join("out");
