@@ -135,6 +135,17 @@ fn reference(inputs: &Inputs, weight: &str) -> BTreeMap<String, u64> {
     tree(&out)
 }
 
+/// Start the merge `weight` into `out` in the background, its stderr kept.
+fn spawn(inputs: &Inputs, weight: &str, out: &Path, force: bool) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+        .args(linear_args(inputs, weight, out, force))
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn send(pid: u32, signal: i32) {
     // SAFETY: kill(2) with a child's pid; no memory is involved.
     let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
@@ -153,13 +164,7 @@ fn interrupt_at(
     old: Option<&BTreeMap<String, u64>>,
     new: &BTreeMap<String, u64>,
 ) -> bool {
-    let child = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(linear_args(inputs, "3", out, force))
-        .env("HF_HUB_OFFLINE", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn(inputs, "3", out, force);
     std::thread::sleep(delay);
     send(child.id(), signal);
     let output = child.wait_with_output().unwrap();
@@ -250,16 +255,7 @@ fn two_concurrent_writers_of_one_new_output_never_replace_each_other() {
     let expected = reference(&inputs, "3");
     for _ in 0..3 {
         let out = inputs.work.join("out");
-        let runs: Vec<_> = (0..2)
-            .map(|_| {
-                Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-                    .args(linear_args(&inputs, "3", &out, false))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        let runs: Vec<_> = (0..2).map(|_| spawn(&inputs, "3", &out, false)).collect();
         let outputs: Vec<_> = runs
             .into_iter()
             .map(|r| r.wait_with_output().unwrap())
@@ -286,16 +282,7 @@ fn two_concurrent_force_writers_leave_one_complete_output_and_no_leftovers() {
     let out = inputs.work.join("out");
     sinkmerge(linear_args(&inputs, "1", &out, false)).ok();
     for _ in 0..3 {
-        let runs: Vec<_> = (0..2)
-            .map(|_| {
-                Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-                    .args(linear_args(&inputs, "3", &out, true))
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        let runs: Vec<_> = (0..2).map(|_| spawn(&inputs, "3", &out, true)).collect();
         for run in runs {
             let output = run.wait_with_output().unwrap();
             assert!(output.status.success(), "{}", util::stderr(&output));
@@ -315,12 +302,7 @@ fn an_output_created_during_the_run_is_not_replaced_without_force() {
     let out = inputs.work.join("out");
     // An empty OUT is allowed; another process fills it while this run writes.
     std::fs::create_dir(&out).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(linear_args(&inputs, "3", &out, false))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn(&inputs, "3", &out, false);
     std::fs::write(out.join("theirs.txt"), b"another run's output").unwrap();
     let output = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&output.stderr);
