@@ -7,6 +7,7 @@ mod util;
 
 mod ablate;
 mod bad_input;
+mod cuda_loading;
 mod exit_codes;
 mod extract;
 mod heads;

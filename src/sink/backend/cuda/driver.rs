@@ -52,6 +52,110 @@ pub fn missing_library() -> Option<&'static str> {
     }
 }
 
+/// The libraries cudarc opens (its `culib`: the first of these names' candidates that loads)
+/// and the entry points it resolves in them for this backend. cudarc resolves each symbol on
+/// first call and panics when it is missing, so a library under the right name without them (a
+/// stub, another program's library) must be refused before cudarc is touched. The lists are the
+/// driver calls behind the cudarc API `Driver` uses (context, module, stream, event, memory and
+/// launch; error strings), and every NVRTC and cuBLAS call this file makes.
+const LIBRARY_SYMBOLS: [(&[&str], &str, &[&str]); 3] = [
+    (
+        &["cuda", "nvcuda"],
+        "the NVIDIA driver",
+        &[
+            "cuInit",
+            "cuGetErrorName",
+            "cuGetErrorString",
+            "cuDeviceGetCount",
+            "cuDeviceGet",
+            "cuDeviceGetName",
+            "cuDeviceGetAttribute",
+            "cuDeviceTotalMem_v2",
+            "cuDevicePrimaryCtxRetain",
+            "cuDevicePrimaryCtxRelease_v2",
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuCtxSynchronize",
+            "cuModuleLoadData",
+            "cuModuleGetFunction",
+            "cuModuleUnload",
+            "cuLaunchKernel",
+            "cuMemAlloc_v2",
+            "cuMemAllocAsync",
+            "cuMemFree_v2",
+            "cuMemFreeAsync",
+            "cuMemHostAlloc",
+            "cuMemFreeHost",
+            "cuMemGetInfo_v2",
+            "cuMemcpyHtoDAsync_v2",
+            "cuMemcpyDtoHAsync_v2",
+            "cuMemcpyDtoDAsync_v2",
+            "cuStreamCreate",
+            "cuStreamDestroy_v2",
+            "cuStreamSynchronize",
+            "cuStreamWaitEvent",
+            "cuEventCreate",
+            "cuEventDestroy_v2",
+            "cuEventRecord",
+            "cuEventQuery",
+            "cuEventSynchronize",
+        ],
+    ),
+    (
+        &["nvrtc"],
+        "NVRTC",
+        &[
+            "nvrtcVersion",
+            "nvrtcCreateProgram",
+            "nvrtcCompileProgram",
+            "nvrtcDestroyProgram",
+            "nvrtcGetProgramLogSize",
+            "nvrtcGetProgramLog",
+            "nvrtcGetPTXSize",
+            "nvrtcGetPTX",
+            "nvrtcGetCUBINSize",
+            "nvrtcGetCUBIN",
+        ],
+    ),
+    (
+        &["cublas"],
+        "cuBLAS",
+        &[
+            "cublasCreate_v2",
+            "cublasDestroy_v2",
+            "cublasSetStream_v2",
+            "cublasSetMathMode",
+            "cublasSgemm_v2",
+        ],
+    ),
+];
+
+/// The first CUDA library that loads but lacks an entry point cudarc needs: the file name it
+/// was loaded under, what it is, and the missing symbol. Call after [`missing_library`].
+pub fn missing_symbol() -> Option<(String, &'static str, &'static str)> {
+    for (names, what, symbols) in LIBRARY_SYMBOLS {
+        let loaded = (names.iter())
+            .flat_map(|n| cudarc::get_lib_name_candidates(n))
+            // SAFETY: as cudarc's own `culib`, this only opens the library (its initialisers
+            // run, as they would when cudarc opens it).
+            .find_map(|file| {
+                unsafe { libloading::Library::new(&file) }
+                    .ok()
+                    .map(|l| (file, l))
+            });
+        let Some((file, lib)) = loaded else {
+            continue;
+        };
+        for symbol in symbols {
+            // SAFETY: only the address is looked up; nothing is called.
+            if unsafe { lib.get::<*const ()>(symbol.as_bytes()) }.is_err() {
+                return Some((file, what, symbol));
+            }
+        }
+    }
+    None
+}
+
 /// What an NVRTC compile gives: the image and the compiler's log.
 pub struct Compiled {
     pub image: Vec<u8>,
@@ -237,6 +341,12 @@ impl Driver {
             return Err(bad!(
                 "--device cuda: {lib} cannot be loaded; this machine has no usable CUDA \
                  installation (put the libraries on LD_LIBRARY_PATH), or score with --device cpu"
+            ));
+        }
+        if let Some((file, what, symbol)) = missing_symbol() {
+            return Err(bad!(
+                "--device cuda: {file} ({what}) has no `{symbol}`; it is not a usable CUDA \
+                 library (put the real one first on LD_LIBRARY_PATH), or score with --device cpu"
             ));
         }
         let count = CudaContext::device_count()
