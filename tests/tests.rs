@@ -16,6 +16,7 @@ mod inject_qknorm;
 mod inspect;
 mod merge;
 mod merge_configs;
+mod non_finite_outputs;
 mod norms;
 mod perturb;
 mod predict;

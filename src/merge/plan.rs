@@ -109,6 +109,11 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         options.max_shard_size,
         Some((&bar, Progress::Tensors)),
         |i| match &tensors.work[i] {
+            Work::Copy { input, name } => Some(inputs[*input].ckpt.describe(name)),
+            // A merged tensor's inputs were checked as it was computed (merge/job.rs).
+            Work::Merge(_) => None,
+        },
+        |i| match &tensors.work[i] {
             Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
             Work::Merge(j) => {
                 let job = &tensors.jobs[*j];
