@@ -11,6 +11,7 @@ mod cuda_loading;
 mod exit_codes;
 mod extract;
 mod heads;
+mod hostile_inputs;
 mod hub;
 mod inject_qknorm;
 mod inspect;

@@ -212,6 +212,63 @@ impl TextConfig {
             _ => None,
         };
 
+        let (vocab_size, intermediate_size) =
+            (c.usize("vocab_size")?, c.usize("intermediate_size")?);
+        let max_position_embeddings = c.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+        // Every weight's size (and RoPE's tables) is a product of these; a hostile or corrupt
+        // config whose products overflow is refused here, before any shape arithmetic runs.
+        let mut products = vec![
+            [
+                ("num_attention_heads", num_attention_heads),
+                ("head_dim", head_dim),
+                ("hidden_size", hidden_size),
+            ],
+            [
+                ("num_key_value_heads", num_key_value_heads),
+                ("head_dim", head_dim),
+                ("hidden_size", hidden_size),
+            ],
+            [
+                ("intermediate_size", intermediate_size),
+                ("hidden_size", hidden_size),
+                ("", 1),
+            ],
+            [
+                ("vocab_size", vocab_size),
+                ("hidden_size", hidden_size),
+                ("", 1),
+            ],
+            [
+                ("max_position_embeddings", max_position_embeddings),
+                ("head_dim", head_dim),
+                ("", 1),
+            ],
+        ];
+        if let Some(m) = &moe {
+            products.push([
+                ("num_experts", m.num_experts),
+                ("moe_intermediate_size", m.expert_intermediate_size),
+                ("hidden_size", hidden_size),
+            ]);
+        }
+        for factors in products {
+            if let Some((name, _)) = factors.iter().find(|(_, f)| *f == 0) {
+                bail!("config ({raw_type}): `{name}` is 0; a model needs at least one");
+            }
+            // Eight bytes an entry: the widest dtype any tensor is read or written in.
+            let bytes = (factors.iter()).try_fold(8u64, |n, &(_, f)| n.checked_mul(f as u64));
+            if bytes.is_none_or(|b| b > isize::MAX as u64) {
+                let names: Vec<String> = (factors.iter())
+                    .filter(|(name, _)| !name.is_empty())
+                    .map(|(name, f)| format!("{name} {f}"))
+                    .collect();
+                bail!(
+                    "config ({raw_type}): {} make a tensor larger than any machine can address",
+                    names.join(" × ")
+                );
+            }
+        }
+
         let dtype = section
             .get("dtype")
             .or_else(|| section.get("torch_dtype"))
@@ -222,9 +279,9 @@ impl TextConfig {
 
         Ok(TextConfig {
             model_type,
-            vocab_size: c.usize("vocab_size")?,
+            vocab_size,
             hidden_size,
-            intermediate_size: c.usize("intermediate_size")?,
+            intermediate_size,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
@@ -238,7 +295,7 @@ impl TextConfig {
                 .f64("rms_norm_eps")
                 .or_else(|| c.f64("layer_norm_eps"))
                 .unwrap_or(1e-6),
-            max_position_embeddings: c.opt_usize("max_position_embeddings")?.unwrap_or(2048),
+            max_position_embeddings,
             tie_word_embeddings,
             attention_bias: c.bool("attention_bias").unwrap_or(false),
             mlp_bias: c.bool("mlp_bias").unwrap_or(false),
