@@ -45,6 +45,15 @@ fn hostile_configs_are_refused_by_every_command_that_reads_heads() {
             "not a multiple of num_key_value_heads 3",
         ),
         (json!({"vocab_size": 0}), "`vocab_size` is 0"),
+        // Per-layer tables would be allocated before any weight is read.
+        (
+            json!({"num_hidden_layers": 1u64 << 40}),
+            "num_hidden_layers 1099511627776 is outside 1-65536",
+        ),
+        (
+            json!({"num_hidden_layers": 0}),
+            "num_hidden_layers 0 is outside 1-65536",
+        ),
         (json!({"head_dim": 0}), "`head_dim` is 0"),
         (
             json!({"head_dim": 1u64 << 62}),
@@ -109,5 +118,30 @@ fn a_header_whose_shape_overflows_is_refused() {
     ];
     for args in runs {
         sinkmerge(args).refused(&["tensor `a`", "overflows"]);
+    }
+}
+
+#[test]
+fn a_scalar_embedding_is_refused_not_indexed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let qwen2 = fixture("qwen2");
+    let mut tensors = crate::util::load(&qwen2);
+    tensors.insert(
+        "model.embed_tokens.weight".into(),
+        crate::util::Stored::from_f32(safetensors::Dtype::F32, vec![], &[1.0]),
+    );
+    let dir = tmp.path().join("m");
+    crate::util::write_model(&dir, &crate::util::config(&qwen2), &tensors, Some(&qwen2));
+    let (m, q) = (dir.to_str().unwrap(), qwen2.to_str().unwrap());
+    let o = tmp.path().join("out");
+    let o = o.to_str().unwrap();
+    let runs: [&[&str]; 4] = [
+        &["linear", "--models", m, &format!("{m}/."), "-o", o],
+        &["task-arithmetic", "--base", m, "--models", q, "-o", o],
+        &["score", m],
+        &["repair-heads", "--ref", m, q, "--heads", "1.1", "-o", o],
+    ];
+    for args in runs {
+        sinkmerge(args).refused(&["model.embed_tokens.weight"]);
     }
 }

@@ -13,6 +13,9 @@ use serde_json::{json, Map, Value};
 use crate::bail;
 use crate::error::Result;
 
+/// The most layers a config may declare (docs/architecture.md#panics).
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// The language model's configuration, normalized.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TextConfig {
@@ -184,6 +187,11 @@ impl TextConfig {
             .or_else(|| cfg.get("tie_word_embeddings").and_then(Value::as_bool))
             .unwrap_or(false);
 
+        // Per-layer tables are built from the declared count before any weight is read; the
+        // largest published models have a few hundred layers.
+        if !(1..=MAX_LAYERS).contains(&num_hidden_layers) {
+            bail!("config ({raw_type}): num_hidden_layers {num_hidden_layers} is outside 1-{MAX_LAYERS}");
+        }
         let sliding_window = sliding_window(&c, &model_type)?;
         let layer_types = layer_types(&c, &model_type, num_hidden_layers, sliding_window)?;
         let (rope, rope_sliding) = rope_pair(&c, &model_type)?;

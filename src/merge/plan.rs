@@ -498,8 +498,11 @@ fn plan_tensors<'a>(
         let shape = output_shape(name, &sources, inputs, base, donor, warnings)?;
         if name == EMBED {
             let configured = TextConfig::from_model_config(&d.config).map(|c| c.vocab_size);
-            if configured.is_ok_and(|v| v != shape[0]) {
-                embed_rows = Some(shape[0]);
+            let Some(&rows) = shape.first() else {
+                bail!("{}: `{name}` has shape [], not [vocab, hidden]", d.label);
+            };
+            if configured.is_ok_and(|v| v != rows) {
+                embed_rows = Some(rows);
             }
         }
         let dtype = out_dtype.unwrap_or(reference.dtype);
@@ -562,7 +565,8 @@ fn output_shape(
         .iter()
         .all(|(_, _, info)| info.shape.get(1) == reference.get(1));
     let rows = match base {
-        Some(_) => reference[0],
+        // Used for vocabulary matrices only, which are 2-D.
+        Some(_) => reference.first().copied().unwrap_or(0),
         None => sources
             .iter()
             .map(|(_, _, info)| info.shape.first().copied().unwrap_or(0))
