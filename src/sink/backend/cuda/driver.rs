@@ -416,7 +416,11 @@ impl Driver {
             times: Mutex::new(Timings::default()),
             stages,
         };
-        driver.times.lock().unwrap().init_s = started.elapsed().as_secs_f64();
+        driver
+            .times
+            .lock()
+            .expect("no panic holds the timing lock")
+            .init_s = started.elapsed().as_secs_f64();
         Ok(driver)
     }
 
@@ -424,7 +428,7 @@ impl Driver {
     pub fn timings(&self) -> Timings {
         Timings {
             peak_memory_bytes: self.peak.load(Ordering::Relaxed),
-            ..*self.times.lock().unwrap()
+            ..*self.times.lock().expect("no panic holds the timing lock")
         }
     }
 
@@ -434,7 +438,8 @@ impl Driver {
     }
 
     fn add_time(&self, f: impl FnOnce(&mut Timings) -> &mut f64, since: Instant) {
-        *f(&mut self.times.lock().unwrap()) += since.elapsed().as_secs_f64();
+        *f(&mut self.times.lock().expect("no panic holds the timing lock")) +=
+            since.elapsed().as_secs_f64();
     }
 
     fn wrap(&self, slice: CudaSlice<u8>) -> DriverBuffer {
@@ -497,7 +502,7 @@ impl Device for Driver {
         // SAFETY: every byte is written by the copies below before any kernel reads it.
         let mut slice = unsafe { self.stream.alloc::<u8>(host.len()) }
             .map_err(driver_error("out of device memory"))?;
-        let mut stages = self.stages.lock().unwrap();
+        let mut stages = (self.stages.lock()).expect("no panic holds the staging lock");
         for (i, chunk) in host.chunks(STAGE_BYTES).enumerate() {
             let stage = &mut stages[i % 2];
             // The copy out of this buffer two chunks ago must be done before it is refilled.
@@ -570,7 +575,10 @@ impl Device for Driver {
         threads: usize,
         args: &mut [Arg<'_, DriverBuffer>],
     ) -> Result<()> {
-        let function = &self.functions[Kernel::ALL.iter().position(|k| *k == kernel).unwrap()];
+        let function = &self.functions[Kernel::ALL
+            .iter()
+            .position(|k| *k == kernel)
+            .expect("Kernel::ALL lists every kernel")];
         let mut builder = self.stream.launch_builder(function);
         for arg in args.iter_mut() {
             match arg {
