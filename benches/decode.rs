@@ -65,9 +65,14 @@ fn read_checkpoint(c: &mut Criterion) {
         })
         .collect();
     let block = dtype::encode(Dtype::BF16, &vec![0.5f32; 2048 * 2048]).unwrap();
-    writer::write_tensors(&out, &planned, 70_000_000, None, |_| {
-        Ok(Cow::Borrowed(&block[..]))
-    })
+    writer::write_tensors(
+        &out,
+        &planned,
+        70_000_000,
+        None,
+        |_| None,
+        |_| Ok(Cow::Borrowed(&block[..])),
+    )
     .unwrap();
     out.commit().unwrap();
     let files: Vec<_> = std::fs::read_dir(&dir)

@@ -173,19 +173,26 @@ fn main() {
     };
     out.write_json("config.json", &config).unwrap();
     let normal = Normal::new(0.0f32, 0.02).unwrap();
-    writer::write_tensors(&out, &planned, o.shard, None, |k| {
-        let t = &planned[k];
-        let mut rng = tensor_rng(o.seed, &t.name);
-        let n: usize = t.shape.iter().product();
-        let values: Vec<f32> = if t.shape.len() == 1 && t.name.ends_with("norm.weight") {
-            (0..n)
-                .map(|_| 1.0 + rng.random_range(-0.1f32..0.1))
-                .collect()
-        } else {
-            (0..n).map(|_| normal.sample(&mut rng)).collect()
-        };
-        Ok(Cow::Owned(dtype::encode(t.dtype, &values)?))
-    })
+    writer::write_tensors(
+        &out,
+        &planned,
+        o.shard,
+        None,
+        |_| None,
+        |k| {
+            let t = &planned[k];
+            let mut rng = tensor_rng(o.seed, &t.name);
+            let n: usize = t.shape.iter().product();
+            let values: Vec<f32> = if t.shape.len() == 1 && t.name.ends_with("norm.weight") {
+                (0..n)
+                    .map(|_| 1.0 + rng.random_range(-0.1f32..0.1))
+                    .collect()
+            } else {
+                (0..n).map(|_| normal.sample(&mut rng)).collect()
+            };
+            Ok(Cow::Owned(dtype::encode(t.dtype, &values)?))
+        },
+    )
     .expect("write tensors");
     let path = out.commit().unwrap();
     println!("{}", path.display());

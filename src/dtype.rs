@@ -206,43 +206,105 @@ mod tests {
     }
 }
 
-/// Count NaN and infinite values in stored floating-point bytes without decoding: a value is
-/// non-finite when its exponent bits are all ones (NaN if the mantissa is non-zero).
-pub fn count_non_finite(dtype: Dtype, bytes: &[u8]) -> (u64, u64) {
-    match dtype {
-        Dtype::BF16 => scan::<2>(bytes, 0x7F80, 0x007F),
-        Dtype::F16 => scan::<2>(bytes, 0x7C00, 0x03FF),
-        Dtype::F32 => scan::<4>(bytes, 0x7F80_0000, 0x007F_FFFF),
-        _ => (0, 0),
+/// Which stored values of a float dtype are NaN or Inf, as bit patterns: a value `bits` is
+/// special when `bits & mask == value`, and then NaN when `bits & nan_bits != 0`, else infinite.
+/// For the IEEE-style formats the mask is the exponent (all ones) and `nan_bits` the mantissa.
+/// The 8-bit formats follow the OCP FP8 and MX specifications as torch stores them: E5M2 is
+/// IEEE-style; E4M3 (torch's `float8_e4m3fn`) has no Inf and one NaN per sign, S.1111.111; the
+/// FNUZ variants' only NaN is the negative-zero pattern 0x80; E8M0's is 0xFF. F4 and F6 have
+/// neither NaN nor Inf. C64 is two F32s.
+#[derive(Debug, Clone, Copy)]
+struct Special {
+    bytes: usize,
+    mask: u64,
+    value: u64,
+    nan_bits: u64,
+}
+
+fn special(dtype: Dtype) -> Option<Special> {
+    let ieee = |bytes, exp: u64, mant| Special {
+        bytes,
+        mask: exp,
+        value: exp,
+        nan_bits: mant,
+    };
+    Some(match dtype {
+        Dtype::BF16 => ieee(2, 0x7F80, 0x007F),
+        Dtype::F16 => ieee(2, 0x7C00, 0x03FF),
+        Dtype::F32 | Dtype::C64 => ieee(4, 0x7F80_0000, 0x007F_FFFF),
+        Dtype::F64 => ieee(8, 0x7FF0_0000_0000_0000, 0x000F_FFFF_FFFF_FFFF),
+        Dtype::F8_E5M2 => ieee(1, 0x7C, 0x03),
+        Dtype::F8_E4M3 => ieee(1, 0x7F, 0x7F),
+        Dtype::F8_E8M0 => ieee(1, 0xFF, 0xFF),
+        Dtype::F8_E4M3FNUZ | Dtype::F8_E5M2FNUZ => Special {
+            bytes: 1,
+            mask: 0xFF,
+            value: 0x80,
+            nan_bits: 0x80,
+        },
+        _ => return None,
+    })
+}
+
+impl Special {
+    fn load(&self, v: &[u8]) -> u64 {
+        let mut b = [0u8; 8];
+        b[..v.len()].copy_from_slice(v);
+        u64::from_le_bytes(b)
     }
+
+    fn is_special(&self, bits: u64) -> bool {
+        bits & self.mask == self.value
+    }
+}
+
+/// Count NaN and infinite values in stored floating-point bytes without decoding (0 for
+/// integer and boolean dtypes).
+pub fn count_non_finite(dtype: Dtype, bytes: &[u8]) -> (u64, u64) {
+    match special(dtype) {
+        Some(s) => scan(bytes, s),
+        None => (0, 0),
+    }
+}
+
+/// The first NaN or Inf in stored floating-point bytes: its flat index and `NaN`, `inf` or
+/// `-inf`. For messages, after [`count_non_finite`] found one.
+pub fn first_non_finite(dtype: Dtype, bytes: &[u8]) -> Option<(usize, &'static str)> {
+    let s = special(dtype)?;
+    let (k, bits) = (bytes.chunks_exact(s.bytes).map(|v| s.load(v)).enumerate())
+        .find(|&(_, bits)| s.is_special(bits))?;
+    let sign = 1u64 << (8 * s.bytes - 1);
+    let what = match (bits & s.nan_bits != 0, bits & sign != 0) {
+        (true, _) => "NaN",
+        (false, false) => "inf",
+        (false, true) => "-inf",
+    };
+    // C64's elements are pairs: report the complex element.
+    Some((if dtype == Dtype::C64 { k / 2 } else { k }, what))
 }
 
 /// Blocks are first checked with a branch-free count that vectorizes; the rare block holding a
 /// non-finite value is then split into NaN and Inf.
-fn scan<const N: usize>(bytes: &[u8], exp_mask: u32, mant_mask: u32) -> (u64, u64) {
-    let load = |v: &[u8]| -> u32 {
-        if N == 2 {
-            u16::from_le_bytes([v[0], v[1]]) as u32
-        } else {
-            u32::from_le_bytes([v[0], v[1], v[2], v[3]])
-        }
-    };
+fn scan(bytes: &[u8], s: Special) -> (u64, u64) {
+    let n = s.bytes;
     bytes
-        .par_chunks(CHUNK * N)
+        .par_chunks(CHUNK * n)
         .map(|chunk| {
             let (mut nan, mut inf) = (0u64, 0u64);
-            for block in chunk.chunks(4096 * N) {
-                let special: u32 = block
-                    .chunks_exact(N)
-                    .map(|v| (load(v) & exp_mask == exp_mask) as u32)
-                    .sum();
-                if special == 0 {
+            for block in chunk.chunks(4096 * n) {
+                let count: u32 = match n {
+                    1 => count_special::<1>(block, s),
+                    2 => count_special::<2>(block, s),
+                    4 => count_special::<4>(block, s),
+                    _ => count_special::<8>(block, s),
+                };
+                if count == 0 {
                     continue;
                 }
-                for v in block.chunks_exact(N) {
-                    let bits = load(v);
-                    if bits & exp_mask == exp_mask {
-                        if bits & mant_mask != 0 {
+                for v in block.chunks_exact(n) {
+                    let bits = s.load(v);
+                    if s.is_special(bits) {
+                        if bits & s.nan_bits != 0 {
                             nan += 1;
                         } else {
                             inf += 1;
@@ -253,6 +315,17 @@ fn scan<const N: usize>(bytes: &[u8], exp_mask: u32, mant_mask: u32) -> (u64, u6
             (nan, inf)
         })
         .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// The special values in `block`, with the element width a constant so the loop vectorizes.
+fn count_special<const N: usize>(block: &[u8], s: Special) -> u32 {
+    (block.chunks_exact(N))
+        .map(|v| {
+            let mut b = [0u8; 8];
+            b[..N].copy_from_slice(v);
+            s.is_special(u64::from_le_bytes(b)) as u32
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -276,5 +349,41 @@ mod scan_tests {
                 "{dtype:?}"
             );
         }
+        assert_eq!(
+            first_non_finite(Dtype::F16, &encode(Dtype::F16, &values).unwrap()),
+            Some((1, "NaN"))
+        );
+        assert_eq!(first_non_finite(Dtype::F32, &[0; 8]), None);
+    }
+
+    #[test]
+    fn counts_nan_and_inf_of_f64_and_the_8_bit_formats() {
+        let f64s: Vec<u8> = [1.0f64, f64::NAN, -f64::INFINITY, f64::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(count_non_finite(Dtype::F64, &f64s), (1, 1));
+        assert_eq!(first_non_finite(Dtype::F64, &f64s[16..]), Some((0, "-inf")));
+        // E5M2: 0x7C is inf, 0x7D NaN, 0x7B (57344) the largest finite.
+        assert_eq!(
+            count_non_finite(Dtype::F8_E5M2, &[0x7B, 0x7C, 0xFC, 0x7D]),
+            (1, 2)
+        );
+        // E4M3 (fn): 0x7E is 448, finite; only S.1111.111 is NaN.
+        assert_eq!(
+            count_non_finite(Dtype::F8_E4M3, &[0x7E, 0x78, 0x7F, 0xFF]),
+            (2, 0)
+        );
+        // FNUZ: 0x80 is the one NaN; 0x7F and 0xFF are finite.
+        for dtype in [Dtype::F8_E4M3FNUZ, Dtype::F8_E5M2FNUZ] {
+            assert_eq!(count_non_finite(dtype, &[0x7F, 0xFF, 0x80, 0x00]), (1, 0));
+        }
+        assert_eq!(count_non_finite(Dtype::F8_E8M0, &[0xFE, 0xFF]), (1, 0));
+        assert_eq!(count_non_finite(Dtype::I32, &[0xFF; 8]), (0, 0));
+        let c64: Vec<u8> = [1.0f32, 2.0, 3.0, f32::NAN]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(first_non_finite(Dtype::C64, &c64), Some((1, "NaN")));
     }
 }

@@ -231,8 +231,8 @@ fn outputs_under_a_regular_file_are_refused_before_any_work() {
 fn configs_with_no_layers_or_fewer_than_the_weights() {
     let (r, t) = pair();
     let none = with_layers(&t, 0);
-    sinkmerge(["score", s(none.path())]).refused(&["num_hidden_layers is 0"]);
-    sinkmerge(["heads", &r, s(none.path())]).refused(&["num_hidden_layers is 0"]);
+    sinkmerge(["score", s(none.path())]).refused(&["num_hidden_layers 0 is outside 1-65536"]);
+    sinkmerge(["heads", &r, s(none.path())]).refused(&["num_hidden_layers 0 is outside 1-65536"]);
     let five = with_layers(&t, 5);
     let (out, _) = sinkmerge(["score", s(five.path()), "--n", "2", "--json"]).warns(&[
         "declares num_hidden_layers 5",

@@ -3,9 +3,11 @@
 
 use std::borrow::Cow;
 
+use safetensors::Dtype;
 use sinkmerge::checkpoint::output::OutputDir;
 use sinkmerge::checkpoint::writer::{write_tensors, PlannedTensor};
 use sinkmerge::checkpoint::Checkpoint;
+use sinkmerge::error::Kind;
 
 use crate::util::fixture;
 
@@ -37,9 +39,14 @@ fn round_trip_is_byte_exact_across_shards() {
     out.copy_file(&src.dir.join("config.json"), "config.json")
         .unwrap();
     // 40 kB shards force several files and an index.
-    let written = write_tensors(&out, &planned, 40_000, None, |i| {
-        Ok(Cow::Borrowed(src.bytes(&planned[i].name)?))
-    })
+    let written = write_tensors(
+        &out,
+        &planned,
+        40_000,
+        None,
+        |_| None,
+        |i| Ok(Cow::Borrowed(src.bytes(&planned[i].name)?)),
+    )
     .unwrap();
     assert!(written.files.len() > 2, "{:?}", written.files);
     out.commit().unwrap();
@@ -80,13 +87,20 @@ fn a_failure_part_way_leaves_the_destination_absent() {
     let dest = tmp.path().join("out");
     let out = OutputDir::create(&dest, &[&src.dir], false).unwrap();
     let fail_at = planned.len() / 2;
-    let result = write_tensors(&out, &planned, 40_000, None, |i| {
-        if i == fail_at {
-            Err(sinkmerge::Error::Write("injected failure".into()))
-        } else {
-            Ok(Cow::Borrowed(src.bytes(&planned[i].name)?))
-        }
-    });
+    let result = write_tensors(
+        &out,
+        &planned,
+        40_000,
+        None,
+        |_| None,
+        |i| {
+            if i == fail_at {
+                Err(sinkmerge::Error::Write("injected failure".into()))
+            } else {
+                Ok(Cow::Borrowed(src.bytes(&planned[i].name)?))
+            }
+        },
+    );
     assert!(result.unwrap_err().to_string().contains("injected"));
     drop(out);
     assert!(!dest.exists());
@@ -104,11 +118,52 @@ fn one_shard_is_a_single_file_without_index() {
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("single");
     let out = OutputDir::create(&dest, &[&src.dir], false).unwrap();
-    let written = write_tensors(&out, &planned, u64::MAX, None, |i| {
-        Ok(Cow::Borrowed(src.bytes(&planned[i].name)?))
-    })
+    let written = write_tensors(
+        &out,
+        &planned,
+        u64::MAX,
+        None,
+        |_| None,
+        |i| Ok(Cow::Borrowed(src.bytes(&planned[i].name)?)),
+    )
     .unwrap();
     out.commit().unwrap();
     assert_eq!(written.files, ["model.safetensors"]);
     assert!(!dest.join("model.safetensors.index.json").exists());
+}
+
+#[test]
+fn nan_or_inf_in_any_float_dtype_is_refused_and_nothing_is_left() {
+    // Copied bytes, in dtypes the scorer never decodes: F64 and FP8 E5M2 (0x7C is its Inf).
+    let nan = f64::NAN.to_le_bytes();
+    let cases = [
+        (Dtype::F64, nan.as_slice(), "NaN"),
+        (Dtype::F8_E5M2, &[0x7C][..], "inf"),
+    ];
+    for (dtype, bytes, what) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        let out = OutputDir::create(&dest, &[], false).unwrap();
+        let planned = [PlannedTensor {
+            name: "scale".into(),
+            dtype,
+            shape: vec![1],
+        }];
+        let err = write_tensors(
+            &out,
+            &planned,
+            u64::MAX,
+            None,
+            |_| Some("in/model.safetensors: tensor `s`".into()),
+            |_| Ok(Cow::Borrowed(bytes)),
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), Kind::NonFinite, "{dtype:?}");
+        let msg = err.to_string();
+        for needle in ["in/model.safetensors: tensor `s`", "`scale`", what] {
+            assert!(msg.contains(needle), "{needle} not in: {msg}");
+        }
+        drop(out);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
 }

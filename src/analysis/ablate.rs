@@ -173,8 +173,8 @@ pub fn ablate_stored(
         return Err(crate::non_finite!("{what}: entry {bad} is {}", values[bad]));
     }
     let round = |x: f32| {
-        let enc = dtype::encode(stored, &[x]).expect("float dtype");
-        dtype::decode(stored, &enc, "").expect("float dtype")[0]
+        let enc = dtype::encode(stored, &[x]).expect("decode above accepted the dtype: a float");
+        dtype::decode(stored, &enc, "").expect("one value just encoded in this dtype")[0]
     };
     let a = ablate(name, &mut values, k, round);
     Ok((dtype::encode(stored, &values)?, a))

@@ -328,6 +328,17 @@ pub fn check_same_geometry(reference: &Model, target: &Model) -> Result<()> {
             t.qk_norm.as_str()
         );
     }
+    // The configs agree; the attention weights must have the shapes they declare before any
+    // head is counted or sliced (a config with more heads than its tensors hold is refused
+    // here rather than met as an out-of-range slice or a vast candidate list).
+    for model in [reference, target] {
+        for layer in 0..model.spec.num_layers() {
+            for p in Projection::ALL {
+                let name = layer_name(layer, p.module(), Param::Weight);
+                model.stored_bytes(&name, &p.shape(&model.spec))?;
+            }
+        }
+    }
     Ok(())
 }
 

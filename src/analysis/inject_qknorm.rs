@@ -173,7 +173,9 @@ pub fn plan(ckpt: &Checkpoint) -> Result<Injection> {
 /// The Qwen2 config rewritten for `Qwen3ForCausalLM` (see the module docs for why each key).
 pub fn qwen3_config(qwen2: &Value, head_dim: usize) -> Value {
     let mut c = qwen2.clone();
-    let map = c.as_object_mut().expect("config.json is an object");
+    let map = c
+        .as_object_mut()
+        .expect("Checkpoint::open_dir refuses a config.json that is not an object");
     map.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
     map.insert("model_type".into(), json!("qwen3"));
     map.insert("attention_bias".into(), json!(true));

@@ -158,6 +158,11 @@ pub fn perturb_tensor(
     target: &[u8],
     what: &str,
 ) -> Result<(Option<Vec<u8>>, TensorReport)> {
+    if let Some((k, v)) = dtype::first_non_finite(w_dtype, w) {
+        return Err(crate::non_finite!(
+            "{what}: holds {v} at flat index {k}; perturbing would spread it into `{name}`"
+        ));
+    }
     let w = dtype::decode(w_dtype, w, what)?;
     if !dtype::is_float(t_dtype) || target.len() != w.len() * dtype::byte_size(t_dtype) {
         crate::bail!(
@@ -165,6 +170,11 @@ pub fn perturb_tensor(
             target.len(),
             w.len()
         );
+    }
+    if let Some((k, v)) = dtype::first_non_finite(t_dtype, target) {
+        return Err(crate::non_finite!(
+            "{what}: TARGET's tensor holds {v} at flat index {k}, so its drift has no size"
+        ));
     }
     // TARGET is decoded a block at a time where it is needed, so that only three f32 copies of
     // the tensor (W, the noise, the output) are ever alive.
@@ -266,6 +276,11 @@ fn secant_on_square(target_sq: f64, z_sq: f64, realized_sq: impl Fn(f64) -> f64)
             break;
         }
         let next = u1 + (target_sq - r1) * (u1 - u0) / (r1 - r0);
+        // Noise large enough to overflow the dtype has no finite secant: keep the best seen
+        // (the writer refuses an output that overflowed).
+        if !next.is_finite() {
+            break;
+        }
         (u0, r0) = (u1, r1);
         // Stay positive and within a factor 4 of the last point (steps of the rounding can
         // make a secant wild).

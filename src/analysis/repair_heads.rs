@@ -267,13 +267,15 @@ pub fn repair_stored(
         planned.ranges,
         lambda,
         name,
-        what,
+        [what, &reference.describe(planned.standard)],
     )
 }
 
 /// `target`'s bytes with the entries in `ranges` set to `(1 - lambda) target + lambda reference`
 /// (f32 arithmetic, rounded once to the dtype); at `lambda = 1` they are the reference's bytes,
-/// at 0 the target's. The report names `tensor`; `what` names it in errors.
+/// at 0 the target's. The report names `tensor`; `what` names the target's and the reference's
+/// tensors in errors. A NaN or Inf in the slices a weight of the blend reads is an error naming
+/// that input, as a merge's is (merge/job.rs); one elsewhere is left to the writer's check.
 pub fn blend(
     dtype: safetensors::Dtype,
     target: &[u8],
@@ -281,12 +283,36 @@ pub fn blend(
     ranges: &[Range<usize>],
     lambda: f32,
     tensor: &str,
-    what: &str,
+    what: [&str; 2],
 ) -> Result<(Vec<u8>, TensorRepair)> {
+    let [what, reference_what] = what;
     if target.len() != reference.len() {
         bail!("{what}: the reference's tensor has another size");
     }
     let size = dtype::byte_size(dtype);
+    if let Some(r) = ranges.iter().find(|r| r.end * size > target.len()) {
+        bail!(
+            "{what}: holds {} entries, but the heads config.json declares reach entry {}",
+            target.len() / size,
+            r.end - 1
+        );
+    }
+    let read = [
+        (what, target, lambda < 1.0),
+        (reference_what, reference, lambda > 0.0),
+    ];
+    for (input, stored, weighted) in read {
+        for r in ranges.iter().filter(|_| weighted) {
+            if let Some((k, v)) =
+                dtype::first_non_finite(dtype, &stored[r.start * size..r.end * size])
+            {
+                return Err(crate::non_finite!(
+                    "{input}: holds {v} at flat index {}; repairing would spread it into `{tensor}`",
+                    r.start + k
+                ));
+            }
+        }
+    }
     let mut out = target.to_vec();
     for r in ranges {
         let bytes = r.start * size..r.end * size;
@@ -374,14 +400,19 @@ mod tests {
         let t = dtype::encode(dt, &[1.0, 2.0, 3.0, 4.0]).unwrap();
         let r = dtype::encode(dt, &[5.0, 6.0, 7.0, 8.0]).unwrap();
         let middle: Vec<Range<usize>> = std::iter::once(1..3).collect();
-        let (one, rep) = blend(dt, &t, &r, &middle, 1.0, "x", "x").unwrap();
+        let (one, rep) = blend(dt, &t, &r, &middle, 1.0, "x", ["x", "x"]).unwrap();
         assert_eq!(
             dtype::decode(dt, &one, "").unwrap(),
             vec![1.0, 6.0, 7.0, 4.0]
         );
         assert_eq!((rep.entries, rep.changed), (2, 2));
-        assert_eq!(blend(dt, &t, &r, &middle, 0.0, "x", "x").unwrap().0, t);
-        let half = blend(dt, &t, &r, &[0..1, 3..4], 0.5, "x", "x").unwrap().0;
+        assert_eq!(
+            blend(dt, &t, &r, &middle, 0.0, "x", ["x", "x"]).unwrap().0,
+            t
+        );
+        let half = blend(dt, &t, &r, &[0..1, 3..4], 0.5, "x", ["x", "x"])
+            .unwrap()
+            .0;
         assert_eq!(
             dtype::decode(dt, &half, "").unwrap(),
             vec![3.0, 2.0, 3.0, 6.0]

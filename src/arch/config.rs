@@ -13,6 +13,9 @@ use serde_json::{json, Map, Value};
 use crate::bail;
 use crate::error::Result;
 
+/// The most layers a config may declare (docs/architecture.md#panics).
+pub const MAX_LAYERS: usize = 1 << 16;
+
 /// The language model's configuration, normalized.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TextConfig {
@@ -185,10 +188,6 @@ impl TextConfig {
         let hidden_size = c.usize("hidden_size")?;
         let num_attention_heads = c.usize("num_attention_heads")?;
         let num_hidden_layers = c.usize("num_hidden_layers")?;
-        // No layer would score nothing and report an empty table with exit 0.
-        if num_hidden_layers == 0 {
-            bail!("config ({raw_type}): num_hidden_layers is 0; a decoder has at least one layer");
-        }
         let num_key_value_heads = c
             .opt_usize("num_key_value_heads")?
             .unwrap_or(num_attention_heads);
@@ -212,6 +211,12 @@ impl TextConfig {
             .or_else(|| cfg.get("tie_word_embeddings").and_then(Value::as_bool))
             .unwrap_or(false);
 
+        // No layer would score nothing and report an empty table with exit 0; per-layer tables
+        // are built from the declared count before any weight is read, and the largest
+        // published models have a few hundred layers.
+        if !(1..=MAX_LAYERS).contains(&num_hidden_layers) {
+            bail!("config ({raw_type}): num_hidden_layers {num_hidden_layers} is outside 1-{MAX_LAYERS}");
+        }
         let sliding_window = sliding_window(&c, &model_type)?;
         let layer_types = layer_types(&c, &model_type, num_hidden_layers, sliding_window)?;
         let (rope, rope_sliding) = rope_pair(&c, &model_type)?;
@@ -240,6 +245,63 @@ impl TextConfig {
             _ => None,
         };
 
+        let (vocab_size, intermediate_size) =
+            (c.usize("vocab_size")?, c.usize("intermediate_size")?);
+        let max_position_embeddings = c.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+        // Every weight's size (and RoPE's tables) is a product of these; a hostile or corrupt
+        // config whose products overflow is refused here, before any shape arithmetic runs.
+        let mut products = vec![
+            [
+                ("num_attention_heads", num_attention_heads),
+                ("head_dim", head_dim),
+                ("hidden_size", hidden_size),
+            ],
+            [
+                ("num_key_value_heads", num_key_value_heads),
+                ("head_dim", head_dim),
+                ("hidden_size", hidden_size),
+            ],
+            [
+                ("intermediate_size", intermediate_size),
+                ("hidden_size", hidden_size),
+                ("", 1),
+            ],
+            [
+                ("vocab_size", vocab_size),
+                ("hidden_size", hidden_size),
+                ("", 1),
+            ],
+            [
+                ("max_position_embeddings", max_position_embeddings),
+                ("head_dim", head_dim),
+                ("", 1),
+            ],
+        ];
+        if let Some(m) = &moe {
+            products.push([
+                ("num_experts", m.num_experts),
+                ("moe_intermediate_size", m.expert_intermediate_size),
+                ("hidden_size", hidden_size),
+            ]);
+        }
+        for factors in products {
+            if let Some((name, _)) = factors.iter().find(|(_, f)| *f == 0) {
+                bail!("config ({raw_type}): `{name}` is 0; a model needs at least one");
+            }
+            // Eight bytes an entry: the widest dtype any tensor is read or written in.
+            let bytes = (factors.iter()).try_fold(8u64, |n, &(_, f)| n.checked_mul(f as u64));
+            if bytes.is_none_or(|b| b > isize::MAX as u64) {
+                let names: Vec<String> = (factors.iter())
+                    .filter(|(name, _)| !name.is_empty())
+                    .map(|(name, f)| format!("{name} {f}"))
+                    .collect();
+                bail!(
+                    "config ({raw_type}): {} make a tensor larger than any machine can address",
+                    names.join(" × ")
+                );
+            }
+        }
+
         let dtype = section
             .get("dtype")
             .or_else(|| section.get("torch_dtype"))
@@ -250,9 +312,9 @@ impl TextConfig {
 
         Ok(TextConfig {
             model_type,
-            vocab_size: c.usize("vocab_size")?,
+            vocab_size,
             hidden_size,
-            intermediate_size: c.usize("intermediate_size")?,
+            intermediate_size,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads,
@@ -266,7 +328,7 @@ impl TextConfig {
                 .f64("rms_norm_eps")
                 .or_else(|| c.f64("layer_norm_eps"))
                 .unwrap_or(1e-6),
-            max_position_embeddings: c.opt_usize("max_position_embeddings")?.unwrap_or(2048),
+            max_position_embeddings,
             tie_word_embeddings,
             attention_bias: c.bool("attention_bias").unwrap_or(false),
             mlp_bias: c.bool("mlp_bias").unwrap_or(false),
@@ -729,7 +791,11 @@ mod tests {
                    "num_hidden_layers": layers, "num_attention_heads": 4, "vocab_size": 300})
         };
         let err = TextConfig::from_model_config(&config(0)).unwrap_err();
-        assert!(err.to_string().contains("num_hidden_layers is 0"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("num_hidden_layers 0 is outside 1-65536"),
+            "{err}"
+        );
         let names: Vec<String> = (0..3)
             .map(|l| format!("model.language_model.layers.{l}.mlp.up_proj.weight"))
             .chain(["model.language_model.embed_tokens.weight".to_string()])

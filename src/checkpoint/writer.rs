@@ -19,8 +19,9 @@ use serde_json::json;
 use super::header::{self, TensorInfo};
 use super::output::OutputDir;
 use super::{INDEX_FILE, SINGLE_FILE};
+use crate::dtype;
 use crate::error::{Error, Result};
-use crate::{bad, bail};
+use crate::{bad, bail, non_finite};
 
 /// Default `--max-shard-size`, as transformers and mergekit use.
 pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
@@ -120,15 +121,22 @@ pub fn shard_names(count: usize) -> Vec<String> {
 
 /// Write `tensors` into `out` as sharded safetensors plus (for several shards) the index.
 /// `produce(i)` returns the bytes of `tensors[i]`; it is called in parallel, a window at a time.
-pub fn write_tensors<'a, F>(
+///
+/// Every float tensor's bytes are checked for NaN and Inf before they are written, whether
+/// copied or computed: one holding any is a non-finite error (exit 3) and the caller's output
+/// is never committed. `origin(i)` names what `tensors[i]` was made from ("file: tensor `x`")
+/// for that message, where the caller knows it.
+pub fn write_tensors<'a, F, O>(
     out: &OutputDir,
     tensors: &[PlannedTensor],
     max_shard_size: u64,
     progress: Option<(&ProgressBar, Progress)>,
+    origin: O,
     produce: F,
 ) -> Result<Written>
 where
     F: Fn(usize) -> Result<Cow<'a, [u8]>> + Sync,
+    O: Fn(usize) -> Option<String> + Sync,
 {
     let mut seen = std::collections::HashSet::new();
     for t in tensors {
@@ -201,13 +209,18 @@ where
         }
         Ok(())
     };
+    let produce_checked = |i: usize| -> Result<Cow<'a, [u8]>> {
+        let bytes = produce(i)?;
+        check_finite(&tensors[i], &bytes, || origin(i))?;
+        Ok(bytes)
+    };
     let produce_window = |r: &std::ops::Range<usize>| -> Vec<Result<Cow<'a, [u8]>>> {
         r.clone()
             .into_par_iter()
             .map(|i| {
                 // A cancelled run stops producing too: a window of SVDs can take minutes.
                 super::output::check_cancelled()?;
-                produce(i)
+                produce_checked(i)
             })
             .collect()
     };
@@ -248,6 +261,33 @@ where
         files: file_names,
         total_bytes,
         weight_map,
+    })
+}
+
+/// The one finiteness check of everything written: a bit-pattern scan of the stored bytes
+/// (exponent all ones, see [`dtype::count_non_finite`]), so it runs at memory speed and needs
+/// no decoding. No command writes NaN or Inf on purpose: an input holding them, or arithmetic
+/// that overflows, is an error (docs/reference/checkpoints.md#writing).
+fn check_finite(
+    t: &PlannedTensor,
+    bytes: &[u8],
+    origin: impl Fn() -> Option<String>,
+) -> Result<()> {
+    let (nan, inf) = dtype::count_non_finite(t.dtype, bytes);
+    if nan + inf == 0 {
+        return Ok(());
+    }
+    let (k, what) = dtype::first_non_finite(t.dtype, bytes).unwrap_or((0, "NaN"));
+    let found = format!("{what} at flat index {k} ({nan} NaN, {inf} Inf in all)");
+    Err(match origin() {
+        Some(from) => non_finite!(
+            "{from}: written as `{}`, it would hold {found}; no output is written",
+            t.name
+        ),
+        None => non_finite!(
+            "output tensor `{}` would hold {found}; no output is written",
+            t.name
+        ),
     })
 }
 

@@ -33,7 +33,7 @@ pub fn run(args: Args) -> Result<()> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows).expect("JSON"));
+        print!("{}", crate::report::json_text(&rows)?);
         return Ok(());
     }
     let mark = |c: Option<String>| match c {

@@ -88,7 +88,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
     let summary = extract::run(&ckpt, &plan, &dest, &opts)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary).expect("JSON"));
+        print!("{}", crate::report::json_text(&summary)?);
     } else {
         print!("{}", render(&summary));
     }

@@ -27,7 +27,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report).expect("JSON"));
+        print!("{}", crate::report::json_text(&report)?);
     } else {
         print!("{}", render(&report));
     }

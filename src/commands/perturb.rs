@@ -118,7 +118,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let worst = reports
         .iter()
         .max_by(|a, b| a.mismatch.total_cmp(&b.mismatch))
-        .expect("at least one tensor");
+        .expect("pair() refuses a model without projections, and each gets a report");
     if worst.mismatch > WARN_MISMATCH {
         eprintln!(
             "sinkmerge: warning: `{}`: realized drift {} vs target {} (relative mismatch {}); \

@@ -67,7 +67,9 @@ pub fn copy(out: &OutputDir, ckpt: &Checkpoint, target: Target) -> Result<Aux> {
                 .and_then(Value::as_str)
                 .unwrap_or("?")
                 .to_string();
-            let map = tc.as_object_mut().expect("read_json of an object");
+            let map = tc
+                .as_object_mut()
+                .expect("it has auto_map.AutoTokenizer, so it is an object");
             if let Some(Value::Object(auto)) = map.get_mut("auto_map") {
                 auto.remove("AutoTokenizer");
                 if auto.is_empty() {

@@ -200,6 +200,21 @@ pub fn write(
         opts.max_shard_size,
         Some((&bar, Progress::Bytes)),
         |i| {
+            let mut sources: Vec<&str> = plan.outputs[i]
+                .parts
+                .iter()
+                .map(|p| p.source.as_str())
+                .collect();
+            sources.dedup();
+            Some(
+                sources
+                    .iter()
+                    .map(|s| ckpt.describe(s))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        },
+        |i| {
             let bytes = plan.outputs[i].bytes(ckpt)?;
             if opts.verify {
                 hashes[i].get_or_init(|| xxh3_128(&bytes));

@@ -497,7 +497,7 @@ impl BandMatrix {
         for j in 0..len {
             let col = self.column(start + j, start + j..=start + len - 1);
             // The diagonal, then the strict lower part of column j and its mirror.
-            let (diagonal, below) = col.split_first().unwrap();
+            let (diagonal, below) = (col.split_first()).expect("the range starts at the diagonal");
             let sum = madd::<FMA, f64>(*diagonal, v[j], dot::<FMA>(below, &v[j + 1..]));
             axpy::<FMA>(v[j], below, &mut w[j + 1..]);
             w[j] += sum;

@@ -109,6 +109,11 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         options.max_shard_size,
         Some((&bar, Progress::Tensors)),
         |i| match &tensors.work[i] {
+            Work::Copy { input, name } => Some(inputs[*input].ckpt.describe(name)),
+            // A merged tensor's inputs were checked as it was computed (merge/job.rs).
+            Work::Merge(_) => None,
+        },
+        |i| match &tensors.work[i] {
             Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
             Work::Merge(j) => {
                 let job = &tensors.jobs[*j];
@@ -493,8 +498,11 @@ fn plan_tensors<'a>(
         let shape = output_shape(name, &sources, inputs, base, donor, warnings)?;
         if name == EMBED {
             let configured = TextConfig::from_model_config(&d.config).map(|c| c.vocab_size);
-            if configured.is_ok_and(|v| v != shape[0]) {
-                embed_rows = Some(shape[0]);
+            let Some(&rows) = shape.first() else {
+                bail!("{}: `{name}` has shape [], not [vocab, hidden]", d.label);
+            };
+            if configured.is_ok_and(|v| v != rows) {
+                embed_rows = Some(rows);
             }
         }
         let dtype = out_dtype.unwrap_or(reference.dtype);
@@ -557,7 +565,8 @@ fn output_shape(
         .iter()
         .all(|(_, _, info)| info.shape.get(1) == reference.get(1));
     let rows = match base {
-        Some(_) => reference[0],
+        // Used for vocabulary matrices only, which are 2-D.
+        Some(_) => reference.first().copied().unwrap_or(0),
         None => sources
             .iter()
             .map(|(_, _, info)| info.shape.first().copied().unwrap_or(0))

@@ -54,15 +54,20 @@ pub fn render_json(r: &PredictReport) -> String {
         "skipped": r.skipped,
     });
     let map = out.as_object_mut().expect("object");
-    if let serde_json::Value::Object(a) = serde_json::to_value(r.analysis).expect("JSON") {
+    if let serde_json::Value::Object(a) =
+        serde_json::to_value(r.analysis).expect("the report's own structs serialize to JSON")
+    {
         map.extend(a);
     }
     map.insert(
         "margin_correlation".into(),
-        serde_json::to_value(r.margin).expect("JSON"),
+        serde_json::to_value(r.margin).expect("the report's own structs serialize to JSON"),
     );
     if let Some(q) = r.query {
-        map.insert("query".into(), serde_json::to_value(q).expect("JSON"));
+        map.insert(
+            "query".into(),
+            serde_json::to_value(q).expect("the report's own structs serialize to JSON"),
+        );
     }
     if let Some((model, s)) = r.measured {
         map.insert(
@@ -70,7 +75,7 @@ pub fn render_json(r: &PredictReport) -> String {
             json!({"model": model, "sink_strength": s, "prompts": "default", "last": 10, "stat": "median"}),
         );
     }
-    serde_json::to_string_pretty(&out).expect("JSON") + "\n"
+    serde_json::to_string_pretty(&out).expect("the report's own structs serialize to JSON") + "\n"
 }
 
 /// The text report: the measured S, the panel's summary, and where the plot went.

@@ -711,7 +711,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
                 model.ckpt.dir.display()
             );
         };
-        let rows = model.info(head)?.shape[0];
+        // A header's shape may have any rank: `weight` refuses one that is not [rows, hidden].
+        let rows = model.info(head)?.shape.first().copied().unwrap_or(0);
         let lm = self.weight(head, &[rows, hidden])?;
         let mut logits = be.linear(&h, self.rows, &lm, rows, hidden)?;
         be.round(&mut logits)?;

@@ -298,7 +298,9 @@ fn embed(
 ) -> Result<()> {
     let ckpt = b.ckpt();
     let e = ckpt.require(embedding)?;
-    let (e_rows, width, dtype) = (e.shape[0], e.numel() / e.shape[0].max(1), e.dtype);
+    // Headers may hold any rank; `rows` below checks the ranges against the real size.
+    let e_rows = e.shape.first().copied().unwrap_or(0);
+    let (width, dtype) = (e.numel() / e_rows.max(1), e.dtype);
     if e_rows >= text.vocab {
         if let Some(n) = new_embedding {
             b.drop(n, DropKind::Other)?;
@@ -312,7 +314,7 @@ fn embed(
             text.vocab
         );
     };
-    let n_rows = ckpt.require(n)?.shape[0];
+    let n_rows = ckpt.require(n)?.shape.first().copied().unwrap_or(0);
     let missing = text.vocab - e_rows;
     if n_rows < missing {
         bail!(

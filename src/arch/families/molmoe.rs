@@ -145,7 +145,7 @@ impl Config {
         let heads = num("n_heads")?;
         let kv_heads = num("n_kv_heads").unwrap_or(heads);
         if let Some(hd) = get("head_dim").and_then(Value::as_u64) {
-            if hd as usize * heads != hidden {
+            if (hd as usize).checked_mul(heads) != Some(hidden) {
                 bail!("{label}: config.json head_dim {hd} differs from d_model / n_heads; OLMoE cannot express it");
             }
         }

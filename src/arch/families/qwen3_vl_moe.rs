@@ -56,12 +56,18 @@ impl Family for Qwen3VlMoe {
         let mut b = PlanBuilder::new(ckpt, self.name());
         route_all(&mut b, &LAYOUT, |b, stored, standard| {
             match names::parse(standard) {
-                Some(n) if n.module == Module::FusedExpertsGateUp => {
-                    unfuse_gate_up(b, stored, n.layer.expect("layer"), dims)?
-                }
-                Some(n) if n.module == Module::FusedExpertsDown => {
-                    unfuse_down(b, stored, n.layer.expect("layer"), dims)?
-                }
+                Some(n) if n.module == Module::FusedExpertsGateUp => unfuse_gate_up(
+                    b,
+                    stored,
+                    n.layer.expect("fused experts are parsed under a layer"),
+                    dims,
+                )?,
+                Some(n) if n.module == Module::FusedExpertsDown => unfuse_down(
+                    b,
+                    stored,
+                    n.layer.expect("fused experts are parsed under a layer"),
+                    dims,
+                )?,
                 _ => return Ok(false),
             }
             Ok(true)

@@ -52,6 +52,110 @@ pub fn missing_library() -> Option<&'static str> {
     }
 }
 
+/// The libraries cudarc opens (its `culib`: the first of these names' candidates that loads)
+/// and the entry points it resolves in them for this backend. cudarc resolves each symbol on
+/// first call and panics when it is missing, so a library under the right name without them (a
+/// stub, another program's library) must be refused before cudarc is touched. The lists are the
+/// driver calls behind the cudarc API `Driver` uses (context, module, stream, event, memory and
+/// launch; error strings), and every NVRTC and cuBLAS call this file makes.
+const LIBRARY_SYMBOLS: [(&[&str], &str, &[&str]); 3] = [
+    (
+        &["cuda", "nvcuda"],
+        "the NVIDIA driver",
+        &[
+            "cuInit",
+            "cuGetErrorName",
+            "cuGetErrorString",
+            "cuDeviceGetCount",
+            "cuDeviceGet",
+            "cuDeviceGetName",
+            "cuDeviceGetAttribute",
+            "cuDeviceTotalMem_v2",
+            "cuDevicePrimaryCtxRetain",
+            "cuDevicePrimaryCtxRelease_v2",
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuCtxSynchronize",
+            "cuModuleLoadData",
+            "cuModuleGetFunction",
+            "cuModuleUnload",
+            "cuLaunchKernel",
+            "cuMemAlloc_v2",
+            "cuMemAllocAsync",
+            "cuMemFree_v2",
+            "cuMemFreeAsync",
+            "cuMemHostAlloc",
+            "cuMemFreeHost",
+            "cuMemGetInfo_v2",
+            "cuMemcpyHtoDAsync_v2",
+            "cuMemcpyDtoHAsync_v2",
+            "cuMemcpyDtoDAsync_v2",
+            "cuStreamCreate",
+            "cuStreamDestroy_v2",
+            "cuStreamSynchronize",
+            "cuStreamWaitEvent",
+            "cuEventCreate",
+            "cuEventDestroy_v2",
+            "cuEventRecord",
+            "cuEventQuery",
+            "cuEventSynchronize",
+        ],
+    ),
+    (
+        &["nvrtc"],
+        "NVRTC",
+        &[
+            "nvrtcVersion",
+            "nvrtcCreateProgram",
+            "nvrtcCompileProgram",
+            "nvrtcDestroyProgram",
+            "nvrtcGetProgramLogSize",
+            "nvrtcGetProgramLog",
+            "nvrtcGetPTXSize",
+            "nvrtcGetPTX",
+            "nvrtcGetCUBINSize",
+            "nvrtcGetCUBIN",
+        ],
+    ),
+    (
+        &["cublas"],
+        "cuBLAS",
+        &[
+            "cublasCreate_v2",
+            "cublasDestroy_v2",
+            "cublasSetStream_v2",
+            "cublasSetMathMode",
+            "cublasSgemm_v2",
+        ],
+    ),
+];
+
+/// The first CUDA library that loads but lacks an entry point cudarc needs: the file name it
+/// was loaded under, what it is, and the missing symbol. Call after [`missing_library`].
+pub fn missing_symbol() -> Option<(String, &'static str, &'static str)> {
+    for (names, what, symbols) in LIBRARY_SYMBOLS {
+        let loaded = (names.iter())
+            .flat_map(|n| cudarc::get_lib_name_candidates(n))
+            // SAFETY: as cudarc's own `culib`, this only opens the library (its initialisers
+            // run, as they would when cudarc opens it).
+            .find_map(|file| {
+                unsafe { libloading::Library::new(&file) }
+                    .ok()
+                    .map(|l| (file, l))
+            });
+        let Some((file, lib)) = loaded else {
+            continue;
+        };
+        for symbol in symbols {
+            // SAFETY: only the address is looked up; nothing is called.
+            if unsafe { lib.get::<*const ()>(symbol.as_bytes()) }.is_err() {
+                return Some((file, what, symbol));
+            }
+        }
+    }
+    None
+}
+
 /// What an NVRTC compile gives: the image and the compiler's log.
 pub struct Compiled {
     pub image: Vec<u8>,
@@ -239,6 +343,13 @@ impl Driver {
                  installation (put the libraries on LD_LIBRARY_PATH), or score with --device cpu"
             ));
         }
+        if let Some((file, what, symbol)) = missing_symbol() {
+            return Err(bad!(
+                "--device cuda:{ordinal}: {file} ({what}) has no `{symbol}`; it is not a usable \
+                 CUDA library (put the real one first on LD_LIBRARY_PATH), or score with \
+                 --device cpu"
+            ));
+        }
         let count = CudaContext::device_count().map_err(|e| {
             bad!("--device cuda:{ordinal}: the CUDA driver finds no usable GPU: {e}")
         })?;
@@ -307,7 +418,11 @@ impl Driver {
             times: Mutex::new(Timings::default()),
             stages,
         };
-        driver.times.lock().unwrap().init_s = started.elapsed().as_secs_f64();
+        driver
+            .times
+            .lock()
+            .expect("no panic holds the timing lock")
+            .init_s = started.elapsed().as_secs_f64();
         Ok(driver)
     }
 
@@ -315,7 +430,7 @@ impl Driver {
     pub fn timings(&self) -> Timings {
         Timings {
             peak_memory_bytes: self.peak.load(Ordering::Relaxed),
-            ..*self.times.lock().unwrap()
+            ..*self.times.lock().expect("no panic holds the timing lock")
         }
     }
 
@@ -325,7 +440,8 @@ impl Driver {
     }
 
     fn add_time(&self, f: impl FnOnce(&mut Timings) -> &mut f64, since: Instant) {
-        *f(&mut self.times.lock().unwrap()) += since.elapsed().as_secs_f64();
+        *f(&mut self.times.lock().expect("no panic holds the timing lock")) +=
+            since.elapsed().as_secs_f64();
     }
 
     fn wrap(&self, slice: CudaSlice<u8>) -> DriverBuffer {
@@ -388,7 +504,7 @@ impl Device for Driver {
         // SAFETY: every byte is written by the copies below before any kernel reads it.
         let mut slice = unsafe { self.stream.alloc::<u8>(host.len()) }
             .map_err(driver_error("out of device memory"))?;
-        let mut stages = self.stages.lock().unwrap();
+        let mut stages = (self.stages.lock()).expect("no panic holds the staging lock");
         for (i, chunk) in host.chunks(STAGE_BYTES).enumerate() {
             let stage = &mut stages[i % 2];
             // The copy out of this buffer two chunks ago must be done before it is refilled.
@@ -461,7 +577,10 @@ impl Device for Driver {
         threads: usize,
         args: &mut [Arg<'_, DriverBuffer>],
     ) -> Result<()> {
-        let function = &self.functions[Kernel::ALL.iter().position(|k| *k == kernel).unwrap()];
+        let function = &self.functions[Kernel::ALL
+            .iter()
+            .position(|k| *k == kernel)
+            .expect("Kernel::ALL lists every kernel")];
         let mut builder = self.stream.launch_builder(function);
         for arg in args.iter_mut() {
             match arg {

@@ -1,0 +1,46 @@
+//! `--device cuda` with CUDA libraries that load but lack the entry points cudarc needs (a stub,
+//! another program's library under the driver's name): one clear line, exit 2, before cudarc is
+//! touched, in every command that opens the GPU. cudarc itself would panic ("Missing symbol").
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{fixture, sinkmerge};
+
+/// A directory of shared libraries under the names cudarc tries first for libcuda, libnvrtc and
+/// libcublas (`cudarc::get_lib_name_candidates`), each exporting one unrelated function. Built
+/// with the C compiler `build.rs` already needs (`$CC`, else `cc`).
+fn stub_libraries(dir: &Path) {
+    let source = dir.join("stub.c");
+    std::fs::write(&source, "int sinkmerge_stub(void) { return 0; }\n").unwrap();
+    let stub = dir.join("stub.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&stub)
+        .arg(&source)
+        .status()
+        .unwrap_or_else(|e| panic!("the C compiler `{cc}` (as build.rs uses) cannot run: {e}"));
+    assert!(status.success(), "`{cc}` could not build the stub library");
+    for name in ["libcuda.so", "libcuda.so.1", "libnvrtc.so", "libcublas.so"] {
+        std::fs::copy(&stub, dir.join(name)).unwrap();
+    }
+}
+
+#[test]
+fn a_cuda_library_without_its_symbols_is_refused_in_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    stub_libraries(tmp.path());
+    let model = fixture("qwen2");
+    let model = model.to_str().unwrap();
+    let runs: [&[&str]; 3] = [
+        &["score", model, "--device", "cuda"],
+        &["heads", model, model, "--device", "cuda"],
+        &["parity", model],
+    ];
+    for args in runs {
+        sinkmerge(args)
+            .env("LD_LIBRARY_PATH", tmp.path())
+            .refused(&["--device cuda", "libcuda.so", "`cuInit`", "--device cpu"]);
+    }
+}
