@@ -90,10 +90,10 @@ pub fn interrupted_message(signal: i32) -> String {
 /// Handle SIGINT, SIGTERM and SIGHUP by requesting cancellation. With no output being written
 /// the process exits at once with 128 + the signal; otherwise the writing thread removes its
 /// staging directory and returns [`Error::Interrupted`], and this thread exits as soon as no
-/// write is in progress, unless an output is already in place (the signal came too late to stop
-/// the run, which then finishes as usual and stops at its next write check, if any). A second signal exits at once: the destination is still untouched (the
-/// rename is atomic), and the staging directory left behind is removed by the next run that
-/// writes beside it.
+/// write is in progress, unless an output is already in place (the signal came too late to
+/// stop it; the run finishes as usual, or stops at its next write check if it has more to
+/// write). A second signal exits at once: the destination is still untouched (the rename is
+/// atomic), and the staging directory left behind is removed by the next run beside it.
 pub fn handle_signals() -> Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
