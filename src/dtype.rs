@@ -317,15 +317,27 @@ fn scan(bytes: &[u8], s: Special) -> (u64, u64) {
         .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
-/// The special values in `block`, with the element width a constant so the loop vectorizes.
+/// The special values in `block`, compared in integers of the element's own width so the loop
+/// vectorizes with as many lanes as the width allows (a u64 compare of 2-byte elements ran at a
+/// quarter of the lanes).
 fn count_special<const N: usize>(block: &[u8], s: Special) -> u32 {
-    (block.chunks_exact(N))
-        .map(|v| {
-            let mut b = [0u8; 8];
-            b[..N].copy_from_slice(v);
-            s.is_special(u64::from_le_bytes(b)) as u32
-        })
-        .sum()
+    macro_rules! count {
+        ($t:ty) => {{
+            let (mask, value) = (s.mask as $t, s.value as $t);
+            (block.chunks_exact(N))
+                .map(|v| {
+                    let word = <$t>::from_le_bytes(v.try_into().expect("chunks of the width"));
+                    (word & mask == value) as u32
+                })
+                .sum()
+        }};
+    }
+    match N {
+        1 => count!(u8),
+        2 => count!(u16),
+        4 => count!(u32),
+        _ => count!(u64),
+    }
 }
 
 #[cfg(test)]
