@@ -111,6 +111,45 @@ fn linear_args(inputs: &Inputs, weight: &str, out: &Path, force: bool) -> Vec<St
     args
 }
 
+/// A command line that writes `out` from the inputs.
+type Job = fn(&Inputs, &Path, bool) -> Vec<String>;
+
+/// The merge the interrupted runs write.
+fn merge_3_1(inputs: &Inputs, out: &Path, force: bool) -> Vec<String> {
+    linear_args(inputs, "3", out, force)
+}
+
+/// The merge that stands for an earlier output under `--force`.
+fn merge_1_1(inputs: &Inputs, out: &Path, force: bool) -> Vec<String> {
+    linear_args(inputs, "1", out, force)
+}
+
+/// repair-heads, the rewrite pipeline: a copy of `b` with one head blended toward `a`.
+fn repair(inputs: &Inputs, out: &Path, force: bool) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "repair-heads",
+        "--ref",
+        inputs.a.to_str().unwrap(),
+        inputs.b.to_str().unwrap(),
+        "--heads",
+        "0.1",
+        "--lambda",
+        "0.5",
+        "--max-shard-size",
+        "6M",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if force {
+        args.push("--force".into());
+    }
+    args
+}
+
 /// Every file of a directory with a hash of its bytes (a failed comparison stays readable).
 fn tree(dir: &Path) -> BTreeMap<String, u64> {
     std::fs::read_dir(dir)
@@ -128,17 +167,17 @@ fn tree(dir: &Path) -> BTreeMap<String, u64> {
 
 /// A complete output, written by an undisturbed run under the same name `out` (the model card
 /// holds the name) in a folder of its own.
-fn reference(inputs: &Inputs, weight: &str) -> BTreeMap<String, u64> {
+fn reference(inputs: &Inputs, job: Job) -> BTreeMap<String, u64> {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    sinkmerge(linear_args(inputs, weight, &out, false)).ok();
+    sinkmerge(job(inputs, &out, false)).ok();
     tree(&out)
 }
 
-/// Start the merge `weight` into `out` in the background, its stderr kept.
-fn spawn(inputs: &Inputs, weight: &str, out: &Path, force: bool) -> std::process::Child {
+/// Start `job` into `out` in the background, its stderr kept.
+fn spawn(inputs: &Inputs, job: Job, out: &Path, force: bool) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(linear_args(inputs, weight, out, force))
+        .args(job(inputs, out, force))
         .env("HF_HUB_OFFLINE", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -155,8 +194,10 @@ fn send(pid: u32, signal: i32) {
 /// Start the run, send `signal` after `delay`, and check what OUT holds: nothing or `old`
 /// when the run was stopped, `new` when it finished first, and never a staging directory.
 /// True when the handler stopped the run (exit 128 + signal).
+#[allow(clippy::too_many_arguments)]
 fn interrupt_at(
     inputs: &Inputs,
+    job: Job,
     out: &Path,
     force: bool,
     signal: i32,
@@ -164,7 +205,7 @@ fn interrupt_at(
     old: Option<&BTreeMap<String, u64>>,
     new: &BTreeMap<String, u64>,
 ) -> bool {
-    let child = spawn(inputs, "3", out, force);
+    let child = spawn(inputs, job, out, force);
     std::thread::sleep(delay);
     send(child.id(), signal);
     let output = child.wait_with_output().unwrap();
@@ -202,12 +243,12 @@ fn assert_many_stopped(stopped: usize) {
 
 /// Twenty delays spread over an undisturbed run (the median of three), from before the signal
 /// handlers are installed to the commit.
-fn delays(inputs: &Inputs) -> Vec<Duration> {
+fn delays(inputs: &Inputs, job: Job) -> Vec<Duration> {
     let out = inputs.work.join("timed");
     let mut runs: Vec<Duration> = (0..3)
         .map(|_| {
             let start = Instant::now();
-            sinkmerge(linear_args(inputs, "3", &out, false)).ok();
+            sinkmerge(job(inputs, &out, false)).ok();
             std::fs::remove_dir_all(&out).unwrap();
             start.elapsed()
         })
@@ -216,15 +257,15 @@ fn delays(inputs: &Inputs) -> Vec<Duration> {
     (0..20).map(|k| runs[1].mul_f64(k as f64 / 20.0)).collect()
 }
 
-#[test]
-fn sigint_and_sigterm_leave_a_new_output_absent() {
+/// SIGINT and SIGTERM at twenty points of `job` into a new OUT.
+fn new_output_absent(job: Job) {
     let inputs = inputs();
-    let new = reference(&inputs, "3");
+    let new = reference(&inputs, job);
     let out = inputs.work.join("out");
     let mut stopped = 0;
-    for delay in delays(&inputs) {
+    for delay in delays(&inputs, job) {
         for signal in [libc::SIGINT, libc::SIGTERM] {
-            stopped += interrupt_at(&inputs, &out, false, signal, delay, None, &new) as usize;
+            stopped += interrupt_at(&inputs, job, &out, false, signal, delay, None, &new) as usize;
             if out.exists() {
                 std::fs::remove_dir_all(&out).unwrap();
             }
@@ -234,16 +275,35 @@ fn sigint_and_sigterm_leave_a_new_output_absent() {
 }
 
 #[test]
+fn sigint_and_sigterm_leave_a_new_output_absent() {
+    new_output_absent(merge_3_1);
+}
+
+#[test]
+fn sigint_and_sigterm_leave_a_new_rewrite_absent() {
+    new_output_absent(repair);
+}
+
+#[test]
 fn sigint_and_sigterm_under_force_keep_the_previous_output() {
     let inputs = inputs();
-    let old = reference(&inputs, "1");
-    let new = reference(&inputs, "3");
+    let old = reference(&inputs, merge_1_1);
+    let new = reference(&inputs, merge_3_1);
     let out = inputs.work.join("out");
     let mut stopped = 0;
-    for delay in delays(&inputs) {
+    for delay in delays(&inputs, merge_3_1) {
         for signal in [libc::SIGINT, libc::SIGTERM] {
-            sinkmerge(linear_args(&inputs, "1", &out, true)).ok();
-            stopped += interrupt_at(&inputs, &out, true, signal, delay, Some(&old), &new) as usize;
+            sinkmerge(merge_1_1(&inputs, &out, true)).ok();
+            stopped += interrupt_at(
+                &inputs,
+                merge_3_1,
+                &out,
+                true,
+                signal,
+                delay,
+                Some(&old),
+                &new,
+            ) as usize;
         }
     }
     assert_many_stopped(stopped);
@@ -252,10 +312,12 @@ fn sigint_and_sigterm_under_force_keep_the_previous_output() {
 #[test]
 fn two_concurrent_writers_of_one_new_output_never_replace_each_other() {
     let inputs = inputs();
-    let expected = reference(&inputs, "3");
+    let expected = reference(&inputs, merge_3_1);
     for _ in 0..3 {
         let out = inputs.work.join("out");
-        let runs: Vec<_> = (0..2).map(|_| spawn(&inputs, "3", &out, false)).collect();
+        let runs: Vec<_> = (0..2)
+            .map(|_| spawn(&inputs, merge_3_1, &out, false))
+            .collect();
         let outputs: Vec<_> = runs
             .into_iter()
             .map(|r| r.wait_with_output().unwrap())
@@ -278,11 +340,13 @@ fn two_concurrent_writers_of_one_new_output_never_replace_each_other() {
 #[test]
 fn two_concurrent_force_writers_leave_one_complete_output_and_no_leftovers() {
     let inputs = inputs();
-    let expected = reference(&inputs, "3");
+    let expected = reference(&inputs, merge_3_1);
     let out = inputs.work.join("out");
-    sinkmerge(linear_args(&inputs, "1", &out, false)).ok();
+    sinkmerge(merge_1_1(&inputs, &out, false)).ok();
     for _ in 0..3 {
-        let runs: Vec<_> = (0..2).map(|_| spawn(&inputs, "3", &out, true)).collect();
+        let runs: Vec<_> = (0..2)
+            .map(|_| spawn(&inputs, merge_3_1, &out, true))
+            .collect();
         for run in runs {
             let output = run.wait_with_output().unwrap();
             assert!(output.status.success(), "{}", util::stderr(&output));
@@ -302,7 +366,7 @@ fn an_output_created_during_the_run_is_not_replaced_without_force() {
     let out = inputs.work.join("out");
     // An empty OUT is allowed; another process fills it while this run writes.
     std::fs::create_dir(&out).unwrap();
-    let child = spawn(&inputs, "3", &out, false);
+    let child = spawn(&inputs, merge_3_1, &out, false);
     std::fs::write(out.join("theirs.txt"), b"another run's output").unwrap();
     let output = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&output.stderr);
@@ -338,7 +402,7 @@ fn leftovers_of_a_killed_replacement_are_restored_or_removed() {
     ));
     std::fs::create_dir(&live).unwrap();
     let out = parent.join("merged");
-    let output = sinkmerge(linear_args(&inputs, "3", &out, false)).output();
+    let output = sinkmerge(merge_3_1(&inputs, &out, false)).output();
     let err = util::ok(&output);
     let err = format!("{err}{}", util::stderr(&output));
     assert_eq!(
