@@ -88,27 +88,25 @@ fn inputs() -> Inputs {
     }
 }
 
-fn linear_args(inputs: &Inputs, weight: &str, out: &Path, force: bool) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "linear",
-        "--models",
-        inputs.a.to_str().unwrap(),
-        inputs.b.to_str().unwrap(),
-        "--weights",
-        &format!("{weight},1"),
-        "--max-shard-size",
-        "6M",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+/// `command` writing into `out`, in 6 MB shards, quiet, with `--force` when asked.
+fn writing(command: &[&str], out: &Path, force: bool) -> Vec<String> {
+    let mut args: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+    args.extend(["--max-shard-size", "6M", "-q", "-o"].map(String::from));
+    args.push(out.to_str().unwrap().into());
     if force {
         args.push("--force".into());
     }
     args
+}
+
+fn linear_args(inputs: &Inputs, weight: &str, out: &Path, force: bool) -> Vec<String> {
+    let (a, b) = (inputs.a.to_str().unwrap(), inputs.b.to_str().unwrap());
+    let weights = format!("{weight},1");
+    writing(
+        &["linear", "--models", a, b, "--weights", &weights],
+        out,
+        force,
+    )
 }
 
 /// A command line that writes `out` from the inputs.
@@ -126,28 +124,21 @@ fn merge_1_1(inputs: &Inputs, out: &Path, force: bool) -> Vec<String> {
 
 /// repair-heads, the rewrite pipeline: a copy of `b` with one head blended toward `a`.
 fn repair(inputs: &Inputs, out: &Path, force: bool) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "repair-heads",
-        "--ref",
-        inputs.a.to_str().unwrap(),
-        inputs.b.to_str().unwrap(),
-        "--heads",
-        "0.1",
-        "--lambda",
-        "0.5",
-        "--max-shard-size",
-        "6M",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if force {
-        args.push("--force".into());
-    }
-    args
+    let (a, b) = (inputs.a.to_str().unwrap(), inputs.b.to_str().unwrap());
+    writing(
+        &[
+            "repair-heads",
+            "--ref",
+            a,
+            b,
+            "--heads",
+            "0.1",
+            "--lambda",
+            "0.5",
+        ],
+        out,
+        force,
+    )
 }
 
 /// Every file of a directory with a hash of its bytes (a failed comparison stays readable).
