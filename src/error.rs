@@ -118,6 +118,13 @@ impl Error {
     }
 }
 
+/// The message a panic carries (`panic!("...")` gives a `&str` or a `String`), for the one
+/// line that reports it.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    (payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+}
+
 /// The conventional name of the signals sinkmerge handles, for messages.
 pub fn signal_name(signal: i32) -> String {
     match signal {

@@ -1,7 +1,7 @@
 use clap::Parser;
 
 use sinkmerge::checkpoint::output::{exit, interrupted_message};
-use sinkmerge::error::{Kind, EXIT_FAILURE};
+use sinkmerge::error::{panic_message, Kind, EXIT_FAILURE};
 
 fn main() {
     let cli = sinkmerge::cli::Cli::parse();
@@ -12,12 +12,7 @@ fn main() {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
+        let message = panic_message(info.payload()).unwrap_or_else(|| "unknown panic".into());
         eprintln!("sinkmerge: internal error: {message}{location}; please report this as a bug");
     }));
     match std::panic::catch_unwind(|| sinkmerge::commands::run(cli)) {

@@ -234,9 +234,7 @@ fn guarded<T>(repo: &str, hub: &Hub, f: impl FnOnce() -> Result<T>) -> Result<T>
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     std::panic::set_hook(hook);
     outcome.unwrap_or_else(|panic| {
-        let what = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let what = crate::error::panic_message(panic.as_ref()).unwrap_or_default();
         Err(Error::Internal(format!(
             "{repo}: fetching from the Hub at {} failed inside the HTTP client ({}); nothing was \
              cached",
