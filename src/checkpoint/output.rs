@@ -233,13 +233,12 @@ impl OutputDir {
     /// `create` only with `--force` or when empty) and then removed; a destination that another
     /// run created while this one wrote is never replaced without `--force`.
     pub fn commit(mut self) -> Result<PathBuf> {
-        check_cancelled()?;
         sync_dir(&self.temp)?;
         let parent = self.dest.parent().unwrap_or(Path::new("/")).to_path_buf();
         check_cancelled()?;
         let replaced = place(&self.temp, &self.dest, self.force)?;
         self.committed = true;
-        // Before `untrack`, so the signal thread never sees neither a write nor an output.
+        // Before `untrack`, so the signal thread always sees a write in progress or an output.
         OUTPUT_COMMITTED.store(true, Ordering::SeqCst);
         // After an exchange the staging path holds the previous output, which goes now; if the
         // process dies first, the next run beside it removes it as a dead run's staging.
