@@ -1,9 +1,9 @@
-//! Compiles the CUDA backend's kernels (`src/sink/backend/cuda/kernels.cu`) for the host through
+//! Compiles the CUDA backend's kernels (`src/forward/backend/cuda/kernels.cu`) for the host through
 //! `host_shim.h`, so the tests run the GPU scorer's code path on machines without a GPU. Only the
 //! tests call into it; the linker leaves it out of the binary.
 
 fn main() {
-    let dir = "src/sink/backend/cuda";
+    let dir = "src/forward/backend/cuda";
     for file in ["kernels.cu", "host_shim.h", "host_kernels.cpp"] {
         println!("cargo:rerun-if-changed={dir}/{file}");
     }

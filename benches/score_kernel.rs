@@ -7,9 +7,9 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use faer::MatRef;
-use sinkmerge::sink::backend::cpu::attend_head;
-use sinkmerge::sink::backend::Precision;
-use sinkmerge::sink::forward::HeadView;
+use sinkmerge::forward::backend::cpu::attend_head;
+use sinkmerge::forward::backend::Precision;
+use sinkmerge::forward::decoder::HeadView;
 use sinkmerge::sink::metrics::{observe, GapFrom, ReferenceHead, SinkPosition};
 
 const HEAD_DIM: usize = 128;

@@ -13,7 +13,9 @@
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`merge`]: linear, task arithmetic, TIES, DARE, TSV and STAR merges, streamed to disk.
 //! - [`report`]: tables, number formatting and SVG plots.
-//! - [`sink`]: the layer-streaming sink scorer and the paper's sink metrics.
+//! - [`forward`]: the forward pass over a backend seam (CPU, CUDA): decoder architectures, rotary
+//!   embeddings, and the dispatch onto a device.
+//! - [`sink`]: the sink scorer and the paper's sink metrics over [`forward`]'s passes.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 // The library exists for the binary, the tests and the benches, and its docs are for the people
@@ -29,6 +31,7 @@ pub mod commands;
 pub mod dtype;
 pub mod error;
 pub mod extract;
+pub mod forward;
 pub mod linalg;
 pub mod merge;
 pub mod progress;

@@ -324,7 +324,7 @@ fn the_precision_is_always_reported() {
 #[test]
 fn cuda_device_errors_are_clear() {
     let model = fixture("qwen2");
-    match sinkmerge::sink::backend::cuda::driver::missing_library() {
+    match sinkmerge::forward::backend::cuda::driver::missing_library() {
         // This machine: no CUDA library, so every GPU index gets the same clear refusal.
         Some(lib) => {
             for device in ["cuda", "cuda:1"] {

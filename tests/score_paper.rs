@@ -12,9 +12,9 @@
 
 use serde_json::Value;
 use sinkmerge::checkpoint::Checkpoint;
-use sinkmerge::sink::backend::cpu::CpuBackend;
-use sinkmerge::sink::backend::Precision;
-use sinkmerge::sink::forward::trace_on;
+use sinkmerge::forward::backend::cpu::CpuBackend;
+use sinkmerge::forward::backend::Precision;
+use sinkmerge::forward::decoder::trace_on;
 
 use crate::util::{read_json, root, sinkmerge};
 
@@ -357,7 +357,7 @@ fn square(triangle: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
-    use sinkmerge::sink::forward::HeadView;
+    use sinkmerge::forward::decoder::HeadView;
     use sinkmerge::sink::score::{HeadResult, ModelObservations, Observations, Settings};
     let dir = root().join("tests/fixtures/score/paper/replay");
     let want = golden("replay/replay.json");

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use safetensors::SafeTensors;
 use sinkmerge::checkpoint::Checkpoint;
-use sinkmerge::sink::forward::trace;
+use sinkmerge::forward::decoder::trace;
 
 use crate::util::{fixture, root, score_fixture};
 

@@ -19,9 +19,9 @@ use crate::arch::names::{layer_name, Module, Param};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
-use crate::sink::backend::Backend;
-use crate::sink::forward::Model;
-use crate::sink::model::DecoderSpec;
+use crate::forward::backend::Backend;
+use crate::forward::decoder::Model;
+use crate::forward::model::DecoderSpec;
 use crate::sink::prompts::IndexStream;
 use crate::sink::score::{score, HeadPairStatistics, Input, PairStatistics, Scores, Settings};
 

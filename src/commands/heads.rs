@@ -9,14 +9,14 @@ use crate::checkpoint::output::{check_report_file, write_file_atomic};
 use crate::checkpoint::Checkpoint;
 use crate::cli::{check_output_paths, whole_number};
 use crate::error::Result;
+use crate::forward::backend::Backend;
+use crate::forward::device::BackendJob;
+use crate::forward::model::DecoderSpec;
 use crate::report::heads::{
     heatmap_svg, render_csv, render_text, HeadsReport, HeadsReportSettings,
 };
 use crate::report::json_text;
-use crate::sink::backend::Backend;
-use crate::sink::device::BackendJob;
 use crate::sink::inputs::{check_same_tokens, prompt_input};
-use crate::sink::model::DecoderSpec;
 use crate::sink::score::{Input, Settings};
 
 pub const LONG_ABOUT: &str = "Per-head diagnosis of a reference LLM and its VL-adapted (or merged) \

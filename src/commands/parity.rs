@@ -6,11 +6,11 @@ use serde::Serialize;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::forward::backend::cuda::driver::Driver;
+use crate::forward::backend::cuda::{CudaBackend, Device as _};
+use crate::forward::backend::Precision;
+use crate::forward::device::ComputeDevice;
 use crate::report::{json_text, Table};
-use crate::sink::backend::cuda::driver::Driver;
-use crate::sink::backend::cuda::{CudaBackend, Device as _};
-use crate::sink::backend::Precision;
-use crate::sink::device::ComputeDevice;
 use crate::sink::parity::{self, Parity};
 
 /// `sinkmerge parity --help`.

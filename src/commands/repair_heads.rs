@@ -14,9 +14,9 @@ use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFil
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
 use crate::error::Result;
+use crate::forward::decoder::Model;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::Table;
-use crate::sink::forward::Model;
 use crate::sink::prompts::{self, PromptSource};
 
 pub const LONG_ABOUT: &str = "Head-selective repair: in TARGET, move the chosen heads' slices of the \

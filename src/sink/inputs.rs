@@ -6,11 +6,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::model::DecoderSpec;
 use super::score::Input;
 use super::tokenize::TextEncoder;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::forward::model::DecoderSpec;
 use crate::{bad, bail};
 
 /// Whose chat template renders the prompts (`--template-from`).

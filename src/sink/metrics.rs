@@ -18,7 +18,7 @@
 
 use serde::Serialize;
 
-use super::forward::HeadView;
+use crate::forward::decoder::HeadView;
 
 /// How the sink position is chosen (`--sink-position`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

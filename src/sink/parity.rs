@@ -5,16 +5,16 @@
 
 use serde::Serialize;
 
-use super::backend::cpu::CpuBackend;
-use super::backend::{Backend, Precision};
-use super::forward::{trace_on, Trace};
 use super::inputs::tokenize_prompts;
-use super::model::DecoderSpec;
 use super::prompts::default_prompts;
 use super::score::{score, Input, Scores, Settings};
 use crate::bad;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::forward::backend::cpu::CpuBackend;
+use crate::forward::backend::{Backend, Precision};
+use crate::forward::decoder::{trace_on, Trace};
+use crate::forward::model::DecoderSpec;
 
 /// Absolute tolerances of a parity check.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

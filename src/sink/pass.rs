@@ -1,17 +1,17 @@
 //! One scoring run as the commands make it: the scorer with a progress bar over the layers, the
 //! `--text` pass beside it, and the default S that `predict --model` places.
 
-use super::backend::cpu::CpuBackend;
-use super::backend::Backend;
-use super::device::BackendJob;
 use super::inputs::prompt_input;
-use super::model::DecoderSpec;
 use super::prompts;
 use super::score::{score, Input, Scored, Settings};
 use super::text_loss::{TextLoss, TextPass};
 use crate::bad;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::forward::backend::cpu::CpuBackend;
+use crate::forward::backend::Backend;
+use crate::forward::device::BackendJob;
+use crate::forward::model::DecoderSpec;
 
 /// The scorer with a progress bar over the layers of every model.
 pub fn score_with_progress<B: Backend>(

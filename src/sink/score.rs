@@ -10,8 +10,6 @@ use std::ops::Range;
 
 use serde::Serialize;
 
-use super::backend::Backend;
-use super::forward::{HeadView, LayerwiseHeads, Model, QkNormStats, State};
 use super::metrics::{
     mean, median, mode, observe, percentile_sorted, trailing_pos0, GapFrom, HeadObservations,
     ReferenceHead, SinkPosition, Stat, STRONG_SINK_G,
@@ -21,6 +19,8 @@ use crate::arch::QkNorm;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::forward::backend::Backend;
+use crate::forward::decoder::{HeadView, LayerwiseHeads, Model, QkNormStats, State};
 
 /// How to score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -629,7 +629,7 @@ fn check_pairable(inputs: &[Input], models: &[Model], r: usize) -> Result<()> {
         let s = &model.spec;
         // B compares scores head by head and query by query: the layouts must match (the model
         // types need not: a Qwen2 reference and its QK-norm-injected Qwen3 copy compare fine).
-        let layout = |s: &crate::sink::model::DecoderSpec| {
+        let layout = |s: &crate::forward::model::DecoderSpec| {
             (s.num_layers(), s.num_heads, s.num_kv_heads, s.head_dim)
         };
         if layout(s) != layout(rs) {
@@ -647,7 +647,7 @@ fn check_pairable(inputs: &[Input], models: &[Model], r: usize) -> Result<()> {
                 rs.head_dim
             );
         }
-        let windows = |s: &crate::sink::model::DecoderSpec| {
+        let windows = |s: &crate::forward::model::DecoderSpec| {
             s.layers.iter().map(|l| l.window).collect::<Vec<_>>()
         };
         if windows(s) != windows(rs) {
@@ -908,7 +908,7 @@ mod tests {
 
     #[test]
     fn every_heads_observations_pooled_give_s_and_the_margin_exactly() {
-        use crate::sink::backend::cpu::CpuBackend;
+        use crate::forward::backend::cpu::CpuBackend;
         let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/models");
         let open = |m: &str| Checkpoint::open_dir(&assets.join(m), m).unwrap();
         let ckpts = [open("tiny-qwen3/ref"), open("tiny-qwen3/vl")];

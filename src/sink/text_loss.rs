@@ -15,12 +15,12 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::backend::Backend;
-use super::forward::{to_logits, HeadView, Model};
-use super::model::DecoderSpec;
 use super::tokenize::TextEncoder;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::forward::backend::Backend;
+use crate::forward::decoder::{to_logits, HeadView, Model};
+use crate::forward::model::DecoderSpec;
 use crate::{bad, bail};
 
 /// Tokens per window when `--text-window` is not given (capped at the model's context).

@@ -4,7 +4,7 @@
 //! decoder layer: which projections carry a bias, which QK norm, clipping, which layers slide,
 //! which RoPE each layer uses, dense MLP or top-k MoE. Each file turns the normalized
 //! [`TextConfig`] into a [`DecoderSpec`] the way its transformers class reads its config
-//! (docs/reference/forward.md#step-list-one-model-f32); [`crate::sink::forward`] runs the spec.
+//! (docs/reference/forward.md#step-list-one-model-f32); [`crate::forward::decoder`] runs the spec.
 //! Weight names mirror Hugging Face (`model.layers.{i}.self_attn.q_proj.weight`, ...).
 
 pub mod llama;
@@ -23,7 +23,7 @@ use crate::arch::config::{LayerType, Rope, RopeScaling, TextConfig};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
-use crate::sink::backend::Bf16Style;
+use crate::forward::backend::Bf16Style;
 
 /// One supported architecture: the `model_type` it answers to and how it reads its config.
 pub struct Architecture {

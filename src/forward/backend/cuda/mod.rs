@@ -1,6 +1,6 @@
 //! The CUDA backend: the recipe's operations as cuBLAS GEMMs and the kernels of `kernels.cu`,
 //! through the thin [`Device`] layer. It holds no model logic: what runs is decided by
-//! [`crate::sink::forward`], as on the CPU (`docs/reference/gpu.md`).
+//! [`crate::forward::decoder`], as on the CPU (`docs/reference/gpu.md`).
 //!
 //! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
 //!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
@@ -23,8 +23,8 @@ use safetensors::Dtype;
 
 use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
-use crate::sink::forward::{HeadView, Model};
-use crate::sink::rope::RopeTable;
+use crate::forward::decoder::{HeadView, Model};
+use crate::forward::rope::RopeTable;
 
 pub mod device;
 pub mod driver;

@@ -2,7 +2,7 @@
 // and, for the tests, by the host C++ compiler through host_shim.h, which runs every thread of
 // every block as a loop. So each kernel is one independent thread per output: no shared memory,
 // no block synchronisation, no warp shuffles. Each thread applies the same f32 operations as the
-// CPU backend (src/sink/backend/cpu.rs); NVRTC is run with fmad off, so no multiply-add is
+// CPU backend (src/forward/backend/cpu.rs); NVRTC is run with fmad off, so no multiply-add is
 // contracted where the CPU does not contract it. Sums run in another order than the CPU's GEMMs,
 // and the device's expf may differ from the host's by up to 2 ulp, so results agree within the
 // parity tolerances, not bitwise.

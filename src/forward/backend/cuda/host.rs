@@ -190,13 +190,13 @@ impl Device for HostDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::backend::cpu::CpuBackend;
-    use crate::sink::backend::cuda::parity_tests::{
+    use crate::forward::backend::cpu::CpuBackend;
+    use crate::forward::backend::cuda::parity_tests::{
         bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
     };
-    use crate::sink::backend::cuda::CudaBackend;
-    use crate::sink::backend::Precision;
-    use crate::sink::forward::{trace, trace_on};
+    use crate::forward::backend::cuda::CudaBackend;
+    use crate::forward::backend::Precision;
+    use crate::forward::decoder::{trace, trace_on};
     use crate::sink::parity::{self, Tolerances};
 
     #[test]
@@ -226,7 +226,7 @@ mod tests {
         let dir = root().join("tests/fixtures/score/models/olmo2");
         assert!(!dir.join("tokenizer.json").exists());
         let ckpt = open(&dir);
-        let vocab = crate::sink::model::DecoderSpec::from_model_config(&ckpt.config)
+        let vocab = crate::forward::model::DecoderSpec::from_model_config(&ckpt.config)
             .unwrap()
             .vocab_size;
         let tokens = parity::synthetic_tokens(vocab);
@@ -322,7 +322,7 @@ mod tests {
             ..g
         };
         reference_gemm(&flipped, &w, &x, &mut wrong).unwrap();
-        assert_eq!(right, crate::sink::backend::cpu::linear(&x, 3, &w, 4, 4));
+        assert_eq!(right, crate::forward::backend::cpu::linear(&x, 3, &w, 4, 4));
         assert_ne!(right, wrong);
     }
 

@@ -655,9 +655,9 @@ impl Device for Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
-    use crate::sink::backend::cuda::CudaBackend;
-    use crate::sink::backend::Precision;
+    use crate::forward::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
+    use crate::forward::backend::cuda::CudaBackend;
+    use crate::forward::backend::Precision;
 
     /// Spill lines of `--ptxas-options=-v`: "N bytes spill stores, M bytes spill loads".
     fn spills(log: &str) -> Vec<String> {

@@ -873,7 +873,7 @@ mod tests {
 
     #[test]
     fn bf16_feed_forward_outputs_are_bf16_values() {
-        use crate::sink::backend::Precision;
+        use crate::forward::backend::Precision;
         for fixture in ["models/qwen2", "score/models/qwen3_moe"] {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures")

@@ -1,5 +1,5 @@
-//! The seam between the decoder recipe ([`crate::sink::forward`]) and where its tensor operations
-//! run. The recipe walks a [`crate::sink::model::DecoderSpec`] once, for every backend; a backend
+//! The seam between the decoder recipe ([`crate::forward::decoder`]) and where its tensor operations
+//! run. The recipe walks a [`crate::forward::model::DecoderSpec`] once, for every backend; a backend
 //! only implements operations. Adding an architecture touches no backend.
 //!
 //! - [`cpu`]: f32 on the host (faer GEMMs, rayon); always built.
@@ -12,7 +12,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::forward::{HeadView, Model};
+use super::decoder::{HeadView, Model};
 use super::rope::RopeTable;
 use crate::error::Result;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::{CudaBackend, Device};
 use crate::checkpoint::Checkpoint;
-use crate::sink::backend::Backend;
+use crate::forward::backend::Backend;
 use crate::sink::parity::{self, Tolerances};
 use crate::sink::prompts::default_prompts;
 use crate::sink::tokenize::TextEncoder;

@@ -16,8 +16,8 @@ use rayon::prelude::*;
 
 use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
-use crate::sink::forward::{first_key, HeadView, Model};
-use crate::sink::rope::RopeTable;
+use crate::forward::decoder::{first_key, HeadView, Model};
+use crate::forward::rope::RopeTable;
 
 /// Output features per parallel GEMM block. Fixed (see the module docs); 128 keeps a block's
 /// weights (128 x 4096 f32 = 2 MiB) near the cache while giving 2-cores-to-many enough blocks.
@@ -534,9 +534,9 @@ mod tests {
         let ckpt = crate::checkpoint::Checkpoint::open_dir(&dir, "qwen3").unwrap();
         let prompts = vec![vec![1u32, 5, 9, 2, 7, 3, 8], vec![4, 4, 6]];
         let bf16 =
-            crate::sink::forward::trace_on(&CpuBackend::new(Precision::Bf16), &ckpt, &prompts)
+            crate::forward::decoder::trace_on(&CpuBackend::new(Precision::Bf16), &ckpt, &prompts)
                 .unwrap();
-        let f32 = crate::sink::forward::trace(&ckpt, &prompts).unwrap();
+        let f32 = crate::forward::decoder::trace(&ckpt, &prompts).unwrap();
         let exact = |v: &f32| Precision::Bf16.round(*v) == *v;
         for layer in &bf16.attentions {
             assert!(

@@ -222,7 +222,7 @@ impl RopeTable {
     /// cos and sin rounded to bf16, each product and each sum rounded.
     #[inline]
     pub fn apply_bf16(&self, x: &mut [f32], t: usize) {
-        let r = |v| crate::sink::backend::Precision::Bf16.round(v);
+        let r = |v| crate::forward::backend::Precision::Bf16.round(v);
         let h = self.half;
         let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
         let (lo, hi) = x.split_at_mut(h);
