@@ -57,15 +57,20 @@ impl<'a> Model<'a> {
         Ok(model)
     }
 
-    /// The stored name of the Hugging Face standard `name`.
-    pub fn stored_name(&self, name: &str) -> Result<&str> {
-        self.stored.get(name).map(String::as_str).ok_or_else(|| {
-            bad!(
-                "{}: tensor `{name}` is missing (a {} checkpoint needs it)",
-                self.ckpt.dir.display(),
-                self.spec.model_type
-            )
-        })
+    /// The stored name of the Hugging Face standard `name`, or `name` itself when it is stored
+    /// under that name (the vision towers ask for their tensors as stored).
+    pub fn stored_name<'n>(&'n self, name: &'n str) -> Result<&'n str> {
+        if let Some(stored) = self.stored.get(name) {
+            return Ok(stored);
+        }
+        if self.ckpt.contains(name) {
+            return Ok(name);
+        }
+        Err(bad!(
+            "{}: tensor `{name}` is missing (a {} checkpoint needs it)",
+            self.ckpt.dir.display(),
+            self.spec.model_type
+        ))
     }
 
     fn info(&self, name: &str) -> Result<&crate::checkpoint::TensorInfo> {
@@ -85,7 +90,7 @@ impl<'a> Model<'a> {
     }
 
     /// The stored name of `name`, checked to have the expected shape.
-    fn shaped(&self, name: &str, shape: &[usize]) -> Result<&str> {
+    fn shaped<'n>(&'n self, name: &'n str, shape: &[usize]) -> Result<&'n str> {
         let stored = self.stored_name(name)?;
         let info = self.ckpt.require(stored)?;
         if info.shape != shape {
@@ -166,6 +171,9 @@ pub struct HeadView<'a> {
     pub scores: &'a [f32],
     /// `[len, len]` softmax probabilities, exactly 0 for masked keys.
     pub probs: &'a [f32],
+    /// Whether the attention is causal (every decoder layer); the vision towers' is not, and
+    /// [`HeadView::first_key`] then does not describe it.
+    pub causal: bool,
     /// Sliding window of this layer (keys a query sees, itself included), if any.
     pub window: Option<usize>,
 }
@@ -554,6 +562,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
+            causal: true,
             window: lspec.window,
             scale: (hd as f32).powf(-0.5),
         };

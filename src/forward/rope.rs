@@ -205,6 +205,23 @@ impl RopeTable {
         RopeTable { half, cos, sin }
     }
 
+    /// A table whose row `t` holds the angles `angles[t * half..(t + 1) * half]`: M-RoPE and the
+    /// vision towers' 2-D rotary give each token angles of its own (from its (t, h, w) position),
+    /// computed in f32 as transformers does (`position * inv_freq`); cos and sin as in
+    /// [`RopeTable::new`].
+    pub fn from_angles(half: usize, angles: &[f32], attention_scaling: f32) -> RopeTable {
+        assert_eq!(angles.len() % half.max(1), 0, "rope angles per row");
+        let cos = angles
+            .iter()
+            .map(|&a| (a as f64).cos() as f32 * attention_scaling)
+            .collect();
+        let sin = angles
+            .iter()
+            .map(|&a| (a as f64).sin() as f32 * attention_scaling)
+            .collect();
+        RopeTable { half, cos, sin }
+    }
+
     /// Rotate one head vector (`2 * half` values) at position `t` in place.
     #[inline]
     pub fn apply(&self, x: &mut [f32], t: usize) {

@@ -324,6 +324,7 @@ mod tests {
             len,
             scores,
             probs,
+            causal: true,
             window,
         }
     }

@@ -14,7 +14,7 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
+use super::{Activation, Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
 use crate::forward::decoder::{first_key, HeadView, Model};
 use crate::forward::rope::RopeTable;
@@ -134,15 +134,20 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         });
 }
 
-/// Row-wise softmax over the keys each query sees (causal, and the sliding window if any);
-/// masked entries are exactly 0, as `exp(finfo.min - max)` underflows to in transformers.
-fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32> {
+/// Row-wise softmax over the keys each query sees (causal, and the sliding window if any; or
+/// every key when not causal); masked entries are exactly 0, as `exp(finfo.min - max)`
+/// underflows to in transformers.
+fn softmax_masked(scores: &[f32], len: usize, causal: bool, window: Option<usize>) -> Vec<f32> {
     let mut probs = vec![0f32; len * len];
     for q in 0..len {
-        let lo = first_key(q, window);
-        let row = &scores[q * len + lo..q * len + q + 1];
+        let (lo, hi) = if causal {
+            (first_key(q, window), q + 1)
+        } else {
+            (0, len)
+        };
+        let row = &scores[q * len + lo..q * len + hi];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let out = &mut probs[q * len + lo..q * len + q + 1];
+        let out = &mut probs[q * len + lo..q * len + hi];
         let mut sum = 0f32;
         for (o, &s) in out.iter_mut().zip(row) {
             *o = (s - max).exp();
@@ -156,15 +161,16 @@ fn softmax_causal(scores: &[f32], len: usize, window: Option<usize>) -> Vec<f32>
 }
 
 /// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
-/// the masked softmax, the visitor, and the head's context `P v` (`[len, head_dim]`, row-major;
-/// empty without `v`), in `precision` (see [`Precision`]). `at` is (prompt, head) for the
-/// visitor.
+/// the masked softmax (`causal` with an optional `window`, or over every key), the visitor, and
+/// the head's context `P v` (`[len, head_dim]`, row-major; empty without `v`), in `precision`
+/// (see [`Precision`]). `at` is (prompt, head) for the visitor.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head<R>(
     q: MatRef<'_, f32>,
     k: MatRef<'_, f32>,
     v: Option<MatRef<'_, f32>>,
     scale: f32,
+    causal: bool,
     window: Option<usize>,
     precision: Precision,
     at: (usize, usize),
@@ -187,7 +193,7 @@ pub fn attend_head<R>(
             *s = precision.round(precision.round(*s) * scale);
         }
     }
-    let mut probs = softmax_causal(&scores, len, window);
+    let mut probs = softmax_masked(&scores, len, causal, window);
     if bf16 {
         probs.iter_mut().for_each(|p| *p = precision.round(*p));
     }
@@ -197,6 +203,7 @@ pub fn attend_head<R>(
         len,
         scores: &scores,
         probs: &probs,
+        causal,
         window,
     });
     let Some(v) = v else {
@@ -381,6 +388,7 @@ impl Backend for CpuBackend {
                     view(k, kd, g),
                     v.map(|v| view(v, kd, g)),
                     shape.scale,
+                    shape.causal,
                     shape.window,
                     self.precision,
                     (pi, h),
@@ -409,6 +417,50 @@ impl Backend for CpuBackend {
             heads,
             context: Some(ctx),
         })
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        width: usize,
+        w: &Vec<f32>,
+        b: &Vec<f32>,
+        eps: f32,
+    ) -> Result<Vec<f32>> {
+        assert_eq!((w.len(), b.len()), (width, width), "layer norm weights");
+        let p = self.precision;
+        let mut y = x.clone();
+        y.par_chunks_mut(width).for_each(|row| {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+            let var = row
+                .iter()
+                .map(|&v| (v as f64 - mean) * (v as f64 - mean))
+                .sum::<f64>()
+                / width as f64;
+            let (mean, inv) = (mean as f32, 1.0 / ((var as f32) + eps).sqrt());
+            for ((v, &wj), &bj) in row.iter_mut().zip(w).zip(b) {
+                *v = p.round((*v - mean) * inv * wj + bj);
+            }
+        });
+        Ok(y)
+    }
+
+    fn activate(&self, x: &mut Vec<f32>, act: Activation) -> Result<()> {
+        let p = self.precision;
+        x.par_chunks_mut(1 << 14)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = p.round(act.apply(*v))));
+        Ok(())
+    }
+
+    fn scale_columns(&self, x: &mut Vec<f32>, width: usize, w: &Vec<f32>) -> Result<()> {
+        assert_eq!(w.len(), width, "column scale");
+        let p = self.precision;
+        x.par_chunks_mut(width).for_each(|row| {
+            for (v, &s) in row.iter_mut().zip(w) {
+                *v = p.round(*v * s);
+            }
+        });
+        Ok(())
     }
 
     fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<()> {
@@ -517,7 +569,7 @@ mod tests {
     #[test]
     fn softmax_respects_causality_and_window() {
         let scores: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
-        let p = softmax_causal(&scores, 4, Some(2));
+        let p = softmax_masked(&scores, 4, true, Some(2));
         for q in 0..4 {
             let row = &p[q * 4..q * 4 + 4];
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);

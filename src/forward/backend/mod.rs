@@ -81,7 +81,10 @@ pub struct AttentionShape<'a> {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
-    /// Keys a query sees in a sliding-window layer (itself included), if any.
+    /// Whether a query sees only itself and earlier keys (decoders) or every key of its segment
+    /// (vision towers: block-diagonal attention over images or windows, each a "prompt").
+    pub causal: bool,
+    /// Keys a query sees in a sliding-window layer (itself included), if any; causal only.
     pub window: Option<usize>,
     /// Multiplies `q kᵀ` (`head_dim^-1/2`).
     pub scale: f32,
@@ -105,7 +108,51 @@ pub struct Attended<R, T> {
 /// A visitor of one head of one prompt (the metric accumulators, or a probability dump).
 pub type Visitor<'v, R> = dyn Fn(&HeadView) -> R + Sync + 'v;
 
-/// The tensor operations of the decoder recipe.
+/// A pointwise activation, by its Hugging Face `hidden_act` name (transformers' `ACT2FN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `gelu`: `x/2 · (1 + erf(x/√2))`, torch's exact GELU.
+    Gelu,
+    /// `gelu_pytorch_tanh`: `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`.
+    GeluTanh,
+    /// `quick_gelu`: `x · sigmoid(1.702 x)`.
+    QuickGelu,
+    /// `silu`: `x · sigmoid(x)`.
+    Silu,
+}
+
+impl Activation {
+    /// The activation named `name` in a config (`hidden_act`).
+    pub fn from_hf(name: &str) -> Option<Activation> {
+        Some(match name {
+            "gelu" => Activation::Gelu,
+            "gelu_pytorch_tanh" | "gelu_new" => Activation::GeluTanh,
+            "quick_gelu" => Activation::QuickGelu,
+            "silu" | "swish" => Activation::Silu,
+            _ => return None,
+        })
+    }
+
+    /// The activation of one value, in f32 (the CPU backend's definition; `kernels.cu` has the
+    /// same formulas).
+    #[inline]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Activation::Gelu => x * 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+            Activation::GeluTanh => {
+                // torch: kBeta = √2 · (2/√π) · ½ = √(2/π), kKappa = 0.044715.
+                let beta = std::f32::consts::SQRT_2 * std::f32::consts::FRAC_2_SQRT_PI * 0.5;
+                let inner = beta * (x + 0.044715 * x * x * x);
+                0.5 * x * (1.0 + inner.tanh())
+            }
+            Activation::QuickGelu => x * (1.0 / (1.0 + (-1.702 * x).exp())),
+            Activation::Silu => x / (1.0 + (-x).exp()),
+        }
+    }
+}
+
+/// The tensor operations of the decoder recipe and the vision towers.
 pub trait Backend: Sync {
     /// A row-major f32 matrix where this backend computes.
     type Tensor: Send;
@@ -160,6 +207,23 @@ pub trait Backend: Sync {
         eps: f32,
         style: Bf16Style,
     ) -> Result<Self::Tensor>;
+
+    /// LayerNorm of every `width`-wide row: `(x - mean) / sqrt(var + eps) · w + b` with the
+    /// biased variance, the moments accumulated in f64 (a copy; the result rounded once in bf16).
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        b: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+
+    /// `act(x)` elementwise, in place (rounded in bf16).
+    fn activate(&self, x: &mut Self::Tensor, act: Activation) -> Result<()>;
+
+    /// `x[r, j] *= w[j]` for every row (`w` has `width` values): InternViT's layer scale.
+    fn scale_columns(&self, x: &mut Self::Tensor, width: usize, w: &Self::Tensor) -> Result<()>;
 
     /// Clamp every value to `[-c, c]`.
     fn clamp(&self, x: &mut Self::Tensor, c: f32) -> Result<()>;

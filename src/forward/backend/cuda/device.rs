@@ -18,6 +18,9 @@ pub enum Kernel {
     ClampValues,
     Rope,
     Attention,
+    LayerNormRows,
+    Activate,
+    ScaleColumns,
     SiluMul,
     AddAssign,
     FlagNonFinite,
@@ -26,7 +29,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 13] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::RoundBf16,
         Kernel::WidenBf16,
         Kernel::WidenF16,
@@ -35,6 +38,9 @@ impl Kernel {
         Kernel::ClampValues,
         Kernel::Rope,
         Kernel::Attention,
+        Kernel::LayerNormRows,
+        Kernel::Activate,
+        Kernel::ScaleColumns,
         Kernel::SiluMul,
         Kernel::AddAssign,
         Kernel::FlagNonFinite,
@@ -53,6 +59,9 @@ impl Kernel {
             Kernel::ClampValues => "clamp_values",
             Kernel::Rope => "rope",
             Kernel::Attention => "attention",
+            Kernel::LayerNormRows => "layer_norm_rows",
+            Kernel::Activate => "activate",
+            Kernel::ScaleColumns => "scale_columns",
             Kernel::SiluMul => "silu_mul",
             Kernel::AddAssign => "add_assign",
             Kernel::FlagNonFinite => "flag_non_finite",

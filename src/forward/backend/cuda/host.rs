@@ -35,6 +35,9 @@ host_entries! {
     ClampValues => sinkmerge_host_clamp_values,
     Rope => sinkmerge_host_rope,
     Attention => sinkmerge_host_attention,
+    LayerNormRows => sinkmerge_host_layer_norm_rows,
+    Activate => sinkmerge_host_activate,
+    ScaleColumns => sinkmerge_host_scale_columns,
     SiluMul => sinkmerge_host_silu_mul,
     AddAssign => sinkmerge_host_add_assign,
     FlagNonFinite => sinkmerge_host_flag_non_finite,
@@ -195,7 +198,7 @@ mod tests {
         bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
     };
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::Precision;
+    use crate::forward::backend::{Backend, Precision};
     use crate::forward::decoder::{trace, trace_on};
     use crate::sink::parity::{self, Tolerances};
 
@@ -219,6 +222,103 @@ mod tests {
     #[test]
     fn gpu_code_path_matches_the_cpu_in_bf16_on_the_bundled_pairs() {
         bundled_pairs_match(&CudaBackend::new(HostDevice::default(), Precision::Bf16));
+    }
+
+    /// Values spread over the activations' interesting range, deterministic.
+    fn spread(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 125.0 - 8.0
+            })
+            .collect()
+    }
+
+    fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    }
+
+    #[test]
+    fn vision_operations_match_the_cpu_through_the_stand_in() {
+        use crate::forward::backend::{Activation, AttentionShape};
+        let cpu = CpuBackend::new(Precision::F32);
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
+        let (rows, width) = (7, 12);
+        let x = spread(rows * width, 1);
+        let (w, b) = (spread(width, 2), spread(width, 3));
+        let on_gpu = |v: &Vec<f32>| gpu.upload(v.clone()).unwrap();
+        let host = |t| gpu.to_host(&t).unwrap().into_owned();
+
+        let want = cpu.layer_norm(&x, width, &w, &b, 1e-6).unwrap();
+        let got = host(
+            gpu.layer_norm(&on_gpu(&x), width, &on_gpu(&w), &on_gpu(&b), 1e-6)
+                .unwrap(),
+        );
+        assert!(max_rel(&want, &got) < 1e-6, "layer norm");
+        // With w = 1 and b = 0 every row has mean 0 and (biased) variance 1.
+        let unit = cpu
+            .layer_norm(&x, width, &vec![1.0; width], &vec![0.0; width], 0.0)
+            .unwrap();
+        for row in unit.chunks(width) {
+            let mean = row.iter().sum::<f32>() / width as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / width as f32;
+            assert!(
+                mean.abs() < 1e-6 && (var - 1.0).abs() < 1e-5,
+                "{mean} {var}"
+            );
+        }
+
+        for act in [
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::QuickGelu,
+            Activation::Silu,
+        ] {
+            let mut want = x.clone();
+            cpu.activate(&mut want, act).unwrap();
+            let mut t = on_gpu(&x);
+            gpu.activate(&mut t, act).unwrap();
+            assert!(max_rel(&want, &host(t)) < 1e-6, "{act:?}");
+        }
+        // Spot values of the definitions (torch: F.gelu(1.0) = 0.8413447, tanh form 0.8411920,
+        // quick_gelu(1.0) = 0.84579575).
+        assert!((Activation::Gelu.apply(1.0) - 0.841_344_7).abs() < 1e-6);
+        assert!((Activation::GeluTanh.apply(1.0) - 0.841_192).abs() < 1e-6);
+        assert!((Activation::QuickGelu.apply(1.0) - 0.845_795_75).abs() < 1e-6);
+
+        let mut want = x.clone();
+        cpu.scale_columns(&mut want, width, &w).unwrap();
+        let mut t = on_gpu(&x);
+        gpu.scale_columns(&mut t, width, &on_gpu(&w)).unwrap();
+        assert_eq!(want, host(t), "layer scale is one product per value");
+
+        // Block-diagonal, non-causal attention over two segments of 3 and 4 rows.
+        let (heads, hd) = (2, 6);
+        let q = spread(rows * heads * hd, 4);
+        let k = spread(rows * heads * hd, 5);
+        let v = spread(rows * heads * hd, 6);
+        let prompts = [0..3, 3..7];
+        let shape = AttentionShape {
+            prompts: &prompts,
+            num_heads: heads,
+            num_kv_heads: heads,
+            head_dim: hd,
+            causal: false,
+            window: None,
+            scale: 0.1,
+        };
+        let probs = |h: &crate::forward::decoder::HeadView| h.probs.to_vec();
+        let a = cpu.attention(&q, &k, Some(&v), &shape, &probs).unwrap();
+        let g = gpu
+            .attention(&on_gpu(&q), &on_gpu(&k), Some(&on_gpu(&v)), &shape, &probs)
+            .unwrap();
+        for (pa, pg) in a.heads.iter().zip(&g.heads) {
+            assert!(max_rel(pa, pg) < 1e-6);
+            // Not causal: the first query attends to the last key of its segment.
+            assert!(pa[pa.len() / (pa.len() as f64).sqrt() as usize - 1] > 0.0);
+        }
+        assert!(max_rel(&a.context.unwrap(), &host(g.context.unwrap())) < 1e-6);
     }
 
     #[test]

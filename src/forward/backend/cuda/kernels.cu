@@ -135,7 +135,8 @@ KERNEL void rope(float* x, const float* cos_t, const float* sin_t, long long row
 // prompt_offset[p] in `scores` and `probs`. row_prompt[r] is the prompt of the group's row r
 // (global row row_begin + r). Scores are q kᵀ · scale over every key (as the CPU's GEMM); the
 // softmax covers the keys the query sees (causal, and `window` keys when window > 0), and the
-// probabilities of the others are exactly 0. With has_v, ctx[row, head] = P v. With bf16, as
+// probabilities of the others are exactly 0; with causal 0 (vision towers) every key of the
+// prompt is seen. With has_v, ctx[row, head] = P v. With bf16, as
 // torch's bf16 eager attention: q kᵀ rounded, times the scale rounded, softmax in f32 rounded,
 // P v rounded.
 KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
@@ -143,7 +144,8 @@ KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
                                      const long long* prompt_start, const long long* prompt_len,
                                      const long long* prompt_offset, long long row_begin,
                                      long long rows, int heads, int kv_heads, int head_dim,
-                                     int window, float scale, int has_v, int bf16) {
+                                     int causal, int window, float scale, int has_v,
+                                     int bf16) {
     long long t = SINKMERGE_INDEX;
     if (t >= rows * heads) return;
     int h = (int)(t % heads);
@@ -167,27 +169,77 @@ KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
         srow[key] = bf16 ? round_bf16(round_bf16(dot) * scale) : dot * scale;
     }
     long long lo = 0;
-    if (window > 0 && qi + 1 > window) lo = qi + 1 - window;
+    long long hi = causal ? qi : len - 1;
+    if (causal && window > 0 && qi + 1 > window) lo = qi + 1 - window;
     float max = __int_as_float(0xff800000);  // -inf (NVRTC has no INFINITY)
-    for (long long key = lo; key <= qi; key++) max = srow[key] > max ? srow[key] : max;
+    for (long long key = lo; key <= hi; key++) max = srow[key] > max ? srow[key] : max;
     float sum = 0.0f;
     for (long long key = 0; key < len; key++) {
         float e = 0.0f;
-        if (key >= lo && key <= qi) {
+        if (key >= lo && key <= hi) {
             e = expf(srow[key] - max);
             sum += e;
         }
         prow[key] = e;
     }
-    for (long long key = lo; key <= qi; key++) prow[key] = store(prow[key] / sum, bf16);
+    for (long long key = lo; key <= hi; key++) prow[key] = store(prow[key] / sum, bf16);
     if (!has_v) return;
     float* crow = ctx + row * qd + (long long)h * head_dim;
     for (int d = 0; d < head_dim; d++) {
         float acc = 0.0f;
-        for (long long key = lo; key <= qi; key++)
+        for (long long key = lo; key <= hi; key++)
             acc += prow[key] * v[(start + key) * kd + (long long)g * head_dim + d];
         crow[d] = store(acc, bf16);
     }
+}
+
+// LayerNorm of each row: mean and biased variance in f64, then
+// (x - mean) * (1 / sqrt(var + eps)) * w + b in f32, as the CPU backend.
+KERNEL void layer_norm_rows(float* y, const float* x, const float* w, const float* b,
+                            long long rows, int width, float eps, int bf16) {
+    long long r = SINKMERGE_INDEX;
+    if (r >= rows) return;
+    const float* row = x + r * width;
+    double sum = 0.0;
+    for (int j = 0; j < width; j++) sum += (double)row[j];
+    double mean = sum / (double)width;
+    double ss = 0.0;
+    for (int j = 0; j < width; j++) {
+        double d = (double)row[j] - mean;
+        ss += d * d;
+    }
+    float m = (float)mean;
+    float inv = 1.0f / sqrtf((float)(ss / (double)width) + eps);
+    float* out = y + r * width;
+    for (int j = 0; j < width; j++) out[j] = store((row[j] - m) * inv * w[j] + b[j], bf16);
+}
+
+// The activations of `Activation` (src/forward/backend/mod.rs), by kind: 0 gelu (erf), 1 gelu
+// with tanh, 2 quick_gelu, 3 silu.
+KERNEL void activate(float* x, long long n, int kind, int bf16) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    float v = x[i];
+    float y;
+    if (kind == 0) {
+        y = v * 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    } else if (kind == 1) {
+        float beta = 1.41421356237309505f * 1.12837916709551257f * 0.5f;
+        float inner = beta * (v + 0.044715f * v * v * v);
+        y = 0.5f * v * (1.0f + tanhf(inner));
+    } else if (kind == 2) {
+        y = v * (1.0f / (1.0f + expf(-1.702f * v)));
+    } else {
+        y = v / (1.0f + expf(-v));
+    }
+    x[i] = store(y, bf16);
+}
+
+// x[r, j] *= w[j] (InternViT's layer scale).
+KERNEL void scale_columns(float* x, const float* w, long long n, int width, int bf16) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    x[i] = store(x[i] * w[i % width], bf16);
 }
 
 // gate = silu(gate) * up, silu(x) = x / (1 + exp(-x)); with bf16 each result rounded.

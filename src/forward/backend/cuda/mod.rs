@@ -21,7 +21,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use super::{Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
+use super::{Activation, Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
 use crate::error::Result;
 use crate::forward::decoder::{HeadView, Model};
 use crate::forward::rope::RopeTable;
@@ -379,6 +379,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                     Arg::I32(nh as i32),
                     Arg::I32(shape.num_kv_heads as i32),
                     Arg::I32(hd as i32),
+                    Arg::I32(shape.causal as i32),
                     Arg::I32(shape.window.unwrap_or(0) as i32),
                     Arg::F32(shape.scale),
                     Arg::I32(v.is_some() as i32),
@@ -399,6 +400,7 @@ impl<D: Device> Backend for CudaBackend<D> {
                     len,
                     scores: &scores[at..at + len * len],
                     probs: &probs[at..at + len * len],
+                    causal: shape.causal,
                     window: shape.window,
                 })
             }));
@@ -407,6 +409,68 @@ impl<D: Device> Backend for CudaBackend<D> {
             heads,
             context: ctx,
         })
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        width: usize,
+        w: &Self::Tensor,
+        b: &Self::Tensor,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        let rows = x.len / width;
+        let mut y = self.zeros_f32(x.len)?;
+        self.launch(
+            Kernel::LayerNormRows,
+            rows,
+            &mut [
+                Arg::Mut(&mut y.buf),
+                Arg::Ref(&x.buf),
+                Arg::Ref(&w.buf),
+                Arg::Ref(&b.buf),
+                Arg::I64(rows as i64),
+                Arg::I32(width as i32),
+                Arg::F32(eps),
+                self.bf16(),
+            ],
+        )?;
+        Ok(y)
+    }
+
+    fn activate(&self, x: &mut Self::Tensor, act: Activation) -> Result<()> {
+        let n = x.len;
+        let kind = match act {
+            Activation::Gelu => 0,
+            Activation::GeluTanh => 1,
+            Activation::QuickGelu => 2,
+            Activation::Silu => 3,
+        };
+        self.launch(
+            Kernel::Activate,
+            n,
+            &mut [
+                Arg::Mut(&mut x.buf),
+                Arg::I64(n as i64),
+                Arg::I32(kind),
+                self.bf16(),
+            ],
+        )
+    }
+
+    fn scale_columns(&self, x: &mut Self::Tensor, width: usize, w: &Self::Tensor) -> Result<()> {
+        let n = x.len;
+        self.launch(
+            Kernel::ScaleColumns,
+            n,
+            &mut [
+                Arg::Mut(&mut x.buf),
+                Arg::Ref(&w.buf),
+                Arg::I64(n as i64),
+                Arg::I32(width as i32),
+                self.bf16(),
+            ],
+        )
     }
 
     fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor) -> Result<()> {
