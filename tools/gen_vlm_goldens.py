@@ -47,7 +47,10 @@ from transformers import (  # noqa: E402
     Qwen3VLProcessor,
 )
 
-from transformers.vision_utils import get_vision_interpolation_indices_and_weights  # noqa: E402
+from transformers.vision_utils import (  # noqa: E402
+    get_vision_interpolation_indices_and_weights,
+    get_vision_window_index,
+)
 
 torch.set_num_threads(1)
 # No torchvision here, so the video-processor base class cannot be looked up; the processors take
@@ -326,10 +329,12 @@ def run_golden(model, family, inputs, qwen3):
                     grid, num_grid_per_side=v.num_grid_per_side, mode=v.interpolation_mode,
                     align_corners=v.interpolation_align_corners, spatial_merge_size=v.config.spatial_merge_size)
                 g["vision.pos_embeds"] = (v.pos_embed(idx) * w[:, :, None]).sum(1)
-            if hasattr(m.visual, "get_window_index"):
-                widx, cu = m.visual.get_window_index(grid)
+            if hasattr(m.visual, "fullatt_block_indexes"):  # Qwen2.5-VL: the tower's window order
+                v = m.visual
+                widx, cu = get_vision_window_index(grid, spatial_merge_size=v.spatial_merge_size,
+                                                   window_size=v.window_size, patch_size=v.patch_size)
                 g["vision.window_index"] = widx.long()
-                g["vision.cu_window_seqlens"] = torch.unique_consecutive(torch.tensor(cu, dtype=torch.long))
+                g["vision.cu_window_seqlens"] = cu.long()
         else:
             g["num_patches"] = inputs["num_patches"]
             g["position_ids"] = torch.arange(inputs["input_ids"].shape[1])
