@@ -67,6 +67,7 @@ IMG = "tests/fixtures/images"
 TOK = Tokenizer.from_file(str(ROOT / "tools" / "tokenizer" / "base_tokenizer.json"))
 VOCAB = TOK.get_vocab_size()  # 320
 tid = lambda s: gf.tid(TOK, s)  # noqa: E731
+MODELS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "internvl", "internvl_qknorm", "internvl_remote"]
 INIT = 0.1  # initializer_range: larger than 0.02 so attention is far from uniform and a RoPE slip shows
 
 # InternVL -hf chat template (OpenGVLab/InternVL3-*-hf; transformers' convert_internvl_weights_to_hf.py). Older
@@ -384,9 +385,10 @@ def shapes(g):
 
 
 def main():
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for d in MODELS:  # rewrite the generated dirs; README.md stays
+        if (OUT / d).exists():
+            shutil.rmtree(OUT / d)
     cases = []
 
     specs = [
