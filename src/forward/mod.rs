@@ -7,6 +7,7 @@
 //! - [`rope`]: rotary embeddings (default, linear, dynamic, llama3, yarn) as transformers computes them.
 //! - [`decoder`]: the decoder recipe, written once over the backend; per-head scores go to
 //!   visitors, never stored for all layers; [`decoder::trace`] keeps everything for parity tests.
+//! - [`vision`]: the VLMs' vision towers, one file per family, over the same backend.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.
 
 pub mod backend;
@@ -14,3 +15,4 @@ pub mod decoder;
 pub mod device;
 pub mod model;
 pub mod rope;
+pub mod vision;

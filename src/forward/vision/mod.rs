@@ -1,0 +1,78 @@
+//! Vision towers: an image's pixels to the rows that replace its image tokens' embeddings in the
+//! language model, as transformers computes them in eager f32 (`docs/reference/vision.md`).
+//! Written once over the [`Backend`] seam, like the decoder, so the CUDA backend runs them and
+//! the CPU stand-in tests them. One file per tower family; [`Tower`] dispatches on the VLM's
+//! `config.json`.
+
+use serde_json::Value;
+
+use super::backend::Backend;
+use super::decoder::Model;
+use crate::error::Result;
+
+/// A processor's output, as transformers' image processors lay it out.
+#[derive(Debug, Clone, Copy)]
+pub enum Pixels<'a> {
+    /// The Qwen-VL processors: `values` is `[patches, C·T·P·P]`, each image's patches in turn,
+    /// and `grid_thw` each image's (t, h, w) patch grid.
+    Patches {
+        values: &'a [f32],
+        grid_thw: &'a [[usize; 3]],
+    },
+    /// InternVL (GotOcr2 tiling): `values` is `[tiles, 3, H, W]`, each image's tiles in turn
+    /// (its thumbnail last), and `num_patches` each image's tile count.
+    Tiles {
+        values: &'a [f32],
+        num_patches: &'a [usize],
+    },
+}
+
+/// What a tower gives the language model, on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageFeatures {
+    /// `[image tokens, text hidden]`: every image's rows in prompt order, which replace the
+    /// embeddings of the image-pad/context tokens.
+    pub embeds: Vec<f32>,
+    /// Rows of `embeds`.
+    pub tokens: usize,
+    /// Qwen3-VL's deepstack features (`[image tokens, text hidden]` each): the i-th is added to
+    /// the image tokens' hidden states after decoder layer i.
+    pub deepstack: Vec<Vec<f32>>,
+}
+
+/// Intermediate results a caller asked a tower to keep, by the goldens' names
+/// (`vision.patch_embed`, `vision.block.<i>`, ...), for parity tests and `trace`.
+pub type Taps = Vec<(String, Vec<f32>)>;
+
+/// The vision tower of a VLM, from its `config.json`.
+#[derive(Debug, Clone)]
+pub enum Tower {}
+
+impl Tower {
+    /// The tower described by `config` (a VLM's `config.json`), or `None` for a model without
+    /// one. A VLM whose tower family is not supported is an error naming it.
+    pub fn from_config(config: &Value) -> Result<Option<Tower>> {
+        let _ = config;
+        Ok(None)
+    }
+
+    /// How many image tokens each image of `pixels` becomes in the prompt; errors when `pixels`
+    /// does not have the layout or shape this tower reads.
+    pub fn tokens_per_image(&self, pixels: &Pixels) -> Result<Vec<usize>> {
+        let _ = pixels;
+        match *self {}
+    }
+
+    /// Run the tower on `pixels`, reading its weights from `model` (tensors by their stored
+    /// names), keeping the intermediates in `taps` when given.
+    pub fn encode<B: Backend>(
+        &self,
+        backend: &B,
+        model: &Model,
+        pixels: &Pixels,
+        taps: Option<&mut Taps>,
+    ) -> Result<ImageFeatures> {
+        let _ = (backend, model, pixels, taps);
+        match *self {}
+    }
+}
