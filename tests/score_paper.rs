@@ -404,6 +404,7 @@ fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
                         len,
                         scores: &s,
                         probs: &a,
+                        causal: true,
                         window: None,
                     };
                     let against = (mi == 1).then(|| &references[prompt * heads + head]);

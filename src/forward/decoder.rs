@@ -275,8 +275,33 @@ pub struct State<'m, 'a, B: Backend> {
     x: B::Tensor,
     /// Rows of `x`.
     rows: usize,
-    /// RoPE tables built so far, keyed by (rope, the sequence length that matters for it).
+    /// RoPE tables built so far, keyed by (rope, the sequence length that matters for it), and
+    /// for prompts with M-RoPE positions by the prompt too.
     ropes: Vec<(LayerRopeKey, RopeTable)>,
+    /// Each prompt's M-RoPE positions (`position_ids [3, len]`) when it holds images; `None`:
+    /// positions `0..len` on every axis.
+    mrope: Vec<Option<[Vec<i64>; 3]>>,
+    /// The layers whose keys and values [`State::attention`] keeps, and what it kept.
+    capture: Option<KvCapture>,
+}
+
+/// One layer's keys and values as `trace` writes them, host copies of the backend's
+/// `[tokens, kv_heads · head_dim]` matrices.
+#[derive(Debug, Clone)]
+pub struct CapturedKv {
+    pub layer: usize,
+    /// After the bias and any QK norm, before RoPE.
+    pub keys_pre_rope: Vec<f32>,
+    /// After RoPE, as transformers' KV cache holds them.
+    pub keys: Vec<f32>,
+    pub values: Vec<f32>,
+}
+
+/// Which layers to keep keys and values of, and what was kept.
+#[derive(Debug, Default)]
+struct KvCapture {
+    layers: Vec<bool>,
+    kept: Vec<CapturedKv>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -284,6 +309,8 @@ struct LayerRopeKey {
     rope: crate::arch::config::Rope,
     /// Sequence length for dynamic NTK scaling; 0 for the others.
     seq_len: usize,
+    /// The prompt whose M-RoPE positions the table holds; `None` for position-indexed tables.
+    prompt: Option<usize>,
 }
 
 impl<'m, 'a, B: Backend> State<'m, 'a, B> {
@@ -339,7 +366,74 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             x,
             rows: total,
             ropes: Vec::new(),
+            mrope: vec![None; prompts.len()],
+            capture: None,
         })
+    }
+
+    /// Give prompt `prompt` the M-RoPE positions of transformers' `get_rope_index` (a VLM prompt
+    /// with images); used by layers whose rope has `mrope_section`.
+    pub fn set_mrope_positions(&mut self, prompt: usize, positions: [Vec<i64>; 3]) -> Result<()> {
+        let len = self.prompts[prompt].len();
+        if positions.iter().any(|axis| axis.len() != len) {
+            bail!(
+                "prompt {}: M-RoPE positions for {len} tokens expected",
+                prompt + 1
+            );
+        }
+        self.mrope[prompt] = Some(positions);
+        Ok(())
+    }
+
+    /// Replace the hidden states of the packed `rows` by `values` (`[rows, hidden]`): the image
+    /// tokens' embeddings become the vision tower's output.
+    pub fn replace_rows(&mut self, rows: &[u32], values: &[f32]) -> Result<()> {
+        let hidden = self.model.spec.hidden_size;
+        if values.len() != rows.len() * hidden {
+            bail!(
+                "{} image rows of width {hidden} expected, got {} values",
+                rows.len(),
+                values.len()
+            );
+        }
+        let mut x = self.backend.to_host(&self.x)?.into_owned();
+        for (&r, v) in rows.iter().zip(values.chunks_exact(hidden)) {
+            let r = r as usize;
+            x[r * hidden..(r + 1) * hidden].copy_from_slice(v);
+        }
+        self.x = self.backend.upload(x)?;
+        self.backend.round(&mut self.x)
+    }
+
+    /// `x[rows] += values` (`[rows, hidden]`): Qwen3-VL's deepstack features after a layer.
+    pub fn add_rows(&mut self, rows: &[u32], values: Vec<f32>) -> Result<()> {
+        let hidden = self.model.spec.hidden_size;
+        let y = self.backend.upload(values)?;
+        let ones = vec![1f32; rows.len()];
+        self.backend
+            .scatter_add_rows(&mut self.x, &y, hidden, rows, &ones)
+    }
+
+    /// Keep the keys and values of the layers flagged in `layers` (see [`State::take_kv`]).
+    pub fn capture_kv(&mut self, layers: Vec<bool>) {
+        self.capture = Some(KvCapture {
+            layers,
+            kept: Vec::new(),
+        });
+    }
+
+    /// The keys and values kept since [`State::capture_kv`], in layer order.
+    pub fn take_kv(&mut self) -> Vec<CapturedKv> {
+        self.capture
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.kept))
+            .unwrap_or_default()
+    }
+
+    /// The hidden states `[tokens, hidden]` on the host (transformers' `hidden_states[L]` after
+    /// L layers).
+    pub fn hidden(&self) -> Result<Vec<f32>> {
+        Ok(self.backend.to_host(&self.x)?.into_owned())
     }
 
     fn weight(&self, name: &str, shape: &[usize]) -> Result<B::Tensor> {
@@ -401,27 +495,47 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.apply(&self.linear(prefix, out, inp, bias)?, input, self.rows)
     }
 
-    fn rope_index(&mut self, layer: &LayerSpec, len: usize) -> Result<usize> {
+    fn rope_index(&mut self, layer: &LayerSpec, prompt: usize) -> Result<usize> {
         let spec = &self.model.spec;
+        let len = self.prompts[prompt].len();
         let seq_len = match layer.rope.scaling {
             RopeScaling::Dynamic { .. } => len.max(spec.max_position_embeddings),
             _ => 0,
         };
+        let mrope = match (&layer.rope.scaling, &self.mrope[prompt]) {
+            (
+                RopeScaling::Mrope {
+                    sections,
+                    interleaved,
+                },
+                Some(positions),
+            ) => Some((sections, *interleaved, positions)),
+            _ => None,
+        };
         let key = LayerRopeKey {
             rope: layer.rope.clone(),
             seq_len,
+            prompt: mrope.is_some().then_some(prompt),
         };
         if let Some(i) = self.ropes.iter().position(|(k, _)| *k == key) {
             return Ok(i);
         }
-        let max_len = self.prompts.iter().map(|r| r.len()).max().unwrap_or(0);
         let freq = frequencies(
             &layer.rope,
             spec.head_dim,
             spec.max_position_embeddings,
             len,
         )?;
-        self.ropes.push((key, RopeTable::new(&freq, max_len)));
+        let table = match mrope {
+            Some((sections, interleaved, positions)) => {
+                RopeTable::mrope(&freq, positions, sections, interleaved)
+            }
+            None => {
+                let max_len = self.prompts.iter().map(|r| r.len()).max().unwrap_or(0);
+                RopeTable::new(&freq, max_len)
+            }
+        };
+        self.ropes.push((key, table));
         Ok(self.ropes.len() - 1)
     }
 
@@ -543,7 +657,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
 
         // RoPE, per prompt (dynamic scaling depends on the prompt's length).
         let tables: Vec<usize> = (0..self.prompts.len())
-            .map(|pi| self.rope_index(lspec, self.prompts[pi].len()))
+            .map(|pi| self.rope_index(lspec, pi))
             .collect::<Result<_>>()?;
         let segments: Vec<(Range<usize>, &RopeTable)> = self
             .prompts
@@ -551,8 +665,28 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .zip(&tables)
             .map(|(r, &t)| (r.clone(), &self.ropes[t].1))
             .collect();
+        let keep = self
+            .capture
+            .as_ref()
+            .is_some_and(|c| c.layers.get(layer).copied().unwrap_or(false));
+        let keys_pre_rope = if keep {
+            Some(be.to_host(&k)?.into_owned())
+        } else {
+            None
+        };
         be.rope(&mut q, qd, hd, &segments, style)?;
         be.rope(&mut k, kd, hd, &segments, style)?;
+        if let (Some(keys_pre_rope), Some(capture)) = (keys_pre_rope, self.capture.as_mut()) {
+            capture.kept.push(CapturedKv {
+                layer,
+                keys_pre_rope,
+                keys: be.to_host(&k)?.into_owned(),
+                values: match &v {
+                    Some(v) => be.to_host(v)?.into_owned(),
+                    None => Vec::new(),
+                },
+            });
+        }
 
         if !(be.all_finite(&q)? && be.all_finite(&k)?) {
             return Err(self.non_finite_error(layer, "query/key projections"));
@@ -636,11 +770,23 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         h: &B::Tensor,
         rows: usize,
     ) -> Result<B::Tensor> {
-        let be = self.backend;
         let hidden = self.model.spec.hidden_size;
         let gate = self.linear(&format!("{prefix}.gate_proj"), inter, hidden, bias)?;
         let up = self.linear(&format!("{prefix}.up_proj"), inter, hidden, bias)?;
         let down = self.linear(&format!("{prefix}.down_proj"), hidden, inter, bias)?;
+        self.gated_mlp(&[gate, up, down], h, rows)
+    }
+
+    /// `down(silu(gate(h)) * up(h))` with the weights `[gate, up, down]`, over chunks of
+    /// [`MLP_ROWS`] tokens.
+    fn gated_mlp(
+        &self,
+        [gate, up, down]: &[LinearWeights<B::Tensor>; 3],
+        h: &B::Tensor,
+        rows: usize,
+    ) -> Result<B::Tensor> {
+        let be = self.backend;
+        let hidden = self.model.spec.hidden_size;
         let chunk = |x: &B::Tensor, n: usize| -> Result<B::Tensor> {
             let mut a = self.apply(&gate, x, n)?;
             be.silu_mul(&mut a, &self.apply(&up, x, n)?)?;
@@ -674,6 +820,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .map(|row| route(row, moe.top_k, moe.norm_topk_prob))
             .collect();
         drop(logits);
+        let fused = self.fused_experts(p, moe)?;
         let mut out = be.zeros(self.rows, hidden)?;
         for expert in 0..e {
             let (tokens, weights): (Vec<u32>, Vec<f32>) = routes
@@ -689,16 +836,78 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
                 continue;
             }
             let gathered = be.gather_rows(h, hidden, &tokens)?;
-            let y = self.dense_mlp(
-                &format!("{p}.mlp.experts.{expert}"),
-                moe.expert_intermediate_size,
-                false,
-                &gathered,
-                tokens.len(),
-            )?;
+            let y = match &fused {
+                Some(f) => self.gated_mlp(&f.expert(be, expert)?, &gathered, tokens.len())?,
+                None => self.dense_mlp(
+                    &format!("{p}.mlp.experts.{expert}"),
+                    moe.expert_intermediate_size,
+                    false,
+                    &gathered,
+                    tokens.len(),
+                )?,
+            };
             be.scatter_add_rows(&mut out, &y, hidden, &tokens, &weights)?;
         }
         Ok(out)
+    }
+
+    /// The layer's experts when stored fused (Qwen3-VL-MoE: `mlp.experts.gate_up_proj` and
+    /// `mlp.experts.down_proj`), read once for the layer; `None` for per-expert tensors.
+    /// transformers 5.x stores `[E, 2I, H]` and `[E, H, I]` (`nn.functional.linear` per expert,
+    /// `gate, up = chunk(2)`); the original Hub release `[E, H, 2I]` and `[E, I, H]` (a bmm). The
+    /// orientation is read from whichever shape tells them apart.
+    fn fused_experts(&self, p: &str, moe: &MoeSpec) -> Result<Option<FusedExperts>> {
+        let model = self.model;
+        let per_expert = format!("{p}.mlp.experts.0.gate_proj.weight");
+        if model.has(&per_expert) {
+            return Ok(None);
+        }
+        let suffix = |what: &str| format!("{}.mlp.experts.{what}", &p["model.".len()..]);
+        let find = |what: &str| {
+            let suffix = suffix(what);
+            model
+                .ckpt
+                .names()
+                .iter()
+                .find(|n| n.ends_with(&suffix))
+                .cloned()
+        };
+        let (Some(gate_up), Some(down)) = (find("gate_up_proj"), find("down_proj")) else {
+            // Neither layout: the missing per-expert tensor is the clearest error.
+            model.stored_name(&per_expert)?;
+            return Ok(None);
+        };
+        let (e, h, i) = (
+            moe.num_experts,
+            model.spec.hidden_size,
+            moe.expert_intermediate_size,
+        );
+        let gu_shape = &model.ckpt.require(&gate_up)?.shape;
+        let down_shape = &model.ckpt.require(&down)?.shape;
+        let out_in = gu_shape == &[e, 2 * i, h] && down_shape == &[e, h, i];
+        let in_out = gu_shape == &[e, h, 2 * i] && down_shape == &[e, i, h];
+        let transposed = match (out_in, in_out) {
+            (true, false) => false,
+            (false, true) => true,
+            _ => bail!(
+                "{} {gu_shape:?} and {} {down_shape:?}: expected [{e}, {}, {h}] and [{e}, {h}, {i}] \
+                 (transformers 5.x) or [{e}, {h}, {}] and [{e}, {i}, {h}] (Hub) for the config's \
+                 experts, hidden_size and moe_intermediate_size",
+                model.ckpt.describe(&gate_up),
+                model.ckpt.describe(&down),
+                2 * i,
+                2 * i
+            ),
+        };
+        let gate_up_values = model.tensor(&gate_up, gu_shape)?;
+        let down_values = model.tensor(&down, down_shape)?;
+        Ok(Some(FusedExperts {
+            gate_up: gate_up_values,
+            down: down_values,
+            transposed,
+            hidden: h,
+            inter: i,
+        }))
     }
 
     /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks and the
@@ -747,6 +956,55 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             "{}: values became NaN/Inf in layer {layer}'s {what}: {culprit}",
             self.model.ckpt.dir.display()
         )
+    }
+}
+
+/// One layer's fused expert weights on the host (see [`State::fused_experts`]).
+struct FusedExperts {
+    gate_up: Vec<f32>,
+    down: Vec<f32>,
+    /// Stored `[in, out]` per expert (the Hub layout) rather than `[out, in]`.
+    transposed: bool,
+    hidden: usize,
+    inter: usize,
+}
+
+impl FusedExperts {
+    /// Expert `e`'s `[gate, up, down]` as `[out, in]` weights on the backend.
+    fn expert<B: Backend>(&self, be: &B, e: usize) -> Result<[LinearWeights<B::Tensor>; 3]> {
+        let (h, i) = (self.hidden, self.inter);
+        let gate_up = &self.gate_up[e * 2 * i * h..(e + 1) * 2 * i * h];
+        let down = &self.down[e * h * i..(e + 1) * h * i];
+        // `[out, in]` rows of an expert's matrix stored `[rows, cols]`, transposed if needed.
+        let out_in = |m: &[f32], rows: usize, cols: usize| -> Vec<f32> {
+            if !self.transposed {
+                return m.to_vec();
+            }
+            let mut t = vec![0f32; m.len()];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = m[r * cols + c];
+                }
+            }
+            t
+        };
+        let (gate_up, down) = (out_in(gate_up, h, 2 * i), out_in(down, i, h));
+        let weights =
+            |values: Vec<f32>, out: usize, inp: usize| -> Result<LinearWeights<B::Tensor>> {
+                let mut weight = be.upload(values)?;
+                be.round(&mut weight)?;
+                Ok(LinearWeights {
+                    weight,
+                    bias: None,
+                    out,
+                    inp,
+                })
+            };
+        Ok([
+            weights(gate_up[..i * h].to_vec(), i, h)?,
+            weights(gate_up[i * h..].to_vec(), i, h)?,
+            weights(down, h, i)?,
+        ])
     }
 }
 

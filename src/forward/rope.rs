@@ -222,6 +222,51 @@ impl RopeTable {
         RopeTable { half, cos, sin }
     }
 
+    /// The M-RoPE table of one prompt (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): token `t` rotates
+    /// frequency `j` by `positions[axis][t] · inv_freq[j]`, where the axis (temporal, height,
+    /// width) of each frequency comes from `mrope_section`, in consecutive blocks (Qwen2/2.5:
+    /// `apply_multimodal_rotary_pos_emb`) or interleaved `t h w t h w ...` over the first
+    /// `3 · section` frequencies (Qwen3-VL: `apply_interleaved_mrope`). With equal positions on
+    /// the three axes this is [`RopeTable::new`]'s table.
+    pub fn mrope(
+        freq: &Frequencies,
+        positions: &[Vec<i64>; 3],
+        sections: &[usize],
+        interleaved: bool,
+    ) -> RopeTable {
+        let half = freq.inv_freq.len();
+        let axis_of = |j: usize| -> usize {
+            if interleaved {
+                for axis in [1, 2] {
+                    let len = sections.get(axis).copied().unwrap_or(0) * 3;
+                    if j % 3 == axis && j < len {
+                        return axis;
+                    }
+                }
+                0
+            } else {
+                let mut end = 0;
+                for (axis, &len) in sections.iter().enumerate() {
+                    end += len;
+                    if j < end {
+                        return axis % 3;
+                    }
+                }
+                // Sections shorter than half: transformers' split leaves the rest to axis 0.
+                0
+            }
+        };
+        let axes: Vec<usize> = (0..half).map(axis_of).collect();
+        let len = positions[0].len();
+        let mut angles = Vec::with_capacity(len * half);
+        for t in 0..len {
+            for (j, &f) in freq.inv_freq.iter().enumerate() {
+                angles.push(positions[axes[j]][t] as f32 * f);
+            }
+        }
+        RopeTable::from_angles(half, &angles, freq.attention_scaling)
+    }
+
     /// Rotate one head vector (`2 * half` values) at position `t` in place.
     #[inline]
     pub fn apply(&self, x: &mut [f32], t: usize) {
@@ -288,6 +333,24 @@ mod tests {
         let grown = frequencies(&rope(dynamic), 8, 16, 32).unwrap();
         assert!(grown.inv_freq[1] < base.inv_freq[1]);
         assert_eq!(grown.inv_freq[0], 1.0);
+    }
+
+    #[test]
+    fn mrope_with_equal_axes_is_the_plain_table_and_sections_pick_the_axis() {
+        let f = frequencies(&rope(RopeScaling::Default), 16, 512, 8).unwrap();
+        let same: [Vec<i64>; 3] = std::array::from_fn(|_| (0..5).collect());
+        for interleaved in [false, true] {
+            let m = RopeTable::mrope(&f, &same, &[4, 2, 2], interleaved);
+            assert_eq!(m, RopeTable::new(&f, 5));
+        }
+        // Only the height axis moves: the frequencies it owns rotate, the others stay at 0.
+        let h_only = [vec![0i64; 2], vec![0, 3], vec![0i64; 2]];
+        let blocks = RopeTable::mrope(&f, &h_only, &[4, 2, 2], false);
+        let moved: Vec<usize> = (0..8).filter(|&j| blocks.sin[8 + j] != 0.0).collect();
+        assert_eq!(moved, [4, 5]);
+        let inter = RopeTable::mrope(&f, &h_only, &[4, 2, 2], true);
+        let moved: Vec<usize> = (0..8).filter(|&j| inter.sin[8 + j] != 0.0).collect();
+        assert_eq!(moved, [1, 4]);
     }
 
     #[test]
