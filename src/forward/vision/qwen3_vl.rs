@@ -153,7 +153,9 @@ impl Qwen3VlTower {
             bail!("config.json: vision_config.{field} is 0");
         }
         // The rotary splits each head into h and w halves of head_dim/4 frequencies each.
-        if cfg.hidden_size % cfg.num_heads != 0 || (cfg.hidden_size / cfg.num_heads) % 4 != 0 {
+        if !cfg.hidden_size.is_multiple_of(cfg.num_heads)
+            || !(cfg.hidden_size / cfg.num_heads).is_multiple_of(4)
+        {
             bail!(
                 "config.json: vision_config.hidden_size {} over num_heads {} does not give a head_dim divisible by 4",
                 cfg.hidden_size,
@@ -192,7 +194,7 @@ impl Qwen3VlTower {
         let m = self.cfg.spatial_merge_size;
         let mut patches = 0;
         for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t == 0 || h == 0 || w == 0 || h % m != 0 || w % m != 0 {
+            if t == 0 || h == 0 || w == 0 || !h.is_multiple_of(m) || !w.is_multiple_of(m) {
                 bail!("image_grid_thw[{i}]: ({t}, {h}, {w}) is not a grid of whole {m}×{m} merge blocks");
             }
             patches += t * h * w;
