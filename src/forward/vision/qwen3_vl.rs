@@ -258,7 +258,10 @@ impl Qwen3VlTower {
                 &[e, cfg.in_channels, t, pz, pz],
             )?;
             let b = be.load(model, &format!("{p}patch_embed.proj.bias"), &[e])?;
-            let mut x = be.linear(&be.upload(values.to_vec())?, rows, &w, e, k)?;
+            // The pixels are cast to the weight's dtype first (a no-op in f32).
+            let mut px = be.upload(values.to_vec())?;
+            be.round(&mut px)?;
+            let mut x = be.linear(&px, rows, &w, e, k)?;
             be.add_bias(&mut x, &b, e)?;
             be.round(&mut x)?;
             x
