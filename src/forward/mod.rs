@@ -8,6 +8,7 @@
 //! - [`decoder`]: the decoder recipe, written once over the backend; per-head scores go to
 //!   visitors, never stored for all layers; [`decoder::trace`] keeps everything for parity tests.
 //! - [`vision`]: the VLMs' vision towers, one file per family, over the same backend.
+//! - [`vlm`]: a VLM prompt as its processor builds it: placeholders and M-RoPE positions.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.
 
 pub mod backend;
@@ -16,3 +17,4 @@ pub mod device;
 pub mod model;
 pub mod rope;
 pub mod vision;
+pub mod vlm;
