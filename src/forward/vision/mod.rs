@@ -10,6 +10,8 @@ use super::backend::Backend;
 use super::decoder::Model;
 use crate::error::Result;
 
+pub mod qwen2_vl;
+
 /// A processor's output, as transformers' image processors lay it out.
 #[derive(Debug, Clone, Copy)]
 pub enum Pixels<'a> {
@@ -46,21 +48,35 @@ pub type Taps = Vec<(String, Vec<f32>)>;
 
 /// The vision tower of a VLM, from its `config.json`.
 #[derive(Debug, Clone)]
-pub enum Tower {}
+pub enum Tower {
+    /// Qwen2-VL and Qwen2.5-VL (`qwen2_vl.rs`).
+    Qwen2Vl(qwen2_vl::Vision),
+}
 
 impl Tower {
     /// The tower described by `config` (a VLM's `config.json`), or `None` for a model without
     /// one. A VLM whose tower family is not supported is an error naming it.
     pub fn from_config(config: &Value) -> Result<Option<Tower>> {
-        let _ = config;
-        Ok(None)
+        let model_type = config.get("model_type").and_then(Value::as_str);
+        Ok(match model_type {
+            Some("qwen2_vl") => Some(Tower::Qwen2Vl(qwen2_vl::Vision::from_config(
+                config,
+                qwen2_vl::Generation::Qwen2,
+            )?)),
+            Some("qwen2_5_vl") => Some(Tower::Qwen2Vl(qwen2_vl::Vision::from_config(
+                config,
+                qwen2_vl::Generation::Qwen25,
+            )?)),
+            _ => None,
+        })
     }
 
     /// How many image tokens each image of `pixels` becomes in the prompt; errors when `pixels`
     /// does not have the layout or shape this tower reads.
     pub fn tokens_per_image(&self, pixels: &Pixels) -> Result<Vec<usize>> {
-        let _ = pixels;
-        match *self {}
+        match self {
+            Tower::Qwen2Vl(v) => v.tokens_per_image(pixels),
+        }
     }
 
     /// Run the tower on `pixels`, reading its weights from `model` (tensors by their stored
@@ -72,7 +88,8 @@ impl Tower {
         pixels: &Pixels,
         taps: Option<&mut Taps>,
     ) -> Result<ImageFeatures> {
-        let _ = (backend, model, pixels, taps);
-        match *self {}
+        match self {
+            Tower::Qwen2Vl(v) => v.encode(backend, model, pixels, taps),
+        }
     }
 }
