@@ -167,7 +167,7 @@ impl Vision {
             return Err(err(format!("a zero size in {vision:?}")));
         }
         // The 2-D rotary splits each head into h and w halves of rotate-half pairs.
-        if vision.width % vision.num_heads != 0 || vision.head_dim() % 4 != 0 {
+        if !vision.width.is_multiple_of(vision.num_heads) || !vision.head_dim().is_multiple_of(4) {
             return Err(err(format!(
                 "width {} over {} heads: head_dim must be a multiple of 4",
                 vision.width, vision.num_heads
@@ -196,7 +196,12 @@ impl Vision {
             bail!("pixel_values: a Qwen2-VL/Qwen2.5-VL tower reads patch rows with image_grid_thw, not tiles");
         };
         for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t == 0 || h == 0 || w == 0 || h % self.merge != 0 || w % self.merge != 0 {
+            if t == 0
+                || h == 0
+                || w == 0
+                || !h.is_multiple_of(self.merge)
+                || !w.is_multiple_of(self.merge)
+            {
                 bail!(
                     "image_grid_thw[{i}] = [{t}, {h}, {w}]: t, h, w must be positive and h, w multiples of spatial_merge_size {}",
                     self.merge
