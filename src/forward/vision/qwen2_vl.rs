@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::forward::backend::{Activation, AttentionShape, Backend, Bf16Style};
 use crate::forward::decoder::Model;
 use crate::forward::rope::RopeTable;
-use crate::{bad, bail};
+use crate::{bad, bail, internal};
 
 /// The two generations share the patch embedding, rotary, attention and merger; Qwen2.5-VL
 /// swaps LayerNorm for RMSNorm and the MLP for a gated one, and adds window attention.
@@ -410,7 +410,7 @@ impl Vision {
         drop((q, k, v));
         let ctx = attended
             .context
-            .ok_or_else(|| bad!("{p}: attention returned no context"))?;
+            .ok_or_else(|| internal!("{p}: attention returned no context"))?;
         let o = self.linear(
             be,
             model,
@@ -776,6 +776,48 @@ mod tests {
     #[test]
     fn qwen2_5_vl_matches_transformers_and_the_stand_in_matches_the_cpu() {
         parity("qwen2_5_vl");
+    }
+
+    /// The fixture's tensors with `visual.` renamed to `model.visual.` (the layout of checkpoints
+    /// converted by newer transformers) give the same features.
+    #[test]
+    fn the_model_visual_layout_reads_the_same_tower() {
+        let case = cases("qwen2_5_vl").remove(0);
+        let bytes = std::fs::read(case.model.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let renamed: Vec<(String, safetensors::tensor::TensorView)> = st
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| match name.strip_prefix("visual.") {
+                Some(rest) => (format!("model.visual.{rest}"), view),
+                None => (name, view),
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        safetensors::serialize_to_file(renamed, None, &dir.path().join("model.safetensors"))
+            .unwrap();
+        std::fs::copy(
+            case.model.join("config.json"),
+            dir.path().join("config.json"),
+        )
+        .unwrap();
+
+        let golden = SafeTensors::deserialize(&case.golden).unwrap();
+        let values = f32s(&golden, "pixel_values");
+        let grid_thw = grids(&golden);
+        let pixels = Pixels::Patches {
+            values: &values,
+            grid_thw: &grid_thw,
+        };
+        let cpu = CpuBackend::new(Precision::F32);
+        let encode = |dir: &Path| {
+            let ckpt = Checkpoint::open_dir(dir, "qwen2_5_vl").unwrap();
+            let model = Model::new(&ckpt).unwrap();
+            tower(&ckpt).encode(&cpu, &model, &pixels, None).unwrap()
+        };
+        let converted = encode(dir.path());
+        assert!(!converted.embeds.is_empty());
+        assert_eq!(converted, encode(&case.model), "{}", case.name);
     }
 
     #[test]
