@@ -252,7 +252,9 @@ impl Vision {
         };
 
         // PatchEmbed: a Conv3d with kernel = stride over whole patches is one GEMM.
-        let pixels = be.upload(values.to_vec())?;
+        // `PatchEmbed.forward` casts the pixels to the weights' dtype first.
+        let mut pixels = be.upload(values.to_vec())?;
+        be.round(&mut pixels)?;
         let w = be.load(
             model,
             &format!("{prefix}patch_embed.proj.weight"),
