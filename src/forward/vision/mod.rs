@@ -11,6 +11,7 @@ use super::decoder::Model;
 use crate::error::Result;
 
 pub mod qwen3_vl;
+pub mod qwen2_vl;
 
 /// A processor's output, as transformers' image processors lay it out.
 #[derive(Debug, Clone, Copy)]
@@ -51,16 +52,27 @@ pub type Taps = Vec<(String, Vec<f32>)>;
 pub enum Tower {
     /// Qwen3-VL and Qwen3-VL-MoE (`qwen3_vl.rs`).
     Qwen3Vl(qwen3_vl::Qwen3VlTower),
+    /// Qwen2-VL and Qwen2.5-VL (`qwen2_vl.rs`).
+    Qwen2Vl(qwen2_vl::Vision),
 }
 
 impl Tower {
     /// The tower described by `config` (a VLM's `config.json`), or `None` for a model without
     /// one. A VLM whose tower family is not supported is an error naming it.
     pub fn from_config(config: &Value) -> Result<Option<Tower>> {
-        Ok(match config.get("model_type").and_then(Value::as_str) {
+        let model_type = config.get("model_type").and_then(Value::as_str);
+        Ok(match model_type {
             Some("qwen3_vl" | "qwen3_vl_moe") => {
                 Some(Tower::Qwen3Vl(qwen3_vl::Qwen3VlTower::from_config(config)?))
             }
+            Some("qwen2_vl") => Some(Tower::Qwen2Vl(qwen2_vl::Vision::from_config(
+                config,
+                qwen2_vl::Generation::Qwen2,
+            )?)),
+            Some("qwen2_5_vl") => Some(Tower::Qwen2Vl(qwen2_vl::Vision::from_config(
+                config,
+                qwen2_vl::Generation::Qwen25,
+            )?)),
             _ => None,
         })
     }
@@ -70,6 +82,7 @@ impl Tower {
     pub fn tokens_per_image(&self, pixels: &Pixels) -> Result<Vec<usize>> {
         match self {
             Tower::Qwen3Vl(t) => t.tokens_per_image(pixels),
+            Tower::Qwen2Vl(v) => v.tokens_per_image(pixels),
         }
     }
 
@@ -84,6 +97,7 @@ impl Tower {
     ) -> Result<ImageFeatures> {
         match self {
             Tower::Qwen3Vl(t) => t.encode(backend, model, pixels, taps),
+            Tower::Qwen2Vl(v) => v.encode(backend, model, pixels, taps),
         }
     }
 }
