@@ -4,6 +4,8 @@
 //! the CPU stand-in tests them. One file per tower family; [`Tower`] dispatches on the VLM's
 //! `config.json`.
 
+pub mod internvl;
+
 use serde_json::Value;
 
 use super::backend::Backend;
@@ -46,21 +48,29 @@ pub type Taps = Vec<(String, Vec<f32>)>;
 
 /// The vision tower of a VLM, from its `config.json`.
 #[derive(Debug, Clone)]
-pub enum Tower {}
+pub enum Tower {
+    /// InternVL: InternViT, pixel shuffle and projector (`internvl`, `internvl_chat`).
+    InternVl(internvl::InternVl),
+}
 
 impl Tower {
     /// The tower described by `config` (a VLM's `config.json`), or `None` for a model without
     /// one. A VLM whose tower family is not supported is an error naming it.
     pub fn from_config(config: &Value) -> Result<Option<Tower>> {
-        let _ = config;
-        Ok(None)
+        match config.get("model_type").and_then(Value::as_str) {
+            Some("internvl" | "internvl_chat") => Ok(Some(Tower::InternVl(
+                internvl::InternVl::from_config(config)?,
+            ))),
+            _ => Ok(None),
+        }
     }
 
     /// How many image tokens each image of `pixels` becomes in the prompt; errors when `pixels`
     /// does not have the layout or shape this tower reads.
     pub fn tokens_per_image(&self, pixels: &Pixels) -> Result<Vec<usize>> {
-        let _ = pixels;
-        match *self {}
+        match self {
+            Tower::InternVl(t) => t.tokens_per_image(pixels),
+        }
     }
 
     /// Run the tower on `pixels`, reading its weights from `model` (tensors by their stored
@@ -72,7 +82,8 @@ impl Tower {
         pixels: &Pixels,
         taps: Option<&mut Taps>,
     ) -> Result<ImageFeatures> {
-        let _ = (backend, model, pixels, taps);
-        match *self {}
+        match self {
+            Tower::InternVl(t) => t.encode(backend, model, pixels, taps),
+        }
     }
 }

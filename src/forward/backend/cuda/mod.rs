@@ -29,7 +29,7 @@ use crate::forward::rope::RopeTable;
 pub mod device;
 pub mod driver;
 #[cfg(test)]
-mod host;
+pub(crate) mod host;
 #[cfg(test)]
 mod parity_tests;
 
