@@ -282,14 +282,16 @@ impl InternVl {
     }
 
     fn check(&self) -> Result<()> {
-        if self.heads == 0 || self.hidden % self.heads != 0 {
+        if self.heads == 0 || !self.hidden.is_multiple_of(self.heads) {
             bail!(
                 "config.json: vision_config.hidden_size {} is not a multiple of num_attention_heads {}",
                 self.hidden,
                 self.heads
             );
         }
-        if self.image % self.patch != 0 || (self.image / self.patch) % self.shuffle != 0 {
+        if !self.image.is_multiple_of(self.patch)
+            || !(self.image / self.patch).is_multiple_of(self.shuffle)
+        {
             bail!(
                 "config.json: vision_config image_size {} / patch_size {} is not a grid the pixel shuffle by {} divides",
                 self.image,
@@ -406,28 +408,9 @@ impl InternVl {
             x = self.norm(be, model, &names.final_norm, &x, false)?;
         }
 
-        // The class token dropped, then pixel_shuffle folded into one row gather: output token
-        // (w2, h2) of a tile is the 4 (k²) features [(k·w2+a, k·h2+b) for a, for b] side by side.
-        let k = self.shuffle;
-        let side = g / k;
-        let index: Vec<u32> = (0..tiles)
-            .flat_map(|t| {
-                (0..side * side).flat_map(move |o| {
-                    // ps_version v1 leaves the shuffled grid transposed.
-                    let (w2, h2) = if self.shuffle_transpose {
-                        (o / side, o % side)
-                    } else {
-                        (o % side, o / side)
-                    };
-                    (0..k * k).map(move |ab| {
-                        let (a, b) = (ab / k, ab % k);
-                        (t * seq + 1 + (k * w2 + a) * g + k * h2 + b) as u32
-                    })
-                })
-            })
-            .collect();
+        let index = shuffle_index(tiles, g, self.shuffle, self.shuffle_transpose);
         let x = be.gather_rows(&x, h, &index)?;
-        let tokens = tiles * side * side;
+        let tokens = tiles * self.tokens_per_tile();
         let embeds = self.project(be, model, &names, &x, tokens)?;
         Ok(ImageFeatures {
             embeds: be.to_host(&embeds)?.into_owned(),
@@ -647,6 +630,30 @@ fn feature_depth(index: i64, layers: usize, key: &str) -> Result<usize> {
     Ok(depth as usize)
 }
 
+/// The rows of `[tiles · (1 + g²), hidden]` features that `get_image_features` passes on, in
+/// order, `k²` consecutive rows making one `[k² · hidden]` token: the class token dropped, then
+/// `pixel_shuffle` (modeling_internvl.py) as a row gather. Its view/permute/view/permute makes
+/// token (w2, h2) of a tile the features [(k·w2 + a, k·h2 + b) for a, for b] side by side;
+/// `transpose: false` (the remote `ps_version: v1`) skips the last permute.
+fn shuffle_index(tiles: usize, g: usize, k: usize, transpose: bool) -> Vec<u32> {
+    let (side, seq) = (g / k, 1 + g * g);
+    (0..tiles)
+        .flat_map(|t| {
+            (0..side * side).flat_map(move |o| {
+                let (w2, h2) = if transpose {
+                    (o / side, o % side)
+                } else {
+                    (o % side, o / side)
+                };
+                (0..k * k).map(move |ab| {
+                    let (a, b) = (ab / k, ab % k);
+                    (t * seq + 1 + (k * w2 + a) * g + k * h2 + b) as u32
+                })
+            })
+        })
+        .collect()
+}
+
 /// The stored names of one checkpoint's tower and projector.
 struct Names {
     layers: String,
@@ -862,6 +869,7 @@ mod tests {
                 err <= TOL,
                 "{name} image_embeds: GPU code path {err:.2e} > {TOL:.0e} relative to the CPU"
             );
+            assert_eq!(gpu_taps.len(), taps.len(), "{name}: taps on both backends");
             for ((tensor, g), (_, c)) in gpu_taps.iter().zip(&taps) {
                 let err = relative(g, c);
                 assert!(
@@ -874,28 +882,26 @@ mod tests {
 
     #[test]
     fn the_pixel_shuffle_gather_is_transformers_reshape_and_transposes() {
-        // A 4×4 grid of one-value features with ratio 0.5: transformers' view/permute/view/
-        // permute gives token (w2, h2) = [(2w2, 2h2), (2w2, 2h2+1), (2w2+1, 2h2), (2w2+1, 2h2+1)]
-        // as `w·4 + h` indices; worked by hand from pixel_shuffle in modeling_internvl.py.
-        let config: Value = serde_json::from_str(
-            &std::fs::read_to_string(root().join("tests/fixtures/vlm/internvl/config.json"))
-                .unwrap(),
-        )
-        .unwrap();
-        let tower = InternVl::from_config(&config).unwrap();
-        assert_eq!(
-            (tower.grid(), tower.shuffle, tower.tokens_per_tile()),
-            (4, 2, 4)
-        );
-        let expected = [[0, 1, 4, 5], [2, 3, 6, 7], [8, 9, 12, 13], [10, 11, 14, 15]];
-        let g = 4;
-        for (o, want) in expected.iter().enumerate() {
-            let (w2, h2) = (o / 2, o % 2);
-            let got: Vec<usize> = (0..4)
-                .map(|ab| (2 * w2 + ab / 2) * g + 2 * h2 + ab % 2)
-                .collect();
-            assert_eq!(&got[..], want, "token {o}");
-        }
+        // Two tiles of a 4×4 grid (17 rows each, the class token first), ratio 0.5. Worked by
+        // hand from pixel_shuffle in modeling_internvl.py: token (w2, h2) holds patches
+        // (2w2, 2h2), (2w2, 2h2+1), (2w2+1, 2h2), (2w2+1, 2h2+1), patch (w, h) at row 1 + 4w + h.
+        let tile = [
+            [1, 2, 5, 6],
+            [3, 4, 7, 8],
+            [9, 10, 13, 14],
+            [11, 12, 15, 16],
+        ];
+        let expected: Vec<u32> = [0u32, 17]
+            .iter()
+            .flat_map(|base| tile.iter().flatten().map(move |r| base + r))
+            .collect();
+        assert_eq!(shuffle_index(2, 4, 2, true), expected);
+        // ps_version v1: tokens (h2, w2) in row-major order, each token's rows unchanged.
+        let v1: Vec<u32> = [0usize, 2, 1, 3]
+            .iter()
+            .flat_map(|&o| tile[o].iter().copied())
+            .collect();
+        assert_eq!(shuffle_index(1, 4, 2, false), v1);
     }
 
     #[test]
