@@ -10,8 +10,9 @@ use super::backend::Backend;
 use super::decoder::Model;
 use crate::error::Result;
 
-pub mod qwen3_vl;
+pub mod internvl;
 pub mod qwen2_vl;
+pub mod qwen3_vl;
 
 /// A processor's output, as transformers' image processors lay it out.
 #[derive(Debug, Clone, Copy)]
@@ -54,6 +55,8 @@ pub enum Tower {
     Qwen3Vl(qwen3_vl::Qwen3VlTower),
     /// Qwen2-VL and Qwen2.5-VL (`qwen2_vl.rs`).
     Qwen2Vl(qwen2_vl::Vision),
+    /// InternVL: InternViT, pixel shuffle and projector (`internvl`, `internvl_chat`).
+    InternVl(internvl::InternVl),
 }
 
 impl Tower {
@@ -73,6 +76,9 @@ impl Tower {
                 config,
                 qwen2_vl::Generation::Qwen25,
             )?)),
+            Some("internvl" | "internvl_chat") => {
+                Some(Tower::InternVl(internvl::InternVl::from_config(config)?))
+            }
             _ => None,
         })
     }
@@ -83,6 +89,7 @@ impl Tower {
         match self {
             Tower::Qwen3Vl(t) => t.tokens_per_image(pixels),
             Tower::Qwen2Vl(v) => v.tokens_per_image(pixels),
+            Tower::InternVl(t) => t.tokens_per_image(pixels),
         }
     }
 
@@ -98,6 +105,7 @@ impl Tower {
         match self {
             Tower::Qwen3Vl(t) => t.encode(backend, model, pixels, taps),
             Tower::Qwen2Vl(v) => v.encode(backend, model, pixels, taps),
+            Tower::InternVl(t) => t.encode(backend, model, pixels, taps),
         }
     }
 }
