@@ -913,12 +913,31 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks and the
     /// text loss; the sink scorer never needs them).
     pub fn logits(&self) -> Result<Vec<f32>> {
+        self.lm_head(&self.final_norm()?)
+    }
+
+    /// The final norm's output `[tokens, hidden]` (transformers' last `hidden_states` entry) and
+    /// the logits `[tokens, vocab]`, on the host.
+    pub fn final_hidden_and_logits(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = self.final_norm()?;
+        let logits = self.lm_head(&h)?;
+        Ok((self.backend.to_host(&h)?.into_owned(), logits))
+    }
+
+    fn final_norm(&self) -> Result<B::Tensor> {
+        let spec = &self.model.spec;
+        let hidden = spec.hidden_size;
+        let w = self.weight("model.norm.weight", &[hidden])?;
+        self.backend
+            .rms_norm(&self.x, hidden, &w, spec.rms_norm_eps, spec.bf16_style)
+    }
+
+    /// The LM head on the final norm's output `h`.
+    fn lm_head(&self, h: &B::Tensor) -> Result<Vec<f32>> {
         let model = self.model;
         let be = self.backend;
         let spec = &model.spec;
         let hidden = spec.hidden_size;
-        let w = self.weight("model.norm.weight", &[hidden])?;
-        let h = be.rms_norm(&self.x, hidden, &w, spec.rms_norm_eps, spec.bf16_style)?;
         let head = if !spec.tie_word_embeddings && model.has("lm_head.weight") {
             "lm_head.weight"
         } else if spec.tie_word_embeddings {
@@ -932,7 +951,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         // A header's shape may have any rank: `weight` refuses one that is not [rows, hidden].
         let rows = model.info(head)?.shape.first().copied().unwrap_or(0);
         let lm = self.weight(head, &[rows, hidden])?;
-        let mut logits = be.linear(&h, self.rows, &lm, rows, hidden)?;
+        let mut logits = be.linear(h, self.rows, &lm, rows, hidden)?;
         be.round(&mut logits)?;
         Ok(be.to_host(&logits)?.into_owned())
     }

@@ -8,10 +8,12 @@
 //! - [`decoder`]: the decoder recipe, written once over the backend; per-head scores go to
 //!   visitors, never stored for all layers; [`decoder::trace`] keeps everything for parity tests.
 //! - [`vision`]: the VLMs' vision towers, one file per family, over the same backend.
+//! - [`capture`]: one full forward pass keeping the activations `trace` writes.
 //! - [`vlm`]: a VLM prompt as its processor builds it: placeholders and M-RoPE positions.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.
 
 pub mod backend;
+pub mod capture;
 pub mod decoder;
 pub mod device;
 pub mod model;

@@ -1,0 +1,374 @@
+//! One full forward pass of one prompt, its images included, keeping the activations `sinkmerge
+//! trace` writes (`docs/commands/trace.md`): the library's `run_with_cache`. Names, shapes and
+//! layouts are transformers' (batch dimensions dropped), so a file loads straight into Python.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::backend::Backend;
+use super::decoder::{HeadView, Model, State};
+use super::vision::{Pixels, Tower};
+use super::vlm;
+use crate::error::{Error, Result};
+use crate::{bad, bail};
+
+/// What `--capture` can keep. Per-layer kinds are kept for the `--layers` chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Capture {
+    InputIds,
+    PositionIds,
+    PixelValues,
+    ImageEmbeds,
+    Logits,
+    Attentions,
+    Keys,
+    Values,
+    KeysPreRope,
+    HiddenStates,
+}
+
+impl Capture {
+    pub const ALL: [Capture; 10] = [
+        Capture::InputIds,
+        Capture::PositionIds,
+        Capture::PixelValues,
+        Capture::ImageEmbeds,
+        Capture::Logits,
+        Capture::Attentions,
+        Capture::Keys,
+        Capture::Values,
+        Capture::KeysPreRope,
+        Capture::HiddenStates,
+    ];
+
+    /// The tensor name (per-layer kinds: the prefix before `.L`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Capture::InputIds => "input_ids",
+            Capture::PositionIds => "position_ids",
+            Capture::PixelValues => "pixel_values",
+            Capture::ImageEmbeds => "image_embeds",
+            Capture::Logits => "logits",
+            Capture::Attentions => "attentions",
+            Capture::Keys => "keys",
+            Capture::Values => "values",
+            Capture::KeysPreRope => "keys_pre_rope",
+            Capture::HiddenStates => "hidden_states",
+        }
+    }
+}
+
+impl fmt::Display for Capture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The `--capture` value: `all`, or a comma-separated list of [`Capture`] names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSet(pub Vec<Capture>);
+
+impl CaptureSet {
+    pub fn has(&self, c: Capture) -> bool {
+        self.0.contains(&c)
+    }
+}
+
+impl FromStr for CaptureSet {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<CaptureSet> {
+        if s.trim() == "all" {
+            return Ok(CaptureSet(Capture::ALL.to_vec()));
+        }
+        let mut kept = Vec::new();
+        for item in s.split(',').map(str::trim) {
+            let Some(&c) = Capture::ALL.iter().find(|c| c.name() == item) else {
+                let names: Vec<&str> = Capture::ALL.iter().map(|c| c.name()).collect();
+                bail!(
+                    "--capture: `{item}` is not a capture; use all or a list of {}",
+                    names.join(", ")
+                );
+            };
+            if !kept.contains(&c) {
+                kept.push(c);
+            }
+        }
+        kept.sort();
+        Ok(CaptureSet(kept))
+    }
+}
+
+/// A prompt's images: the tower, the processor's pixels and their shape as the processor
+/// returns it.
+pub struct Images<'a> {
+    pub tower: &'a Tower,
+    pub pixels: Pixels<'a>,
+    pub pixel_shape: Vec<usize>,
+    /// The token whose rows the tower's output replaces.
+    pub image_token: u32,
+}
+
+/// One prompt to run.
+pub struct Prompt<'a> {
+    pub ids: Vec<u32>,
+    pub images: Option<Images<'a>>,
+    /// The vision tower's merge size for M-RoPE families (`position_ids` are `[3, seq]`);
+    /// `None`: plain positions `0..seq`.
+    pub mrope_merge: Option<usize>,
+}
+
+/// A kept tensor's values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+/// One kept tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kept {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Values,
+}
+
+impl Kept {
+    fn f32(name: impl Into<String>, shape: Vec<usize>, values: Vec<f32>) -> Kept {
+        Kept {
+            name: name.into(),
+            shape,
+            values: Values::F32(values),
+        }
+    }
+
+    fn i64(name: impl Into<String>, shape: Vec<usize>, values: Vec<i64>) -> Kept {
+        Kept {
+            name: name.into(),
+            shape,
+            values: Values::I64(values),
+        }
+    }
+}
+
+/// `[seq, heads · head_dim]` as `[heads, seq, head_dim]` (transformers' per-head layout).
+fn heads_first(x: &[f32], seq: usize, heads: usize, head_dim: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for t in 0..seq {
+        for h in 0..heads {
+            let src = &x[(t * heads + h) * head_dim..(t * heads + h + 1) * head_dim];
+            out[(h * seq + t) * head_dim..(h * seq + t + 1) * head_dim].copy_from_slice(src);
+        }
+    }
+    out
+}
+
+/// Run `prompt` through `model` on `backend` (the tower first when it has images) and keep what
+/// `capture` names; per-layer kinds for `layers` (decoder layer indices). `hidden_states.L` is
+/// the input of layer L and `hidden_states.{L+1}` its output, for each chosen L; the last one is
+/// after the final norm, as transformers' `output_hidden_states`.
+pub fn run<B: Backend>(
+    backend: &B,
+    model: &Model,
+    prompt: &Prompt,
+    capture: &CaptureSet,
+    layers: &[usize],
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<Kept>> {
+    let spec = &model.spec;
+    let seq = prompt.ids.len();
+    let (nh, nkv, hd, hidden) = (
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        spec.hidden_size,
+    );
+    let num_layers = spec.num_layers();
+    let mut kept = Vec::new();
+    if capture.has(Capture::InputIds) {
+        let ids = prompt.ids.iter().map(|&i| i as i64).collect();
+        kept.push(Kept::i64("input_ids", vec![seq], ids));
+    }
+
+    let mut image_rows = Vec::new();
+    let mut features = None;
+    let mut grids: &[[usize; 3]] = &[];
+    if let Some(images) = &prompt.images {
+        image_rows = vlm::image_rows(&prompt.ids, images.image_token);
+        progress("vision tower");
+        let f = images.tower.encode(backend, model, &images.pixels, None)?;
+        if f.tokens != image_rows.len() {
+            bail!(
+                "the prompt has {} image tokens but the images give {}",
+                image_rows.len(),
+                f.tokens
+            );
+        }
+        if capture.has(Capture::PixelValues) {
+            let (values, extra) = match images.pixels {
+                Pixels::Patches { values, grid_thw } => {
+                    grids = grid_thw;
+                    let g = grid_thw.iter().flatten().map(|&v| v as i64).collect();
+                    (
+                        values,
+                        Kept::i64("image_grid_thw", vec![grid_thw.len(), 3], g),
+                    )
+                }
+                Pixels::Tiles {
+                    values,
+                    num_patches,
+                } => {
+                    let n = num_patches.iter().map(|&v| v as i64).collect();
+                    (values, Kept::i64("num_patches", vec![num_patches.len()], n))
+                }
+            };
+            kept.push(Kept::f32(
+                "pixel_values",
+                images.pixel_shape.clone(),
+                values.to_vec(),
+            ));
+            kept.push(extra);
+        } else if let Pixels::Patches { grid_thw, .. } = images.pixels {
+            grids = grid_thw;
+        }
+        if capture.has(Capture::ImageEmbeds) {
+            kept.push(Kept::f32(
+                "image_embeds",
+                vec![f.tokens, hidden],
+                f.embeds.clone(),
+            ));
+        }
+        features = Some(f);
+    }
+
+    let mut state = State::new(model, backend, std::slice::from_ref(&prompt.ids))?;
+    let positions = match prompt.mrope_merge {
+        Some(merge) => {
+            let image_token = prompt.images.as_ref().map_or(u32::MAX, |i| i.image_token);
+            let p = vlm::mrope_positions(&prompt.ids, image_token, grids, merge)?;
+            if prompt.images.is_some() {
+                state.set_mrope_positions(0, p.clone())?;
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    if capture.has(Capture::PositionIds) {
+        kept.push(match positions {
+            Some(p) => Kept::i64("position_ids", vec![3, seq], p.concat()),
+            None => Kept::i64("position_ids", vec![seq], (0..seq as i64).collect()),
+        });
+    }
+    if let Some(f) = &features {
+        state.replace_rows(&image_rows, &f.embeds)?;
+    }
+
+    let mut chosen = vec![false; num_layers];
+    for &l in layers {
+        chosen[l] = true;
+    }
+    let wants_kv = [Capture::Keys, Capture::Values, Capture::KeysPreRope]
+        .iter()
+        .any(|&c| capture.has(c));
+    if wants_kv {
+        state.capture_kv(chosen.clone());
+    }
+    let hidden_wanted = |l: usize| {
+        capture.has(Capture::HiddenStates)
+            && (chosen.get(l).copied().unwrap_or(false) || (l > 0 && chosen[l - 1]))
+    };
+    if hidden_wanted(0) {
+        kept.push(Kept::f32(
+            "hidden_states.0",
+            vec![seq, hidden],
+            state.hidden()?,
+        ));
+    }
+    let keep_probs = |h: &HeadView| h.probs.to_vec();
+    let skip_probs = |_: &HeadView| Vec::new();
+    for layer in 0..num_layers {
+        progress(&format!("layer {layer}"));
+        let with_probs = chosen[layer] && capture.has(Capture::Attentions);
+        let out = if with_probs {
+            state.attention(layer, &keep_probs, true)?
+        } else {
+            state.attention(layer, &skip_probs, true)?
+        };
+        if with_probs {
+            kept.push(Kept::f32(
+                format!("attentions.{layer}"),
+                vec![nh, seq, seq],
+                out.heads.concat(),
+            ));
+        }
+        state.mlp(layer)?;
+        if layer + 1 < num_layers && hidden_wanted(layer + 1) {
+            let name = format!("hidden_states.{}", layer + 1);
+            kept.push(Kept::f32(name, vec![seq, hidden], state.hidden()?));
+        }
+        // Qwen3-VL's deepstack: after the layer's output is recorded (`_deepstack_process`).
+        if let Some(ds) = features.as_ref().and_then(|f| f.deepstack.get(layer)) {
+            state.add_rows(&image_rows, ds.clone())?;
+        }
+    }
+    for kv in state.take_kv() {
+        let l = kv.layer;
+        for (c, values) in [
+            (Capture::KeysPreRope, kv.keys_pre_rope),
+            (Capture::Keys, kv.keys),
+            (Capture::Values, kv.values),
+        ] {
+            if capture.has(c) {
+                kept.push(Kept::f32(
+                    format!("{}.{l}", c.name()),
+                    vec![nkv, seq, hd],
+                    heads_first(&values, seq, nkv, hd),
+                ));
+            }
+        }
+    }
+    let want_last = hidden_wanted(num_layers);
+    if capture.has(Capture::Logits) || want_last {
+        progress("logits");
+        let (normed, logits) = state.final_hidden_and_logits()?;
+        if want_last {
+            let name = format!("hidden_states.{num_layers}");
+            kept.push(Kept::f32(name, vec![seq, hidden], normed));
+        }
+        if capture.has(Capture::Logits) {
+            let vocab = logits.len() / seq.max(1);
+            kept.push(Kept::f32("logits", vec![seq, vocab], logits));
+        }
+    }
+    Ok(kept)
+}
+
+/// The kept tensors as one safetensors file's bytes, in name order.
+pub fn to_safetensors(kept: &[Kept], metadata: Vec<(String, String)>) -> Result<Vec<u8>> {
+    let bytes: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = kept
+        .iter()
+        .map(|k| {
+            let (dtype, data) = match &k.values {
+                Values::F32(v) => (
+                    safetensors::Dtype::F32,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+                Values::I64(v) => (
+                    safetensors::Dtype::I64,
+                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+            };
+            (k.name.clone(), dtype, k.shape.clone(), data)
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            safetensors::tensor::TensorView::new(*dtype, shape.clone(), data)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| bad!("tensor `{name}`: {e}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = (!metadata.is_empty()).then(|| metadata.into_iter().collect());
+    safetensors::tensor::serialize(views, metadata).map_err(|e| bad!("safetensors: {e}"))
+}
