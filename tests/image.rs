@@ -212,3 +212,32 @@ fn unknown_processor_is_bad_input() {
         "{err}"
     );
 }
+
+#[test]
+fn internvl_processor_tiles_and_sets_tokens() {
+    // InternVLProcessor forces crop_to_patches and sets the tokens per tile.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        crate::util::read_json(config_dir("internvl").join("preprocessor_config.json"));
+    config["crop_to_patches"] = false.into();
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let scene = fixtures().join("images/scene_100x75.png");
+    let plain = Processor::from_dir(dir.path()).unwrap();
+    assert_eq!(
+        plain.preprocess(std::slice::from_ref(&scene)).unwrap().grid,
+        Grid::NumPatches(vec![1])
+    );
+    std::fs::write(
+        dir.path().join("processor_config.json"),
+        r#"{"processor_class": "InternVLProcessor", "image_seq_length": 64}"#,
+    )
+    .unwrap();
+    let internvl = Processor::from_dir(dir.path()).unwrap();
+    let pixels = internvl.preprocess(&[scene]).unwrap();
+    assert_eq!(pixels.grid, Grid::NumPatches(vec![7]));
+    assert_eq!(pixels.tokens, [7 * 64]);
+}

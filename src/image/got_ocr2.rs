@@ -50,7 +50,7 @@ fn twelve() -> usize {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GotOcr2 {
     pub config: Config,
-    /// Tokens per tile: see [`super::image_seq_length`].
+    /// Tokens per tile: see [`super::InternVl`].
     pub image_seq_length: usize,
     to_float: ToFloat,
 }

@@ -65,11 +65,19 @@ impl Processor {
                 from_value(&path, value)?,
                 &path,
             )?)),
-            "GotOcr2ImageProcessor" => Ok(Processor::GotOcr2(got_ocr2::GotOcr2::from_config(
-                from_value(&path, value)?,
-                image_seq_length(model_dir)?,
-                &path,
-            )?)),
+            "GotOcr2ImageProcessor" => {
+                let mut config: got_ocr2::Config = from_value(&path, value.clone())?;
+                let internvl = InternVl::read(model_dir, &value)?;
+                // InternVLProcessor calls the image processor with crop_to_patches=True
+                // (`images_kwargs` in transformers/models/internvl/processing_internvl.py),
+                // whatever preprocessor_config.json says.
+                config.crop_to_patches |= internvl.is_internvl;
+                Ok(Processor::GotOcr2(got_ocr2::GotOcr2::from_config(
+                    config,
+                    internvl.image_seq_length,
+                    &path,
+                )?))
+            }
             "" => bail!("{}: no image_processor_type", path.display()),
             other => bail!(
                 "{}: image_processor_type {other:?} is not supported (sinkmerge has \
@@ -88,20 +96,38 @@ impl Processor {
     }
 }
 
-/// InternVL's tokens per tile: `image_seq_length` of `processor_config.json` (InternVLProcessor's
-/// argument), or that processor's default, 256, when the file or the field is absent
-/// (`transformers/models/internvl/processing_internvl.py`).
-fn image_seq_length(model_dir: &Path) -> Result<usize> {
-    #[derive(Deserialize)]
-    struct ProcessorConfig {
-        image_seq_length: Option<usize>,
+/// What InternVLProcessor adds around the GotOcr2 image processor.
+struct InternVl {
+    /// `processor_class` is `InternVLProcessor` in `processor_config.json` or
+    /// `preprocessor_config.json`.
+    is_internvl: bool,
+    /// Tokens per tile: `image_seq_length` of `processor_config.json` (InternVLProcessor's
+    /// argument), or that processor's default, 256, when the file or the field is absent.
+    image_seq_length: usize,
+}
+
+impl InternVl {
+    fn read(model_dir: &Path, preprocessor: &serde_json::Value) -> Result<Self> {
+        #[derive(Deserialize, Default)]
+        struct ProcessorConfig {
+            processor_class: Option<String>,
+            image_seq_length: Option<usize>,
+        }
+        let path = model_dir.join("processor_config.json");
+        let processor: ProcessorConfig = if path.is_file() {
+            read_json(&path)?
+        } else {
+            ProcessorConfig::default()
+        };
+        let class = processor
+            .processor_class
+            .as_deref()
+            .or_else(|| preprocessor.get("processor_class").and_then(|v| v.as_str()));
+        Ok(InternVl {
+            is_internvl: class == Some("InternVLProcessor"),
+            image_seq_length: processor.image_seq_length.unwrap_or(256),
+        })
     }
-    let path = model_dir.join("processor_config.json");
-    if !path.is_file() {
-        return Ok(256);
-    }
-    let config: ProcessorConfig = read_json(&path)?;
-    Ok(config.image_seq_length.unwrap_or(256))
 }
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
