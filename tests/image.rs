@@ -162,9 +162,9 @@ fn unsupported_format_is_bad_input() {
     assert!(message.contains("unsupported image format"), "{message}");
 }
 
-#[test]
-fn empty_image_is_bad_input() {
-    // A PNG header declaring 0x0 pixels (CRCs valid), as an encoder will not write one.
+/// A PNG declaring `width`x`height` RGB8 pixels with an empty image stream (CRCs valid), as an
+/// encoder will not write it: decoders read the header and fail only on the pixels.
+fn png_header(width: u32, height: u32) -> Vec<u8> {
     let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
     let mut chunk = |kind: &[u8], data: &[u8]| {
         png.extend((data.len() as u32).to_be_bytes());
@@ -172,13 +172,53 @@ fn empty_image_is_bad_input() {
         png.extend(&body);
         png.extend(crc32(&body).to_be_bytes());
     };
-    chunk(b"IHDR", &[0, 0, 0, 0, 0, 0, 0, 0, 8, 2, 0, 0, 0]);
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend(height.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    chunk(b"IHDR", &ihdr);
+    // zlib's encoding of nothing.
+    chunk(b"IDAT", b"\x78\x9c\x03\x00\x00\x00\x00\x01");
     chunk(b"IEND", &[]);
-    let message = refusal("empty.png", &png);
+    png
+}
+
+#[test]
+fn empty_image_is_bad_input() {
+    let message = refusal("empty.png", &png_header(0, 0));
     assert!(
         message.contains("0x0") || message.contains("cannot decode"),
         "{message}"
     );
+}
+
+#[test]
+fn decompression_bomb_is_refused_before_decoding() {
+    // 200000 x 100000 pixels, declared in 77 bytes.
+    let message = refusal("bomb.png", &png_header(200_000, 100_000));
+    assert!(message.contains("decompression-bomb limit"), "{message}");
+}
+
+#[test]
+fn alpha_without_convert_rgb_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        crate::util::read_json(config_dir("qwen2_vl").join("preprocessor_config.json"));
+    config["do_convert_rgb"] = false.into();
+    std::fs::write(
+        dir.path().join("preprocessor_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let processor = Processor::from_dir(dir.path()).unwrap();
+    let err = processor
+        .preprocess(&[fixtures().join("images/alpha_64x48.png")])
+        .unwrap_err();
+    assert_eq!(err.kind(), Kind::BadInput);
+    assert!(err.to_string().contains("do_convert_rgb"), "{err}");
+    // An RGB image needs no conversion.
+    processor
+        .preprocess(&[fixtures().join("images/scene_100x75.png")])
+        .unwrap();
 }
 
 fn crc32(bytes: &[u8]) -> u32 {
