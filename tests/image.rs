@@ -104,6 +104,11 @@ fn internvl_matches_pil_backend() {
         images.push(config_dir("inputs").join(input));
     }
     check("internvl", &images);
+    // do_convert_rgb false: the key colour is not whitened.
+    check(
+        "internvl_keep_key",
+        &[config_dir("inputs").join("trns_key_40x30.png")],
+    );
 }
 
 #[test]
@@ -196,29 +201,6 @@ fn decompression_bomb_is_refused_before_decoding() {
     // 200000 x 100000 pixels, declared in 77 bytes.
     let message = refusal("bomb.png", &png_header(200_000, 100_000));
     assert!(message.contains("decompression-bomb limit"), "{message}");
-}
-
-#[test]
-fn alpha_without_convert_rgb_is_bad_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config: serde_json::Value =
-        crate::util::read_json(config_dir("qwen2_vl").join("preprocessor_config.json"));
-    config["do_convert_rgb"] = false.into();
-    std::fs::write(
-        dir.path().join("preprocessor_config.json"),
-        config.to_string(),
-    )
-    .unwrap();
-    let processor = Processor::from_dir(dir.path()).unwrap();
-    let err = processor
-        .preprocess(&[fixtures().join("images/alpha_64x48.png")])
-        .unwrap_err();
-    assert_eq!(err.kind(), Kind::BadInput);
-    assert!(err.to_string().contains("do_convert_rgb"), "{err}");
-    // An RGB image needs no conversion.
-    processor
-        .preprocess(&[fixtures().join("images/scene_100x75.png")])
-        .unwrap();
 }
 
 fn crc32(bytes: &[u8]) -> u32 {

@@ -9,7 +9,9 @@ test image of tests/fixtures/images/ (`<name>/<image stem>.safetensors`) with `p
 The sizes are small on purpose (the fixtures stay under ~1 MB) and chosen so the three branches of
 `smart_resize` all occur: `qwen2_vl` scales `alpha_64x48` up through `min_pixels` and the other
 three down through `max_pixels`; `qwen3_vl` (the newer `size` form, patch 16, mean/std 0.5) keeps
-two images at their rounded size; `internvl` tiles into 3, 4 and 7 tiles of 28 px.
+two images at their rounded size; `internvl` tiles into 3, 4 and 7 tiles of 28 px, and also runs
+two decoding cases of inputs/ (EXIF orientation, a tRNS key colour); `internvl_keep_key` runs the
+tRNS case with `do_convert_rgb` false.
 
     tools/.venv/bin/python tools/gen_image_goldens.py
 """
@@ -90,6 +92,9 @@ CONFIGS = {
         "max_patches": 6,
     },
 }
+# do_convert_rgb false skips convert_to_rgb, so the tRNS key colour is not whitened (load_image's
+# convert("RGB") still runs): the tRNS input only.
+CONFIGS["internvl_keep_key"] = {**CONFIGS["internvl"], "do_convert_rgb": False}
 
 
 def processor(config: dict):
@@ -116,7 +121,10 @@ def write_inputs() -> list[Path]:
 def main() -> None:
     inputs = write_inputs()
     for name, config in CONFIGS.items():
-        images = sorted(IMAGES.iterdir()) + (inputs if name == "internvl" else [])
+        if name == "internvl_keep_key":
+            images = inputs[1:]
+        else:
+            images = sorted(IMAGES.iterdir()) + (inputs if name == "internvl" else [])
         out = OUT / name
         out.mkdir(parents=True, exist_ok=True)
         (out / "preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")

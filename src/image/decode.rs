@@ -20,8 +20,8 @@ pub const MAX_PIXELS: u64 = 2 * 89_478_485;
 const MAX_ALLOC: u64 = MAX_PIXELS * 8;
 
 /// Decodes a PNG, JPEG or WebP file to RGB8 as `load_image` then `convert_to_rgb` do. With
-/// `convert_rgb` false (a processor's `do_convert_rgb: false`) only 8-bit RGB files are accepted:
-/// transformers would hand the processor another channel count, which it cannot normalise.
+/// `convert_rgb` false (a processor's `do_convert_rgb: false`) the second step is skipped, so a
+/// `tRNS` key colour stays as it is; `load_image`'s own `convert("RGB")` always runs.
 pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
     let bytes = std::fs::read(path).map_err(|e| Error::read(path, e))?;
     let keyed = png_transparency_key(&bytes);
@@ -50,15 +50,8 @@ pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
     }
     let orientation = decoder.orientation().map_err(|e| decode_error(path, e))?;
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(path, e))?;
-    if !convert_rgb && !matches!(image, DynamicImage::ImageRgb8(_)) {
-        bail!(
-            "{}: the image is {:?}, not 8-bit RGB, and the processor config sets do_convert_rgb to false",
-            path.display(),
-            image.color()
-        );
-    }
     image.apply_orientation(orientation);
-    to_rgb8(image, keyed, path)
+    to_rgb8(image, keyed && convert_rgb, path)
 }
 
 fn decode_error(path: &Path, err: ImageError) -> Error {
