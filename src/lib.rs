@@ -16,6 +16,7 @@
 //! - [`forward`]: the forward pass over a backend seam (CPU, CUDA): decoder architectures, rotary
 //!   embeddings, and the dispatch onto a device.
 //! - [`sink`]: the sink scorer and the paper's sink metrics over [`forward`]'s passes.
+//! - [`image`]: images to pixel tensors exactly as transformers' PIL image processors make them.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 // The library exists for the binary, the tests and the benches, and its docs are for the people
@@ -32,6 +33,7 @@ pub mod dtype;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod image;
 pub mod linalg;
 pub mod merge;
 pub mod progress;

@@ -15,6 +15,7 @@ mod fuzz;
 mod heads;
 mod hostile_inputs;
 mod hub;
+mod image;
 mod inject_qknorm;
 mod inspect;
 mod merge;

@@ -1,0 +1,149 @@
+//! Image files to RGB8, as transformers' `load_image` (`transformers/image_utils.py`) hands them to
+//! a processor: EXIF orientation applied (`ImageOps.exif_transpose`), then PIL's
+//! `Image.convert("RGB")`, then the processor's own `convert_to_rgb`
+//! (`transformers/image_transforms.py`), which only whitens a transparent key colour by then
+//! (docs/reference/images.md, "Decoding").
+
+use std::io::Cursor;
+use std::path::Path;
+
+use ::image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits, RgbImage};
+
+use crate::error::{Error, Result};
+use crate::{bad, bail};
+
+/// The largest image decoded, in pixels: PIL's `DecompressionBombError` threshold (twice its
+/// `MAX_IMAGE_PIXELS`, 89,478,485), so that sinkmerge refuses what PIL refuses.
+pub const MAX_PIXELS: u64 = 2 * 89_478_485;
+
+/// The most memory the decoder may allocate: `MAX_PIXELS` at 16-bit RGBA, 8 bytes a pixel.
+const MAX_ALLOC: u64 = MAX_PIXELS * 8;
+
+/// Decodes a PNG, JPEG or WebP file to RGB8 as `load_image` then `convert_to_rgb` do. With
+/// `convert_rgb` false (a processor's `do_convert_rgb: false`) the second step is skipped, so a
+/// `tRNS` key colour stays as it is; `load_image`'s own `convert("RGB")` always runs.
+pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
+    let bytes = std::fs::read(path).map_err(|e| Error::read(path, e))?;
+    let keyed = png_transparency_key(&bytes);
+    let mut reader = ImageReader::new(Cursor::new(&bytes[..]))
+        .with_guessed_format()
+        .map_err(|e| Error::read(path, e))?;
+    if reader.format().is_none() {
+        // Unrecognised content: decode as the extension says, for an error about that format.
+        if let Ok(format) = ImageFormat::from_path(path) {
+            reader.set_format(format);
+        }
+    }
+    let mut limits = Limits::default();
+    limits.max_alloc = Some(MAX_ALLOC);
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(|e| decode_error(path, e))?;
+    let (width, height) = decoder.dimensions();
+    if width == 0 || height == 0 {
+        bail!("{}: the image is {width}x{height} pixels", path.display());
+    }
+    if u64::from(width) * u64::from(height) > MAX_PIXELS {
+        bail!(
+            "{}: {width}x{height} pixels is more than the {MAX_PIXELS} allowed (PIL's decompression-bomb limit)",
+            path.display()
+        );
+    }
+    let orientation = decoder.orientation().map_err(|e| decode_error(path, e))?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(path, e))?;
+    image.apply_orientation(orientation);
+    to_rgb8(image, keyed && convert_rgb, path)
+}
+
+fn decode_error(path: &Path, err: ImageError) -> Error {
+    match err {
+        ImageError::Unsupported(e) => bad!(
+            "{}: unsupported image format (sinkmerge reads PNG, JPEG and WebP): {e}",
+            path.display()
+        ),
+        ImageError::Limits(e) => bad!("{}: image over the decoding limits: {e}", path.display()),
+        e => bad!(
+            "{}: cannot decode the image (corrupt or truncated?): {e}",
+            path.display()
+        ),
+    }
+}
+
+/// Whether the file is a PNG without an alpha channel whose `tRNS` chunk marks one colour (grey,
+/// RGB) or one palette entry fully transparent. The decoder turns that key into alpha; PIL keeps it
+/// as `info["transparency"]` through `convert("RGB")`, and transformers' `convert_to_rgb` then
+/// composites the key colour onto white. A palette `tRNS` with partial alpha PIL drops instead.
+fn png_transparency_key(bytes: &[u8]) -> bool {
+    const SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+    let Some(mut rest) = bytes.strip_prefix(SIGNATURE) else {
+        return false;
+    };
+    let mut color_type = None;
+    while rest.len() >= 8 {
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let (kind, body) = (&rest[4..8], &rest[8..]);
+        let Some(data) = body.get(..len) else {
+            return false;
+        };
+        match kind {
+            b"IHDR" => color_type = data.get(9).copied(),
+            b"tRNS" => {
+                return match color_type {
+                    Some(0 | 2) => true,
+                    // PngImagePlugin's `_simple_palette`: one 0 entry, every other 255.
+                    Some(3) => {
+                        data.iter().filter(|&&a| a == 0).count() == 1
+                            && data.iter().all(|&a| a == 0 || a == 255)
+                    }
+                    _ => false,
+                };
+            }
+            b"IDAT" => return false,
+            _ => {}
+        }
+        rest = body.get(len + 4..).unwrap_or_default();
+    }
+    false
+}
+
+/// PIL's `convert("RGB")` per decoded layout (checked against Pillow 13 in
+/// docs/reference/images.md): alpha dropped, not composited; grey replicated; 16-bit colour keeps
+/// the high byte (PIL decodes it to 8 bits that way); 16-bit grey (`I;16`) clips at 255.
+fn to_rgb8(image: DynamicImage, keyed: bool, path: &Path) -> Result<RgbImage> {
+    let (width, height) = (image.width(), image.height());
+    // Each source pixel to RGB and whether it is the transparent key colour.
+    let pixels: Vec<([u8; 3], bool)> = match image {
+        DynamicImage::ImageRgb8(img) => return Ok(img),
+        DynamicImage::ImageRgba8(img) => img
+            .pixels()
+            .map(|p| ([p[0], p[1], p[2]], p[3] == 0))
+            .collect(),
+        DynamicImage::ImageLuma8(img) => img.pixels().map(|p| ([p[0]; 3], false)).collect(),
+        DynamicImage::ImageLumaA8(img) => img.pixels().map(|p| ([p[0]; 3], p[1] == 0)).collect(),
+        DynamicImage::ImageRgb16(img) => img
+            .pixels()
+            .map(|p| (p.0.map(|v| (v >> 8) as u8), false))
+            .collect(),
+        DynamicImage::ImageRgba16(img) => img
+            .pixels()
+            .map(|p| ([p[0], p[1], p[2]].map(|v| (v >> 8) as u8), p[3] == 0))
+            .collect(),
+        DynamicImage::ImageLuma16(img) => img
+            .pixels()
+            .map(|p| ([p[0].min(255) as u8; 3], false))
+            .collect(),
+        DynamicImage::ImageLumaA16(img) => img
+            .pixels()
+            .map(|p| ([(p[0] >> 8) as u8; 3], p[1] == 0))
+            .collect(),
+        other => bail!(
+            "{}: unsupported pixel layout {:?}",
+            path.display(),
+            other.color()
+        ),
+    };
+    let mut out = RgbImage::new(width, height);
+    for (dst, (rgb, transparent)) in out.pixels_mut().zip(pixels) {
+        dst.0 = if keyed && transparent { [255; 3] } else { rgb };
+    }
+    Ok(out)
+}
