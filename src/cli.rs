@@ -78,6 +78,9 @@ pub enum Command {
     /// Check the GPU scorer against the CPU scorer: probabilities, logits, S, B_gap, margin
     #[command(long_about = commands::parity::LONG_ABOUT)]
     Parity(commands::parity::Args),
+    /// One forward pass of a prompt with images; the activations to a safetensors file
+    #[command(long_about = commands::trace::LONG_ABOUT, after_help = commands::trace::AFTER_HELP)]
+    Trace(commands::trace::Args),
     // About and long help live with the arguments in commands/norms.rs.
     Norms(commands::norms::Args),
     Linear(commands::methods::LinearArgs),

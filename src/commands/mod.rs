@@ -16,6 +16,7 @@ pub mod predict;
 pub mod repair_heads;
 pub mod score;
 pub mod scoring_args;
+pub mod trace;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -44,6 +45,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Heads(args) => heads::run(args, progress),
         Command::RepairHeads(args) => repair_heads::run(args, progress),
         Command::Parity(args) => parity::run(args),
+        Command::Trace(args) => trace::run(args, progress),
         Command::Norms(args) => norms::run(args, progress),
         Command::Linear(args) => methods::run_linear(args, progress),
         Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),

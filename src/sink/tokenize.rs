@@ -82,6 +82,49 @@ impl TextEncoder {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Token ids of text already in its final form: chat-rendered (no special tokens added) or
+    /// raw (the tokenizer's post-processor adds what it adds, as transformers' `tokenizer(text)`).
+    pub fn encode_text(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, add_special)
+            .map_err(|e| bad!("{}: cannot encode a prompt: {e}", self.path.display()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The id of a token (an added special token such as `<|image_pad|>`), if the vocabulary
+    /// has it.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    /// Whether a chat template was loaded.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.is_some()
+    }
+
+    /// The chat rendering of a prompt whose `marker`s stand for images: one user message whose
+    /// content items are the images and the text between them, in order, as a processor's
+    /// `apply_chat_template` receives `{"type": "image"}` and `{"type": "text"}` items.
+    pub fn render_with_images(&self, prompt: &str, marker: &str) -> Result<String> {
+        let Some(chat) = &self.chat else {
+            bail!("{}: no chat template loaded", self.path.display());
+        };
+        let mut items = Vec::new();
+        for (i, text) in prompt.split(marker).enumerate() {
+            if i > 0 {
+                items.push(Value::from_pairs([("type", Value::from("image"))]));
+            }
+            if !text.is_empty() {
+                items.push(Value::from_pairs([
+                    ("type", Value::from("text")),
+                    ("text", Value::from(text)),
+                ]));
+            }
+        }
+        chat.render_content(Value::from(items))
+    }
+
     /// The rendered chat text of a prompt (for `--chat-template`), or the prompt itself.
     pub fn render(&self, prompt: &str) -> Result<String> {
         match &self.chat {
@@ -189,6 +232,20 @@ impl ChatTemplate {
     }
 
     fn render(&self, prompt: &str) -> Result<String> {
+        let content = if self.origin == TemplateSource::ProcessorJson {
+            Value::from(vec![Value::from_pairs([
+                ("type", Value::from("text")),
+                ("text", Value::from(prompt)),
+            ])])
+        } else {
+            Value::from(prompt)
+        };
+        self.render_content(content)
+    }
+
+    /// One user message of `content` (a string, or a list of content items), with the
+    /// generation prompt.
+    fn render_content(&self, content: Value) -> Result<String> {
         let mut env = Environment::new();
         let syntax = env
             .syntax()
@@ -210,14 +267,6 @@ impl ChatTemplate {
         let template = env
             .template_from_str(&self.source)
             .map_err(|e| bad!("chat template does not parse: {e}"))?;
-        let content = if self.origin == TemplateSource::ProcessorJson {
-            Value::from(vec![Value::from_pairs([
-                ("type", Value::from("text")),
-                ("text", Value::from(prompt)),
-            ])])
-        } else {
-            Value::from(prompt)
-        };
         let message = Value::from_pairs([("role", Value::from("user")), ("content", content)]);
         let mut ctx: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from(vec![message])),
