@@ -30,5 +30,6 @@ mod score_metrics;
 mod score_paper;
 mod score_parity;
 mod score_tokenize;
+mod trace;
 mod write_safety;
 mod writer;

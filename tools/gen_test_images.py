@@ -39,7 +39,7 @@ def main() -> None:
     scene(150, 61, 2).save(OUT / "wide_150x61.jpg", quality=92, subsampling=0)
     # 45x131 WebP (lossless): tall, several tiles the other way.
     scene(45, 131, 3).save(OUT / "tall_45x131.webp", lossless=True)
-    # 64x48 RGBA PNG: the processors composite it onto white (transformers' convert_rgb).
+    # 64x48 RGBA PNG: transformers' load_image drops the alpha (convert("RGB")), as trace does.
     rgba = scene(64, 48, 4).convert("RGBA")
     rgba.putalpha(Image.linear_gradient("L").resize((64, 48)))
     rgba.save(OUT / "alpha_64x48.png", optimize=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers.image_utils import load_image
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
@@ -240,7 +241,9 @@ def build_internvl(qk_norm):
 # Goldens
 # ---------------------------------------------------------------------------------------------
 def load_images(names):
-    return [Image.open(ROOT / IMG / n) for n in names]
+    # As a user passing a path gets them (transformers' `load_image`: EXIF transpose, then
+    # `convert("RGB")`, which drops alpha), and as `sinkmerge trace --image` reads them.
+    return [load_image(str(ROOT / IMG / n)) for n in names]
 
 
 def make_inputs(proc, family, prompt, images, chat):
