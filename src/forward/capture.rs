@@ -372,3 +372,115 @@ pub fn to_safetensors(kept: &[Kept], metadata: Vec<(String, String)>) -> Result<
     let metadata = (!metadata.is_empty()).then(|| metadata.into_iter().collect());
     safetensors::tensor::serialize(views, metadata).map_err(|e| bad!("safetensors: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::arch::config::RopeScaling;
+    use crate::checkpoint::Checkpoint;
+    use crate::forward::backend::cpu::CpuBackend;
+    use crate::forward::backend::cuda::host::HostDevice;
+    use crate::forward::backend::cuda::CudaBackend;
+    use crate::forward::backend::Precision;
+    use crate::forward::vlm::Placeholders;
+    use crate::sink::tokenize::TextEncoder;
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn tensor(st: &safetensors::SafeTensors, name: &str) -> Option<(Vec<usize>, Vec<u8>)> {
+        st.tensor(name)
+            .ok()
+            .map(|t| (t.shape().to_vec(), t.data().to_vec()))
+    }
+
+    fn i64s(bytes: &[u8]) -> Vec<usize> {
+        bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
+            .collect()
+    }
+
+    /// The whole VLM forward (tower, image rows, M-RoPE, deepstack, decoder) through the CUDA
+    /// backend's code path on the host stand-in, against the CPU backend, on every golden case.
+    #[test]
+    fn the_gpu_code_path_matches_the_cpu_on_every_vlm_case() {
+        let cases: serde_json::Value =
+            crate::checkpoint::read_json(&root().join("tests/fixtures/vlm/cases.json")).unwrap();
+        let cpu = CpuBackend::new(Precision::F32);
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
+        for case in cases["cases"].as_array().unwrap() {
+            let name = case["name"].as_str().unwrap();
+            let dir = root().join(case["model"].as_str().unwrap());
+            let bytes = std::fs::read(root().join(case["golden"].as_str().unwrap())).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let (_, ids) = tensor(&st, "input_ids").unwrap();
+            let ids: Vec<u32> = i64s(&ids).into_iter().map(|i| i as u32).collect();
+            let (shape, values) = tensor(&st, "pixel_values").unwrap();
+            let values = crate::dtype::decode(safetensors::Dtype::F32, &values, name).unwrap();
+            let grid_thw: Vec<[usize; 3]> = tensor(&st, "image_grid_thw")
+                .map(|(_, b)| i64s(&b).chunks(3).map(|c| [c[0], c[1], c[2]]).collect())
+                .unwrap_or_default();
+            let num_patches = tensor(&st, "num_patches")
+                .map(|(_, b)| i64s(&b))
+                .unwrap_or_default();
+            let ckpt = Checkpoint::open_dir(&dir, name).unwrap();
+            let model = Model::new(&ckpt).unwrap();
+            let tower = Tower::from_config(&ckpt.config).unwrap().unwrap();
+            let (pixels, placeholders) = if grid_thw.is_empty() {
+                let p = Pixels::Tiles {
+                    values: &values,
+                    num_patches: &num_patches,
+                };
+                (p, Placeholders::InternVl)
+            } else {
+                let p = Pixels::Patches {
+                    values: &values,
+                    grid_thw: &grid_thw,
+                };
+                (p, Placeholders::Qwen)
+            };
+            let encoder = TextEncoder::load(Path::new(&dir), false).unwrap();
+            let mrope = matches!(model.spec.layers[0].rope.scaling, RopeScaling::Mrope { .. });
+            let prompt = Prompt {
+                ids,
+                images: Some(Images {
+                    tower: &tower,
+                    pixels,
+                    pixel_shape: shape,
+                    image_token: encoder.token_id(placeholders.image_token()).unwrap(),
+                }),
+                mrope_merge: mrope.then_some(2),
+            };
+            let all = CaptureSet(Capture::ALL.to_vec());
+            let layers: Vec<usize> = (0..model.spec.num_layers()).collect();
+            let want = run(&cpu, &model, &prompt, &all, &layers, |_| ()).unwrap();
+            let got = run(&gpu, &model, &prompt, &all, &layers, |_| ()).unwrap();
+            assert_eq!(want.len(), got.len(), "{name}");
+            for (w, g) in want.iter().zip(&got) {
+                assert_eq!((&w.name, &w.shape), (&g.name, &g.shape), "{name}");
+                match (&w.values, &g.values) {
+                    (Values::I64(a), Values::I64(b)) => assert_eq!(a, b, "{name}: {}", w.name),
+                    (Values::F32(a), Values::F32(b)) => {
+                        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                        let max = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                        let (bound, what) = if w.name.starts_with("attentions.") {
+                            (1e-5, max)
+                        } else {
+                            (1e-4, max / scale)
+                        };
+                        assert!(
+                            what <= bound,
+                            "{name}: {} differs by {what:.2e} > {bound:.0e}",
+                            w.name
+                        );
+                    }
+                    _ => panic!("{name}: {} dtypes differ", w.name),
+                }
+            }
+        }
+    }
+}
