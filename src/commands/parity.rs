@@ -87,8 +87,8 @@ pub fn run(args: Args) -> Result<()> {
         let t = &parity.tolerances;
         return Err(Error::Internal(format!(
             "{}: GPU and CPU differ beyond the {} tolerances (probabilities {:e}, logits {:e}, \
-             metrics {:e})",
-            report.device, parity.precision, t.probs, t.logits, t.metrics
+             metrics {:e}, image embeddings {:e} relative)",
+            report.device, parity.precision, t.probs, t.logits, t.metrics, t.image_embeds
         )));
     }
     Ok(())
@@ -108,6 +108,18 @@ fn render_text(report: &Report) -> String {
         ]);
     }
     out.push_str(&traces.render());
+    if !report.parity.towers.is_empty() {
+        let mut towers = Table::new(["vision tower", "image tokens", "max |d| / max"]);
+        for t in &report.parity.towers {
+            towers.row([
+                t.model.clone(),
+                t.image_tokens.to_string(),
+                format!("{:.2e}", t.max_relative_diff),
+            ]);
+        }
+        out.push('\n');
+        out.push_str(&towers.render());
+    }
     let mut metrics = Table::new(["metric", "cpu", "gpu", "|diff|"]);
     let show = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.6}"));
     for m in &report.parity.metrics {

@@ -13,8 +13,10 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::cpu::CpuBackend;
 use crate::forward::backend::{Backend, Precision};
-use crate::forward::decoder::{trace_on, Trace};
+use crate::forward::decoder::{trace_on, Model, Trace};
 use crate::forward::model::DecoderSpec;
+use crate::forward::vision::{Pixels, Tower};
+use crate::image::{Grid, Processor};
 
 /// Absolute tolerances of a parity check.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -25,23 +27,28 @@ pub struct Tolerances {
     pub logits: f64,
     /// S, G_base, B_gap and the margin.
     pub metrics: f64,
+    /// A vision tower's output (`image_embeds`, deepstack features), relative to its largest
+    /// magnitude.
+    pub image_embeds: f64,
 }
 
 impl Tolerances {
-    /// f32: 1e-5, 1e-4, 1e-4. bf16: one bf16 step of a probability near 1 (2^-8) and of a logit
-    /// below 16 (2^-4), since a GEMM summed in another order can round the other way; 0.02 for
-    /// the metrics.
+    /// f32: 1e-5, 1e-4, 1e-4, and 1e-4 relative for a tower's output. bf16: one bf16 step of a
+    /// probability near 1 (2^-8) and of a logit below 16 (2^-4), since a GEMM summed in another
+    /// order can round the other way; 0.02 for the metrics; 2^-4 relative for a tower's output.
     pub fn of(precision: Precision) -> Tolerances {
         match precision {
             Precision::F32 => Tolerances {
                 probs: 1e-5,
                 logits: 1e-4,
                 metrics: 1e-4,
+                image_embeds: 1e-4,
             },
             Precision::Bf16 => Tolerances {
                 probs: 1.0 / 256.0,
                 logits: 1.0 / 16.0,
                 metrics: 0.02,
+                image_embeds: 1.0 / 16.0,
             },
         }
     }
@@ -75,12 +82,28 @@ impl MetricParity {
     }
 }
 
+/// A vision tower's output on both backends, on the bundled image.
+#[derive(Debug, Clone, Serialize)]
+pub struct TowerParity {
+    pub model: String,
+    /// Image tokens the tower produced.
+    pub image_tokens: usize,
+    /// max |Δ| over max |CPU| of `image_embeds` and every deepstack feature.
+    pub max_relative_diff: f64,
+}
+
+/// The image a parity run feeds a VLM's vision tower through the model's own processor
+/// (`assets/images/parity.png`, 100×75: every processor resizes it).
+const PARITY_IMAGE: &[u8] = include_bytes!("../../assets/images/parity.png");
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Parity {
     pub precision: Precision,
     pub tolerances: Tolerances,
     pub traces: Vec<TraceParity>,
     pub metrics: Vec<MetricParity>,
+    /// The vision towers of the models that have one.
+    pub towers: Vec<TowerParity>,
 }
 
 impl Parity {
@@ -91,6 +114,10 @@ impl Parity {
             .iter()
             .all(|x| x.max_prob_diff <= t.probs && x.max_logit_diff <= t.logits)
             && self.metrics.iter().all(|m| m.diff() <= t.metrics)
+            && self
+                .towers
+                .iter()
+                .all(|x| x.max_relative_diff <= t.image_embeds)
     }
 }
 
@@ -159,7 +186,11 @@ pub fn check<B: Backend>(
 ) -> Result<Parity> {
     let cpu_backend = CpuBackend::new(backend.precision());
     let mut traces = Vec::with_capacity(ckpts.len());
+    let mut towers = Vec::new();
     for (ckpt, ids) in ckpts.iter().zip(tokens) {
+        if let Some(t) = tower_parity(backend, &cpu_backend, ckpt)? {
+            towers.push(t);
+        }
         let (probs, logits) = trace_diff(
             &trace_on(&cpu_backend, ckpt, ids)?,
             &trace_on(backend, ckpt, ids)?,
@@ -191,7 +222,62 @@ pub fn check<B: Backend>(
         tolerances: Tolerances::of(backend.precision()),
         traces,
         metrics: metric_diffs(&cpu, &other),
+        towers,
     })
+}
+
+/// The vision tower of `ckpt`, if it has one and a `preprocessor_config.json`, on the bundled
+/// image on both backends.
+fn tower_parity<B: Backend>(
+    backend: &B,
+    cpu: &CpuBackend,
+    ckpt: &Checkpoint,
+) -> Result<Option<TowerParity>> {
+    let Some(tower) = Tower::from_config(&ckpt.config)? else {
+        return Ok(None);
+    };
+    if !ckpt.dir.join("preprocessor_config.json").is_file() {
+        return Ok(None);
+    }
+    // The processors read files: the bundled image goes through a temporary one.
+    let image = std::env::temp_dir().join(format!("sinkmerge-parity-{}.png", std::process::id()));
+    std::fs::write(&image, PARITY_IMAGE).map_err(|e| crate::bad!("{}: {e}", image.display()))?;
+    let processed = Processor::from_dir(&ckpt.dir)?.preprocess(std::slice::from_ref(&image));
+    let _ = std::fs::remove_file(&image);
+    let processed = processed?;
+    let pixels = match &processed.grid {
+        Grid::Thw(g) => Pixels::Patches {
+            values: &processed.values,
+            grid_thw: g,
+        },
+        Grid::NumPatches(n) => Pixels::Tiles {
+            values: &processed.values,
+            num_patches: n,
+        },
+    };
+    let model = Model::new(ckpt)?;
+    let want = tower.encode(cpu, &model, &pixels, None)?;
+    let got = tower.encode(backend, &model, &pixels, None)?;
+    let mut worst = 0f64;
+    for (a, b) in std::iter::once((&want.embeds, &got.embeds))
+        .chain(want.deepstack.iter().zip(&got.deepstack))
+    {
+        let scale = a.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+        let max = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| (x as f64 - y as f64).abs())
+            .fold(
+                0f64,
+                |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) },
+            );
+        worst = worst.max(max / scale.max(f64::MIN_POSITIVE));
+    }
+    Ok(Some(TowerParity {
+        model: ckpt.label.clone(),
+        image_tokens: want.tokens,
+        max_relative_diff: worst,
+    }))
 }
 
 /// Token ids of a parity run, per checkpoint (`ckpts[0]` is the reference when `with_ref`),

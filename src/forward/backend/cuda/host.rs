@@ -322,6 +322,21 @@ mod tests {
     }
 
     #[test]
+    fn parity_covers_the_vision_towers() {
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
+        for name in ["qwen2_5_vl", "qwen3_vl", "internvl_remote"] {
+            let ckpt = open(&root().join("tests/fixtures/vlm").join(name));
+            let tokens = parity::synthetic_tokens(320);
+            let p = parity::check(&gpu, &[&ckpt], &[tokens], false).unwrap();
+            assert_eq!(p.towers.len(), 1, "{name}: the tower is compared");
+            let t = &p.towers[0];
+            assert!(t.image_tokens > 0, "{name}: {t:?}");
+            assert!(t.max_relative_diff <= 1e-4, "{name}: {t:?}");
+            assert!(p.holds(), "{name}: {p:?}");
+        }
+    }
+
+    #[test]
     fn parity_on_synthetic_tokens_holds_for_a_model_without_a_tokenizer() {
         let dir = root().join("tests/fixtures/score/models/olmo2");
         assert!(!dir.join("tokenizer.json").exists());
