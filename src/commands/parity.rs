@@ -20,7 +20,9 @@ the same token ids and compare: the largest difference of any attention probabil
 logit of a full forward pass, and S (every layer as the window), with --ref also G_base, B_gap and \
 the margin. Tolerances (absolute), f32: probabilities 1e-5, logits 1e-4, metrics 1e-4; bf16: \
 2^-8, 2^-4 and 0.02 (one bf16 step: a GEMM summed in another order may round the other way). \
-Exits 0 when every difference is within them and 1 when one is not.\n\n\
+A MODEL with a vision tower also runs it on both backends on a bundled \
+image through its own processor: image_embeds within 1e-4 relative (bf16: 2^-4). Exits 0 when \
+every difference is within them and 1 when one is not.\n\n\
 Token ids: the 15 built-in prompts through the tokenizer (REF's for every model with --ref) when \
 every model has a tokenizer.json; otherwise four fixed pseudo-random prompts of 7, 16, 33 and 60 \
 tokens.";
