@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU scorer's checks on a GPU machine, in one run (about 5-8 minutes on an H200):
-#   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture and the bundled pairs;
+#   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture, the bundled pairs and
+#      the VLM fixtures' vision towers;
 #   2. a synthetic Qwen2.5-7B-shaped bf16 checkpoint (28 layers, hidden 3584, 15 GB), written by the
 #      project's own generator;
 #   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm;
+#   3b. `trace` of a Qwen2.5-VL-7B-shaped vision tower on a 1024x1024 image, GPU and CPU;
 #   4. one table.
 # It needs no Python, no cargo and no network on the GPU machine: only the repository and two
 # stripped release binaries, made beforehand on any Linux x86_64 machine:
@@ -11,6 +13,8 @@
 #   cargo build --release --bin sinkmerge --example synth_checkpoint
 #   mkdir -p gpu-bin && strip -o gpu-bin/sinkmerge target/release/sinkmerge \
 #     && strip -o gpu-bin/synth_checkpoint target/release/examples/synth_checkpoint
+#   tools/.venv/bin/python benches/vision_transformers.py prep - gpu-bin \
+#     && mv gpu-bin/pixels.safetensors gpu-bin/pixels_1024.safetensors   # 26 MB, for step 3b
 #   benches/gpu_check.sh            # on the GPU machine (BIN=gpu-bin by default)
 #
 # Environment: BIN (folder of the two binaries), WORK (scratch folder, default $TMPDIR), RUNS (warm
@@ -71,6 +75,10 @@ for family in tiny-qwen3 tiny-qwen2; do
   parity "$family (pair)" --ref "assets/models/$family/ref" "assets/models/$family/vl"
   parity "$family (pair, bf16)" --precision bf16 --ref "assets/models/$family/ref" "assets/models/$family/vl"
 done
+# The vision towers (each VLM fixture's tower on the bundled image, with its decoder).
+for dir in tests/fixtures/vlm/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_vl_moe,internvl,internvl_qknorm,internvl_remote}; do
+  parity "$(basename "$dir") (vision)" "$dir"
+done
 
 # 2. A Qwen2.5-7B-shaped checkpoint (random bf16 weights, the fixtures' tokenizer).
 M="$WORK/qwen2.5-7b-shape"
@@ -106,6 +114,31 @@ else
 fi
 for i in $(seq "$RUNS"); do timed_score "warm$i"; done
 for i in $(seq "$RUNS"); do timed_score "bf16-warm$i" --precision bf16; done
+
+# 3b. A Qwen2.5-VL-7B-shaped vision tower (32 blocks, width 1280) on a 1024x1024 image (5476
+# patches): `trace` on the GPU and on this machine's CPU, on the pixel values that
+# `benches/vision_transformers.py prep` made beforehand (PIXELS, default $BIN/pixels_1024.safetensors;
+# the step is skipped without them).
+PIXELS=${PIXELS:-$BIN/pixels_1024.safetensors}
+V="$WORK/qwen2.5-vl-7b-tower"
+if [ -f "$PIXELS" ]; then
+  if [ ! -f "$V/config.json" ]; then
+    "$SYNTH" "$V" --layers 1 --hidden 3584 --intermediate 256 --heads 28 --kv-heads 4 --vocab 1024 \
+      --dtype bf16 --vision-depth 32 --seed 0 >/dev/null || { echo "gpu_check: generator failed" >&2; exit 1; }
+    cp tests/fixtures/vlm/qwen2_5_vl/tokenizer.json tests/fixtures/vlm/qwen2_5_vl/tokenizer_config.json "$V/"
+  fi
+  for dev in "$DEVICE" "$DEVICE" cpu; do
+    start=$(date +%s.%N)
+    if "$SM" trace "$V" --prompt "<image>" --pixel-values "$PIXELS" --capture image_embeds \
+      --device "$dev" -o "$WORK/vision-$dev.safetensors" --json >"$WORK/trace.json" 2>"$WORK/trace.err"; then
+      echo "vision-tower-$dev wall_s=$(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$WORK/results.txt"
+    else
+      echo "vision tower on $dev: $(head -c 300 "$WORK/trace.err")"; failed=1
+    fi
+  done
+else
+  echo "vision tower: $PIXELS is missing (see step 3b); skipped"
+fi
 
 # 4. The table.
 echo
