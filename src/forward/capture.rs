@@ -286,9 +286,9 @@ pub fn run<B: Backend>(
     }
     let keep_probs = |h: &HeadView| h.probs.to_vec();
     let skip_probs = |_: &HeadView| Vec::new();
-    for layer in 0..num_layers {
+    for (layer, &kept_layer) in chosen.iter().enumerate() {
         progress(&format!("layer {layer}"));
-        let with_probs = chosen[layer] && capture.has(Capture::Attentions);
+        let with_probs = kept_layer && capture.has(Capture::Attentions);
         let out = if with_probs {
             state.attention(layer, &keep_probs, true)?
         } else {

@@ -788,9 +788,9 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let be = self.backend;
         let hidden = self.model.spec.hidden_size;
         let chunk = |x: &B::Tensor, n: usize| -> Result<B::Tensor> {
-            let mut a = self.apply(&gate, x, n)?;
-            be.silu_mul(&mut a, &self.apply(&up, x, n)?)?;
-            self.apply(&down, &a, n)
+            let mut a = self.apply(gate, x, n)?;
+            be.silu_mul(&mut a, &self.apply(up, x, n)?)?;
+            self.apply(down, &a, n)
         };
         if rows <= MLP_ROWS {
             return chunk(h, rows);

@@ -252,18 +252,19 @@ impl RopeTable {
                         return axis % 3;
                     }
                 }
-                // Sections shorter than half: transformers' split leaves the rest to axis 0.
+                // transformers' `split(mrope_section * 2)` needs the sections to cover every
+                // frequency; a config whose sections fall short keeps the rest on the time axis.
                 0
             }
         };
         let axes: Vec<usize> = (0..half).map(axis_of).collect();
-        let len = positions[0].len();
-        let mut angles = Vec::with_capacity(len * half);
-        for t in 0..len {
-            for (j, &f) in freq.inv_freq.iter().enumerate() {
-                angles.push(positions[axes[j]][t] as f32 * f);
-            }
-        }
+        let angles: Vec<f32> = (0..positions[0].len())
+            .flat_map(|t| {
+                axes.iter()
+                    .zip(&freq.inv_freq)
+                    .map(move |(&axis, &f)| positions[axis][t] as f32 * f)
+            })
+            .collect();
         RopeTable::from_angles(half, &angles, freq.attention_scaling)
     }
 
