@@ -735,8 +735,9 @@ fn patch_rows(values: &[f32], channels: usize, image: usize, p: usize) -> Vec<f3
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
+    use super::super::goldens::{self, relative, Golden};
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::forward::backend::cpu::CpuBackend;
@@ -746,73 +747,19 @@ mod tests {
     use crate::forward::vision::Tower;
 
     /// The acceptance bound: max |Δ| over the reference tensor's largest magnitude.
-    const TOL: f32 = 1e-4;
+    const TOL: f64 = 1e-4;
     /// `<IMG_CONTEXT>`, the image token id of the fixtures' vocabulary.
     const IMAGE_CONTEXT: i64 = 317;
 
-    fn root() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-    }
-
-    /// Every InternVL case of cases.json: (name, model dir, golden file).
-    fn cases() -> Vec<(String, PathBuf, PathBuf)> {
-        let text = std::fs::read_to_string(root().join("tests/fixtures/vlm/cases.json")).unwrap();
-        let cases: Value = serde_json::from_str(&text).unwrap();
-        let found: Vec<_> = cases["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["model"].as_str().unwrap().contains("/internvl"))
-            .map(|c| {
-                (
-                    c["name"].as_str().unwrap().to_string(),
-                    root().join(c["model"].as_str().unwrap()),
-                    root().join(c["golden"].as_str().unwrap()),
-                )
-            })
-            .collect();
+    /// Every InternVL case of cases.json.
+    fn cases() -> Vec<goldens::Case> {
+        let found = goldens::cases(&["internvl", "internvl_qknorm", "internvl_remote"]);
         assert_eq!(found.len(), 5, "the InternVL cases of cases.json");
         found
     }
 
-    struct Golden(Vec<u8>);
-
-    impl Golden {
-        fn open(path: &Path) -> Golden {
-            Golden(std::fs::read(path).unwrap())
-        }
-
-        fn f32(&self, name: &str) -> Vec<f32> {
-            let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-            let t = st.tensor(name).unwrap();
-            assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
-            t.data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        }
-
-        fn i64(&self, name: &str) -> Vec<i64> {
-            let st = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-            let t = st.tensor(name).unwrap();
-            assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
-            t.data()
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        }
-    }
-
     fn open(dir: &Path) -> Checkpoint {
         Checkpoint::open_dir(dir, &dir.display().to_string()).unwrap()
-    }
-
-    /// max |a - b| / max |b|.
-    fn relative(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-        diff / scale
     }
 
     fn run<B: Backend>(be: &B, dir: &Path, golden: &Golden) -> (ImageFeatures, Taps) {
@@ -840,8 +787,12 @@ mod tests {
     fn every_internvl_case_matches_transformers_on_the_cpu_and_the_gpu_code_path() {
         let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         let cpu = CpuBackend::new(Precision::F32);
-        for (name, dir, path) in cases() {
-            let golden = Golden::open(&path);
+        for goldens::Case {
+            name,
+            model: dir,
+            golden,
+        } in cases()
+        {
             let (features, taps) = run(&cpu, &dir, &golden);
             let ids = golden.i64("input_ids");
             let expected = ids.iter().filter(|&&i| i == IMAGE_CONTEXT).count();
@@ -906,7 +857,7 @@ mod tests {
 
     #[test]
     fn wrong_pixels_and_wrong_layouts_are_clear_errors() {
-        let dir = root().join("tests/fixtures/vlm/internvl");
+        let dir = goldens::root().join("tests/fixtures/vlm/internvl");
         let ckpt = open(&dir);
         let model = Model::new(&ckpt).unwrap();
         let tower = Tower::from_config(&ckpt.config).unwrap().unwrap();
@@ -935,7 +886,7 @@ mod tests {
         assert!(err.contains("expected tiles"), "{err}");
 
         // transformers' config over the remote layout's tensors: the missing one is named.
-        let remote = open(&root().join("tests/fixtures/vlm/internvl_remote"));
+        let remote = open(&goldens::root().join("tests/fixtures/vlm/internvl_remote"));
         let remote_model = Model::new(&remote).unwrap();
         let pixels = Pixels::Tiles {
             values: &values,

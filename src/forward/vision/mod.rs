@@ -10,6 +10,8 @@ use super::backend::Backend;
 use super::decoder::Model;
 use crate::error::Result;
 
+#[cfg(test)]
+pub(crate) mod goldens;
 pub mod internvl;
 pub mod qwen2_vl;
 pub mod qwen3_vl;

@@ -602,10 +602,11 @@ fn window_index(grids: &[[usize; 3]], merge: usize, units: usize) -> (Vec<usize>
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use safetensors::SafeTensors;
 
+    use super::super::goldens::{self, relative};
     use super::*;
     use crate::checkpoint::Checkpoint;
     use crate::forward::backend::cpu::CpuBackend;
@@ -618,76 +619,6 @@ mod tests {
     const TOLERANCE: f64 = 1e-4;
     const IMAGE_PAD: i64 = 311;
 
-    fn root() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-    }
-
-    struct Case {
-        name: String,
-        model: PathBuf,
-        golden: Vec<u8>,
-    }
-
-    /// The cases of `cases.json` whose model is `family`.
-    fn cases(family: &str) -> Vec<Case> {
-        let text = std::fs::read_to_string(root().join("tests/fixtures/vlm/cases.json")).unwrap();
-        let json: Value = serde_json::from_str(&text).unwrap();
-        let found: Vec<Case> = json["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| {
-                c["model"]
-                    .as_str()
-                    .unwrap()
-                    .ends_with(&format!("/{family}"))
-            })
-            .map(|c| Case {
-                name: c["name"].as_str().unwrap().into(),
-                model: root().join(c["model"].as_str().unwrap()),
-                golden: std::fs::read(root().join(c["golden"].as_str().unwrap())).unwrap(),
-            })
-            .collect();
-        assert!(found.len() >= 2, "{family}: {} cases", found.len());
-        found
-    }
-
-    fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
-        let t = st.tensor(name).unwrap();
-        assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
-
-    fn i64s(st: &SafeTensors, name: &str) -> Vec<i64> {
-        let t = st.tensor(name).unwrap();
-        assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
-        t.data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
-
-    fn grids(st: &SafeTensors) -> Vec<[usize; 3]> {
-        i64s(st, "image_grid_thw")
-            .chunks_exact(3)
-            .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
-            .collect()
-    }
-
-    /// max |got − want| / max |want|.
-    fn relative(got: &[f32], want: &[f32]) -> f64 {
-        assert_eq!(got.len(), want.len(), "lengths");
-        let scale = want.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-        let diff = got
-            .iter()
-            .zip(want)
-            .fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
-        diff / scale
-    }
-
     fn tower(ckpt: &Checkpoint) -> Vision {
         match Tower::from_config(&ckpt.config).unwrap() {
             Some(Tower::Qwen2Vl(v)) => v,
@@ -698,29 +629,19 @@ mod tests {
     /// Every golden of `family` through the CPU backend against transformers, and through the
     /// CUDA stand-in against the CPU, printing the figures.
     fn parity(family: &str) {
-        for case in cases(family) {
+        for case in goldens::cases(&[family]) {
             let ckpt = Checkpoint::open_dir(&case.model, family).unwrap();
             let model = Model::new(&ckpt).unwrap();
             let vision = tower(&ckpt);
-            let st = SafeTensors::deserialize(&case.golden).unwrap();
-            let values = f32s(&st, "pixel_values");
-            let grid_thw = grids(&st);
+            let values = case.golden.f32("pixel_values");
+            let grid_thw = case.golden.grids();
             let pixels = Pixels::Patches {
                 values: &values,
                 grid_thw: &grid_thw,
             };
 
             // Image-pad runs in the prompt, one per image.
-            let ids = i64s(&st, "input_ids");
-            let mut runs = Vec::new();
-            for (i, &id) in ids.iter().enumerate() {
-                if id == IMAGE_PAD {
-                    if i == 0 || ids[i - 1] != IMAGE_PAD {
-                        runs.push(0);
-                    }
-                    *runs.last_mut().unwrap() += 1;
-                }
-            }
+            let runs = case.golden.image_token_runs(IMAGE_PAD);
             assert_eq!(
                 vision.tokens_per_image(&pixels).unwrap(),
                 runs,
@@ -740,7 +661,7 @@ mod tests {
             let expected_taps = 1 + vision.depth;
             assert_eq!(taps.len(), expected_taps, "{}: taps", case.name);
             for (name, values) in &checked {
-                let r = relative(values, &f32s(&st, name));
+                let r = relative(values, &case.golden.f32(name));
                 eprintln!("{} {name}: cpu vs transformers {r:.2e}", case.name);
                 assert!(
                     r <= TOLERANCE,
@@ -784,7 +705,7 @@ mod tests {
     /// converted by newer transformers) give the same features.
     #[test]
     fn the_model_visual_layout_reads_the_same_tower() {
-        let case = cases("qwen2_5_vl").remove(0);
+        let case = goldens::cases(&["qwen2_5_vl"]).remove(0);
         let bytes = std::fs::read(case.model.join("model.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let renamed: Vec<(String, safetensors::tensor::TensorView)> = st
@@ -804,9 +725,8 @@ mod tests {
         )
         .unwrap();
 
-        let golden = SafeTensors::deserialize(&case.golden).unwrap();
-        let values = f32s(&golden, "pixel_values");
-        let grid_thw = grids(&golden);
+        let values = case.golden.f32("pixel_values");
+        let grid_thw = case.golden.grids();
         let pixels = Pixels::Patches {
             values: &values,
             grid_thw: &grid_thw,
@@ -825,17 +745,20 @@ mod tests {
     #[test]
     fn window_index_matches_the_goldens() {
         let mut reordered = false;
-        for case in cases("qwen2_5_vl") {
+        for case in goldens::cases(&["qwen2_5_vl"]) {
             let ckpt = Checkpoint::open_dir(&case.model, "qwen2_5_vl").unwrap();
             let vision = tower(&ckpt);
             let units = vision.windows.as_ref().unwrap().units;
-            let st = SafeTensors::deserialize(&case.golden).unwrap();
-            let (index, cu) = window_index(&grids(&st), vision.merge, units);
-            let want_index: Vec<usize> = i64s(&st, "vision.window_index")
+            let (index, cu) = window_index(&case.golden.grids(), vision.merge, units);
+            let want_index: Vec<usize> = case
+                .golden
+                .i64("vision.window_index")
                 .iter()
                 .map(|&v| v as usize)
                 .collect();
-            let want_cu: Vec<usize> = i64s(&st, "vision.cu_window_seqlens")
+            let want_cu: Vec<usize> = case
+                .golden
+                .i64("vision.cu_window_seqlens")
                 .iter()
                 .map(|&v| v as usize)
                 .collect();
@@ -861,7 +784,7 @@ mod tests {
 
     #[test]
     fn wrong_pixels_and_weights_are_errors() {
-        let dir = root().join("tests/fixtures/vlm/qwen2_vl");
+        let dir = goldens::root().join("tests/fixtures/vlm/qwen2_vl");
         let ckpt = Checkpoint::open_dir(&dir, "qwen2_vl").unwrap();
         let model = Model::new(&ckpt).unwrap();
         let vision = tower(&ckpt);

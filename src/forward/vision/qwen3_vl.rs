@@ -542,11 +542,9 @@ fn linear<B: Backend>(
 
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
-    use safetensors::SafeTensors;
-    use serde_json::Value;
-
+    use super::super::goldens::{self, relative as rel_diff, Golden};
     use super::super::{ImageFeatures, Pixels, Taps, Tower};
     use crate::checkpoint::Checkpoint;
     use crate::forward::backend::cpu::CpuBackend;
@@ -558,90 +556,11 @@ mod tests {
     /// Relative tolerance of every comparison: max |Δ| over the reference's largest magnitude.
     const TOL: f64 = 1e-4;
 
-    fn root() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-    }
-
-    /// The cases.json entries of the Qwen3-VL families: (name, model dir, golden file).
-    fn cases() -> Vec<(String, PathBuf, PathBuf)> {
-        let text = std::fs::read_to_string(root().join("tests/fixtures/vlm/cases.json")).unwrap();
-        let json: Value = serde_json::from_str(&text).unwrap();
-        let cases: Vec<_> = json["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| {
-                let name = c["name"].as_str().unwrap();
-                name.starts_with("qwen3_vl/") || name.starts_with("qwen3_vl_moe/")
-            })
-            .map(|c| {
-                let s = |k: &str| c[k].as_str().unwrap().to_string();
-                (s("name"), root().join(s("model")), root().join(s("golden")))
-            })
-            .collect();
-        assert_eq!(
-            cases.len(),
-            3,
-            "qwen3_vl/scene, qwen3_vl/wide, qwen3_vl_moe/tall"
-        );
+    /// qwen3_vl/scene, qwen3_vl/wide, qwen3_vl_moe/tall.
+    fn cases() -> Vec<goldens::Case> {
+        let cases = goldens::cases(&["qwen3_vl", "qwen3_vl_moe"]);
+        assert_eq!(cases.len(), 3);
         cases
-    }
-
-    struct Golden {
-        bytes: Vec<u8>,
-    }
-
-    impl Golden {
-        fn open(path: &Path) -> Golden {
-            Golden {
-                bytes: std::fs::read(path).unwrap(),
-            }
-        }
-
-        fn f32(&self, name: &str) -> Vec<f32> {
-            let st = SafeTensors::deserialize(&self.bytes).unwrap();
-            let t = st.tensor(name).unwrap();
-            assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
-            t.data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        }
-
-        fn i64(&self, name: &str) -> Vec<i64> {
-            let st = SafeTensors::deserialize(&self.bytes).unwrap();
-            let t = st.tensor(name).unwrap();
-            assert_eq!(t.dtype(), safetensors::Dtype::I64, "{name}");
-            t.data()
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-                .collect()
-        }
-
-        fn has(&self, name: &str) -> bool {
-            SafeTensors::deserialize(&self.bytes)
-                .unwrap()
-                .names()
-                .contains(&name)
-        }
-
-        fn grids(&self) -> Vec<[usize; 3]> {
-            self.i64("image_grid_thw")
-                .chunks_exact(3)
-                .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
-                .collect()
-        }
-    }
-
-    /// max |a - b| / max |b|.
-    fn rel_diff(a: &[f32], b: &[f32]) -> f64 {
-        assert_eq!(a.len(), b.len(), "lengths");
-        let scale = b.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-        let diff = a
-            .iter()
-            .zip(b)
-            .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs()));
-        diff / scale.max(f64::MIN_POSITIVE)
     }
 
     fn run<B: Backend>(be: &B, model_dir: &Path, golden: &Golden) -> (ImageFeatures, Taps) {
@@ -670,8 +589,12 @@ mod tests {
 
     #[test]
     fn cpu_matches_the_transformers_goldens() {
-        for (name, model_dir, golden_path) in cases() {
-            let golden = Golden::open(&golden_path);
+        for goldens::Case {
+            name,
+            model: model_dir,
+            golden,
+        } in cases()
+        {
             let (features, taps) = run(&CpuBackend::new(Precision::F32), &model_dir, &golden);
             assert_eq!(
                 features.deepstack.len(),
@@ -695,8 +618,12 @@ mod tests {
 
     #[test]
     fn stand_in_gpu_matches_the_cpu() {
-        for (name, model_dir, golden_path) in cases() {
-            let golden = Golden::open(&golden_path);
+        for goldens::Case {
+            name,
+            model: model_dir,
+            golden,
+        } in cases()
+        {
             let (cpu_f, cpu_t) = run(&CpuBackend::new(Precision::F32), &model_dir, &golden);
             let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
             let (gpu_f, gpu_t) = run(&gpu, &model_dir, &golden);
@@ -717,8 +644,12 @@ mod tests {
 
     #[test]
     fn tokens_per_image_counts_the_image_pads() {
-        for (name, model_dir, golden_path) in cases() {
-            let golden = Golden::open(&golden_path);
+        for goldens::Case {
+            name,
+            model: model_dir,
+            golden,
+        } in cases()
+        {
             let ckpt = Checkpoint::open_dir(&model_dir, "fixture").unwrap();
             let tower = Tower::from_config(&ckpt.config).unwrap().unwrap();
             let (values, grids) = (golden.f32("pixel_values"), golden.grids());
@@ -739,8 +670,11 @@ mod tests {
 
     #[test]
     fn wrong_pixels_are_errors() {
-        let (_, model_dir, golden_path) = cases().remove(0);
-        let golden = Golden::open(&golden_path);
+        let goldens::Case {
+            model: model_dir,
+            golden,
+            ..
+        } = cases().remove(0);
         let ckpt = Checkpoint::open_dir(&model_dir, "fixture").unwrap();
         let model = Model::new(&ckpt).unwrap();
         let tower = Tower::from_config(&ckpt.config).unwrap().unwrap();
@@ -776,8 +710,11 @@ mod tests {
 
     #[test]
     fn mis_shaped_weights_name_the_file_and_tensor() {
-        let (_, model_dir, golden_path) = cases().remove(0);
-        let golden = Golden::open(&golden_path);
+        let goldens::Case {
+            model: model_dir,
+            golden,
+            ..
+        } = cases().remove(0);
         let ckpt = Checkpoint::open_dir(&model_dir, "fixture").unwrap();
         let model = Model::new(&ckpt).unwrap();
         let mut config = ckpt.config.clone();
