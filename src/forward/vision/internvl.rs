@@ -8,9 +8,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ImageFeatures, Pixels, Taps};
+use super::{segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
-use crate::forward::backend::{Activation, AttentionShape, Backend, Bf16Style};
+use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
 use crate::{bad, bail};
 
@@ -545,20 +545,7 @@ impl InternVl {
                 be.rms_norm_rows(t, h, &w, self.qk_eps, Bf16Style::Llama)?;
             }
         }
-        let shape = AttentionShape {
-            prompts: segments,
-            num_heads: self.heads,
-            num_kv_heads: self.heads,
-            head_dim: hd,
-            causal: false,
-            window: None,
-            scale: (hd as f32).powf(-0.5),
-        };
-        let context = be
-            .attention(&q, &k, Some(&v), &shape, &|_| ())?
-            .context
-            .ok_or_else(|| crate::internal!("attention returned no context"))?;
-        drop((q, k, v));
+        let context = segment_attention(be, [q, k, v], segments, self.heads, hd)?;
         let proj = n("attention.projection_layer", "attn.proj");
         let mut y = self.linear(be, model, &proj, &context, rows, h, h, true)?;
         drop(context);

@@ -6,7 +6,9 @@
 
 use serde_json::Value;
 
-use super::backend::Backend;
+use std::ops::Range;
+
+use super::backend::{AttentionShape, Backend};
 use super::decoder::Model;
 use crate::error::Result;
 
@@ -110,4 +112,28 @@ impl Tower {
             Tower::InternVl(t) => t.encode(backend, model, pixels, taps),
         }
     }
+}
+
+/// Eager attention within each of `segments` (images, frames or windows: transformers'
+/// `cu_seqlens`), every query seeing every key of its segment, scaled by `head_dim^-1/2`; the
+/// context `P v` as `[rows, heads · head_dim]`.
+fn segment_attention<B: Backend>(
+    be: &B,
+    [q, k, v]: [B::Tensor; 3],
+    segments: &[Range<usize>],
+    heads: usize,
+    head_dim: usize,
+) -> Result<B::Tensor> {
+    let shape = AttentionShape {
+        prompts: segments,
+        num_heads: heads,
+        num_kv_heads: heads,
+        head_dim,
+        causal: false,
+        window: None,
+        scale: (head_dim as f32).powf(-0.5),
+    };
+    be.attention(&q, &k, Some(&v), &shape, &|_| ())?
+        .context
+        .ok_or_else(|| crate::internal!("attention returned no context"))
 }

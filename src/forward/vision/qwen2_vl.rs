@@ -8,12 +8,12 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ImageFeatures, Pixels, Taps};
+use super::{segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
-use crate::forward::backend::{Activation, AttentionShape, Backend, Bf16Style};
+use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
 use crate::forward::rope::RopeTable;
-use crate::{bad, bail, internal};
+use crate::{bad, bail};
 
 /// The two generations share the patch embedding, rotary, attention and merger; Qwen2.5-VL
 /// swaps LayerNorm for RMSNorm and the MLP for a gated one, and adds window attention.
@@ -399,20 +399,7 @@ impl Vision {
         let all = [(0..rows, table)];
         be.rope(&mut q, width, hd, &all, Bf16Style::Llama)?;
         be.rope(&mut k, width, hd, &all, Bf16Style::Llama)?;
-        let shape = AttentionShape {
-            prompts: segments,
-            num_heads: heads,
-            num_kv_heads: heads,
-            head_dim: hd,
-            causal: false,
-            window: None,
-            scale: (hd as f32).powf(-0.5),
-        };
-        let attended = be.attention(&q, &k, Some(&v), &shape, &|_| ())?;
-        drop((q, k, v));
-        let ctx = attended
-            .context
-            .ok_or_else(|| internal!("{p}: attention returned no context"))?;
+        let ctx = segment_attention(be, [q, k, v], segments, heads, hd)?;
         let o = self.linear(
             be,
             model,

@@ -9,9 +9,9 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ImageFeatures, Pixels, Taps};
+use super::{segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
-use crate::forward::backend::{Activation, AttentionShape, Backend, Bf16Style};
+use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
 use crate::forward::rope::RopeTable;
 use crate::{bad, bail};
@@ -419,20 +419,7 @@ impl Qwen3VlTower {
         let table = [(0..rows, rope)];
         be.rope(&mut q, e, hd, &table, Bf16Style::Olmo)?;
         be.rope(&mut k, e, hd, &table, Bf16Style::Olmo)?;
-        let shape = AttentionShape {
-            prompts: segments,
-            num_heads: self.cfg.num_heads,
-            num_kv_heads: self.cfg.num_heads,
-            head_dim: hd,
-            causal: false,
-            window: None,
-            scale: (hd as f32).powf(-0.5),
-        };
-        let ctx = be
-            .attention(&q, &k, Some(&v), &shape, &|_| ())?
-            .context
-            .ok_or_else(|| crate::internal!("attention gave no context"))?;
-        drop((q, k, v));
+        let ctx = segment_attention(be, [q, k, v], segments, self.cfg.num_heads, hd)?;
         let o = linear(be, model, &format!("{p}.attn.proj"), &ctx, rows, e, e)?;
         be.add_assign(x, &o)?;
         drop((ctx, o));
