@@ -8,7 +8,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{segment_attention, ImageFeatures, Pixels, Taps};
+use super::{layer_norm, linear, segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
 use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
@@ -429,39 +429,11 @@ impl InternVl {
         rms: bool,
     ) -> Result<B::Tensor> {
         let h = self.hidden;
+        if !rms {
+            return layer_norm(be, model, prefix, x, h, self.eps);
+        }
         let w = be.load(model, &format!("{prefix}.weight"), &[h])?;
-        if rms {
-            return be.rms_norm(x, h, &w, self.eps, Bf16Style::Llama);
-        }
-        let b = be.load(model, &format!("{prefix}.bias"), &[h])?;
-        be.layer_norm(x, h, &w, &b, self.eps)
-    }
-
-    /// `x W + b` of `prefix` (`[out, in]`), the bias when `bias`.
-    #[allow(clippy::too_many_arguments)]
-    fn linear<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        prefix: &str,
-        x: &B::Tensor,
-        rows: usize,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<B::Tensor> {
-        let w = be.load(model, &format!("{prefix}.weight"), &[out, inp])?;
-        let mut y = be.linear(x, rows, &w, out, inp)?;
-        drop(w);
-        if bias {
-            be.add_bias(
-                &mut y,
-                &be.load(model, &format!("{prefix}.bias"), &[out])?,
-                out,
-            )?;
-        }
-        be.round(&mut y)?;
-        Ok(y)
+        be.rms_norm(x, h, &w, self.eps, Bf16Style::Llama)
     }
 
     /// q, k, v of one layer: separate projections (transformers) or the fused `attn.qkv`
@@ -478,7 +450,7 @@ impl InternVl {
         match self.layout {
             Layout::Hf => {
                 let proj = |n: &str| {
-                    self.linear(
+                    linear(
                         be,
                         model,
                         &format!("{prefix}.attention.{n}"),
@@ -547,7 +519,7 @@ impl InternVl {
         }
         let context = segment_attention(be, [q, k, v], segments, self.heads, hd)?;
         let proj = n("attention.projection_layer", "attn.proj");
-        let mut y = self.linear(be, model, &proj, &context, rows, h, h, true)?;
+        let mut y = linear(be, model, &proj, &context, rows, h, h, true)?;
         drop(context);
         let ls = be.load(model, &n("lambda_1", "ls1"), &[h])?;
         be.scale_columns(&mut y, h, &ls)?;
@@ -555,7 +527,7 @@ impl InternVl {
         drop(y);
 
         let normed = self.norm(be, model, &n("layernorm_after", "norm2"), x, self.rms_norm)?;
-        let mut y = self.linear(
+        let mut y = linear(
             be,
             model,
             &format!("{p}.mlp.fc1"),
@@ -567,7 +539,7 @@ impl InternVl {
         )?;
         drop(normed);
         be.activate(&mut y, self.act)?;
-        let mut y = self.linear(
+        let mut y = linear(
             be,
             model,
             &format!("{p}.mlp.fc2"),
@@ -597,9 +569,9 @@ impl InternVl {
         let b = be.load(model, &format!("{norm}.bias"), &[width])?;
         // nn.LayerNorm's default eps in both InternVLMultiModalProjector and mlp1.
         let y = be.layer_norm(x, width, &w, &b, 1e-5)?;
-        let mut y = self.linear(be, model, l1, &y, tokens, text, width, true)?;
+        let mut y = linear(be, model, l1, &y, tokens, text, width, true)?;
         be.activate(&mut y, self.projector_act)?;
-        self.linear(be, model, l2, &y, tokens, text, text, true)
+        linear(be, model, l2, &y, tokens, text, text, true)
     }
 }
 

@@ -137,3 +137,75 @@ fn segment_attention<B: Backend>(
         .context
         .ok_or_else(|| crate::internal!("attention returned no context"))
 }
+
+/// `x Wᵀ (+ b)` of the linear layer `{prefix}` (`[out, inp]` weight, and its bias when `bias`)
+/// over `rows` rows, rounded once after the bias as the decoder does; the weight is dropped
+/// before the bias is read.
+#[allow(clippy::too_many_arguments)]
+fn linear<B: Backend>(
+    be: &B,
+    model: &Model,
+    prefix: &str,
+    x: &B::Tensor,
+    rows: usize,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> Result<B::Tensor> {
+    let w = be.load(model, &format!("{prefix}.weight"), &[out, inp])?;
+    let mut y = be.linear(x, rows, &w, out, inp)?;
+    drop(w);
+    if bias {
+        let b = be.load(model, &format!("{prefix}.bias"), &[out])?;
+        be.add_bias(&mut y, &b, out)?;
+    }
+    be.round(&mut y)?;
+    Ok(y)
+}
+
+/// LayerNorm `{prefix}` (weight and bias of `width`) of every row of `x`, as a copy.
+fn layer_norm<B: Backend>(
+    be: &B,
+    model: &Model,
+    prefix: &str,
+    x: &B::Tensor,
+    width: usize,
+    eps: f32,
+) -> Result<B::Tensor> {
+    let w = be.load(model, &format!("{prefix}.weight"), &[width])?;
+    let b = be.load(model, &format!("{prefix}.bias"), &[width])?;
+    be.layer_norm(x, width, &w, &b, eps)
+}
+
+/// The patch rows and grids of `pixels` for a Qwen-VL tower (`family` for messages): every grid
+/// made of whole `merge`×`merge` blocks, and Σ t·h·w rows of `patch_values` (C·T·P·P) values.
+fn patch_grids<'p>(
+    pixels: &Pixels<'p>,
+    family: &str,
+    merge: usize,
+    patch_values: usize,
+) -> Result<(&'p [f32], &'p [[usize; 3]])> {
+    let Pixels::Patches { values, grid_thw } = *pixels else {
+        crate::bail!(
+            "pixel_values: {family} reads patch rows with image_grid_thw, not image tiles"
+        );
+    };
+    let mut patches = 0;
+    for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
+        if t == 0 || h == 0 || w == 0 || !h.is_multiple_of(merge) || !w.is_multiple_of(merge) {
+            crate::bail!(
+                "image_grid_thw[{i}] = [{t}, {h}, {w}]: t, h, w must be positive and h, w whole \
+                 {merge}×{merge} merge blocks"
+            );
+        }
+        patches += t * h * w;
+    }
+    if values.len() != patches * patch_values {
+        crate::bail!(
+            "pixel_values: {} values, expected [{patches}, {patch_values}] (Σ t·h·w patches of \
+             C·T·P·P values) for image_grid_thw {grid_thw:?}",
+            values.len()
+        );
+    }
+    Ok((values, grid_thw))
+}

@@ -8,12 +8,12 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{segment_attention, ImageFeatures, Pixels, Taps};
+use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
+use crate::bad;
 use crate::error::Result;
 use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
 use crate::forward::rope::RopeTable;
-use crate::{bad, bail};
 
 /// The two generations share the patch embedding, rotary, attention and merger; Qwen2.5-VL
 /// swaps LayerNorm for RMSNorm and the MLP for a gated one, and adds window attention.
@@ -192,35 +192,12 @@ impl Vision {
 
     /// The image grids of `pixels`, checked against the values they come with.
     fn grids<'p>(&self, pixels: &Pixels<'p>) -> Result<(&'p [f32], &'p [[usize; 3]])> {
-        let Pixels::Patches { values, grid_thw } = *pixels else {
-            bail!("pixel_values: a Qwen2-VL/Qwen2.5-VL tower reads patch rows with image_grid_thw, not tiles");
-        };
-        for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t == 0
-                || h == 0
-                || w == 0
-                || !h.is_multiple_of(self.merge)
-                || !w.is_multiple_of(self.merge)
-            {
-                bail!(
-                    "image_grid_thw[{i}] = [{t}, {h}, {w}]: t, h, w must be positive and h, w multiples of spatial_merge_size {}",
-                    self.merge
-                );
-            }
-        }
-        let rows: usize = grid_thw.iter().map(|g| g[0] * g[1] * g[2]).sum();
-        let cols = self.patch_values();
-        if values.len() != rows * cols {
-            bail!(
-                "pixel_values: {} values, expected [{rows}, {cols}] (Σ t·h·w patches of C·T·P·P = {}·{}·{}·{}) for image_grid_thw {grid_thw:?}",
-                values.len(),
-                self.in_channels,
-                self.temporal_patch,
-                self.patch,
-                self.patch
-            );
-        }
-        Ok((values, grid_thw))
+        patch_grids(
+            pixels,
+            "a Qwen2-VL/Qwen2.5-VL tower",
+            self.merge,
+            self.patch_values(),
+        )
     }
 
     /// `t·h·w / merge²` per image.
@@ -400,7 +377,7 @@ impl Vision {
         be.rope(&mut q, width, hd, &all, Bf16Style::Llama)?;
         be.rope(&mut k, width, hd, &all, Bf16Style::Llama)?;
         let ctx = segment_attention(be, [q, k, v], segments, heads, hd)?;
-        let o = self.linear(
+        let o = linear(
             be,
             model,
             &format!("{p}.attn.proj"),
@@ -408,6 +385,7 @@ impl Vision {
             rows,
             width,
             width,
+            true,
         )?;
         drop(ctx);
         be.add_assign(x, &o)?;
@@ -417,14 +395,31 @@ impl Vision {
         let y = match self.generation {
             Generation::Qwen2 => {
                 let inter = self.intermediate;
-                let mut a =
-                    self.linear(be, model, &format!("{p}.mlp.fc1"), &h, rows, inter, width)?;
+                let mut a = linear(
+                    be,
+                    model,
+                    &format!("{p}.mlp.fc1"),
+                    &h,
+                    rows,
+                    inter,
+                    width,
+                    true,
+                )?;
                 be.activate(&mut a, self.act)?;
-                self.linear(be, model, &format!("{p}.mlp.fc2"), &a, rows, width, inter)?
+                linear(
+                    be,
+                    model,
+                    &format!("{p}.mlp.fc2"),
+                    &a,
+                    rows,
+                    width,
+                    inter,
+                    true,
+                )?
             }
             Generation::Qwen25 => {
                 let inter = self.intermediate;
-                let mut gate = self.linear(
+                let mut gate = linear(
                     be,
                     model,
                     &format!("{p}.mlp.gate_proj"),
@@ -432,8 +427,9 @@ impl Vision {
                     rows,
                     inter,
                     width,
+                    true,
                 )?;
-                let up = self.linear(
+                let up = linear(
                     be,
                     model,
                     &format!("{p}.mlp.up_proj"),
@@ -441,10 +437,11 @@ impl Vision {
                     rows,
                     inter,
                     width,
+                    true,
                 )?;
                 be.silu_mul(&mut gate, &up)?;
                 drop(up);
-                self.linear(
+                linear(
                     be,
                     model,
                     &format!("{p}.mlp.down_proj"),
@@ -452,6 +449,7 @@ impl Vision {
                     rows,
                     width,
                     inter,
+                    true,
                 )?
             }
         };
@@ -461,35 +459,13 @@ impl Vision {
     /// The block norms and `ln_q`: LayerNorm (with bias) in Qwen2-VL, RMSNorm in Qwen2.5-VL.
     fn norm<B: Backend>(&self, be: &B, model: &Model, p: &str, x: &B::Tensor) -> Result<B::Tensor> {
         let width = self.width;
-        let w = be.load(model, &format!("{p}.weight"), &[width])?;
         match self.generation {
-            Generation::Qwen2 => {
-                let b = be.load(model, &format!("{p}.bias"), &[width])?;
-                be.layer_norm(x, width, &w, &b, NORM_EPS)
+            Generation::Qwen2 => layer_norm(be, model, p, x, width, NORM_EPS),
+            Generation::Qwen25 => {
+                let w = be.load(model, &format!("{p}.weight"), &[width])?;
+                be.rms_norm(x, width, &w, NORM_EPS, Bf16Style::Llama)
             }
-            Generation::Qwen25 => be.rms_norm(x, width, &w, NORM_EPS, Bf16Style::Llama),
         }
-    }
-
-    /// `p.weight` (`[out, in]`) and `p.bias` applied to `rows` rows of `x`, rounded once.
-    #[allow(clippy::too_many_arguments)]
-    fn linear<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        p: &str,
-        x: &B::Tensor,
-        rows: usize,
-        out: usize,
-        inp: usize,
-    ) -> Result<B::Tensor> {
-        let w = be.load(model, &format!("{p}.weight"), &[out, inp])?;
-        let mut y = be.linear(x, rows, &w, out, inp)?;
-        drop(w);
-        let b = be.load(model, &format!("{p}.bias"), &[out])?;
-        be.add_bias(&mut y, &b, out)?;
-        be.round(&mut y)?;
-        Ok(y)
     }
 
     /// `PatchMerger` / `Qwen2_5_VLPatchMerger`: `ln_q`, each merge² consecutive rows as one
@@ -504,7 +480,7 @@ impl Vision {
     ) -> Result<B::Tensor> {
         let normed = self.norm(be, model, &format!("{p}.ln_q"), x)?;
         let (wide, tokens) = (self.width * self.unit(), rows / self.unit());
-        let mut h = self.linear(
+        let mut h = linear(
             be,
             model,
             &format!("{p}.mlp.0"),
@@ -512,10 +488,11 @@ impl Vision {
             tokens,
             wide,
             wide,
+            true,
         )?;
         drop(normed);
         be.activate(&mut h, Activation::Gelu)?;
-        self.linear(
+        linear(
             be,
             model,
             &format!("{p}.mlp.2"),
@@ -523,6 +500,7 @@ impl Vision {
             tokens,
             self.out_hidden,
             wide,
+            true,
         )
     }
 }

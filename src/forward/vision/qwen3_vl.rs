@@ -9,7 +9,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{segment_attention, ImageFeatures, Pixels, Taps};
+use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
 use crate::forward::backend::{Activation, Backend, Bf16Style};
 use crate::forward::decoder::Model;
@@ -115,6 +115,9 @@ pub struct Qwen3VlTower {
 /// One image's (t, h, w) patch grid.
 type Grid = [usize; 3];
 
+/// The eps of every LayerNorm of the tower and its mergers (`nn.LayerNorm(..., eps=1e-6)`).
+const NORM_EPS: f32 = 1e-6;
+
 impl Qwen3VlTower {
     /// The tower of a Qwen3-VL(-MoE) `config.json`.
     pub fn from_config(config: &Value) -> Result<Qwen3VlTower> {
@@ -188,28 +191,12 @@ impl Qwen3VlTower {
 
     /// The patch rows and grids of `pixels`, checked against each other and this tower.
     fn grids<'p>(&self, pixels: &Pixels<'p>) -> Result<(&'p [f32], &'p [Grid])> {
-        let Pixels::Patches { values, grid_thw } = *pixels else {
-            bail!("pixel_values: Qwen3-VL reads patch rows with image_grid_thw, not image tiles");
-        };
-        let m = self.cfg.spatial_merge_size;
-        let mut patches = 0;
-        for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
-            if t == 0 || h == 0 || w == 0 || !h.is_multiple_of(m) || !w.is_multiple_of(m) {
-                bail!("image_grid_thw[{i}]: ({t}, {h}, {w}) is not a grid of whole {m}×{m} merge blocks");
-            }
-            patches += t * h * w;
-        }
-        let width = self.patch_width();
-        if values.len() != patches * width {
-            bail!(
-                "pixel_values: {} values, expected [{patches}, {width}] (patches of image_grid_thw {grid_thw:?} by C·T·P·P = {}·{}·{}²)",
-                values.len(),
-                self.cfg.in_channels,
-                self.cfg.temporal_patch_size,
-                self.cfg.patch_size
-            );
-        }
-        Ok((values, grid_thw))
+        patch_grids(
+            pixels,
+            "Qwen3-VL",
+            self.cfg.spatial_merge_size,
+            self.patch_width(),
+        )
     }
 
     /// t·h·w / merge² image tokens per image.
@@ -399,7 +386,7 @@ impl Qwen3VlTower {
         rope: &RopeTable,
     ) -> Result<()> {
         let (e, hd) = (self.cfg.hidden_size, self.head_dim);
-        let h = layer_norm(be, model, &format!("{p}.norm1"), x, e)?;
+        let h = layer_norm(be, model, &format!("{p}.norm1"), x, e, NORM_EPS)?;
         // attn.qkv is fused: its weight's and bias's rows are q, k, v in turn.
         let (mut q, mut k, v) = {
             let w = be.load(model, &format!("{p}.attn.qkv.weight"), &[3 * e, e])?;
@@ -420,15 +407,33 @@ impl Qwen3VlTower {
         be.rope(&mut q, e, hd, &table, Bf16Style::Olmo)?;
         be.rope(&mut k, e, hd, &table, Bf16Style::Olmo)?;
         let ctx = segment_attention(be, [q, k, v], segments, self.cfg.num_heads, hd)?;
-        let o = linear(be, model, &format!("{p}.attn.proj"), &ctx, rows, e, e)?;
+        let o = linear(be, model, &format!("{p}.attn.proj"), &ctx, rows, e, e, true)?;
         be.add_assign(x, &o)?;
         drop((ctx, o));
 
-        let h = layer_norm(be, model, &format!("{p}.norm2"), x, e)?;
+        let h = layer_norm(be, model, &format!("{p}.norm2"), x, e, NORM_EPS)?;
         let i = self.cfg.intermediate_size;
-        let mut y = linear(be, model, &format!("{p}.mlp.linear_fc1"), &h, rows, i, e)?;
+        let mut y = linear(
+            be,
+            model,
+            &format!("{p}.mlp.linear_fc1"),
+            &h,
+            rows,
+            i,
+            e,
+            true,
+        )?;
         be.activate(&mut y, self.act)?;
-        let y = linear(be, model, &format!("{p}.mlp.linear_fc2"), &y, rows, e, i)?;
+        let y = linear(
+            be,
+            model,
+            &format!("{p}.mlp.linear_fc2"),
+            &y,
+            rows,
+            e,
+            i,
+            true,
+        )?;
         be.add_assign(x, &y)
     }
 
@@ -454,6 +459,7 @@ impl Qwen3VlTower {
             &format!("{p}.norm"),
             x,
             if postshuffle { wide } else { e },
+            NORM_EPS,
         )?;
         let mut y = linear(
             be,
@@ -463,6 +469,7 @@ impl Qwen3VlTower {
             merged,
             wide,
             wide,
+            true,
         )?;
         be.activate(&mut y, Activation::Gelu)?;
         linear(
@@ -473,6 +480,7 @@ impl Qwen3VlTower {
             merged,
             self.cfg.out_hidden_size,
             wide,
+            true,
         )
     }
 }
@@ -493,38 +501,6 @@ fn merge_order(h: usize, w: usize, m: usize) -> impl Iterator<Item = (usize, usi
             (0..m).flat_map(move |r| (0..m).map(move |c| (br * m + r, bc * m + c)))
         })
     })
-}
-
-/// LayerNorm `{p}.weight`, `{p}.bias` (eps 1e-6) over rows of `width`.
-fn layer_norm<B: Backend>(
-    be: &B,
-    model: &Model,
-    p: &str,
-    x: &B::Tensor,
-    width: usize,
-) -> Result<B::Tensor> {
-    let w = be.load(model, &format!("{p}.weight"), &[width])?;
-    let b = be.load(model, &format!("{p}.bias"), &[width])?;
-    be.layer_norm(x, width, &w, &b, 1e-6)
-}
-
-/// `x Wᵀ + b` for the linear layer `{p}` (`[out, inp]` weight and bias), rounded once after the
-/// bias as the decoder does.
-fn linear<B: Backend>(
-    be: &B,
-    model: &Model,
-    p: &str,
-    x: &B::Tensor,
-    rows: usize,
-    out: usize,
-    inp: usize,
-) -> Result<B::Tensor> {
-    let w = be.load(model, &format!("{p}.weight"), &[out, inp])?;
-    let b = be.load(model, &format!("{p}.bias"), &[out])?;
-    let mut y = be.linear(x, rows, &w, out, inp)?;
-    be.add_bias(&mut y, &b, out)?;
-    be.round(&mut y)?;
-    Ok(y)
 }
 
 #[cfg(test)]
