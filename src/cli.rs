@@ -81,6 +81,9 @@ pub enum Command {
     /// One forward pass of a prompt with images; the activations to a safetensors file
     #[command(long_about = commands::trace::LONG_ABOUT, after_help = commands::trace::AFTER_HELP)]
     Trace(commands::trace::Args),
+    /// Visual attention sinks of a VLM on images: the gate, the features, the key edit
+    #[command(long_about = commands::visual_sinks::LONG_ABOUT, after_help = commands::visual_sinks::AFTER_HELP)]
+    VisualSinks(commands::visual_sinks::Args),
     // About and long help live with the arguments in commands/norms.rs.
     Norms(commands::norms::Args),
     Linear(commands::methods::LinearArgs),

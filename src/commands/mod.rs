@@ -5,6 +5,7 @@ pub mod aliases;
 pub mod extract;
 pub mod fetch;
 pub mod heads;
+pub mod image_prompt;
 pub mod inject_qknorm;
 pub mod inspect;
 pub mod merge;
@@ -17,6 +18,7 @@ pub mod repair_heads;
 pub mod score;
 pub mod scoring_args;
 pub mod trace;
+pub mod visual_sinks;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -46,6 +48,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::RepairHeads(args) => repair_heads::run(args, progress),
         Command::Parity(args) => parity::run(args),
         Command::Trace(args) => trace::run(args, progress),
+        Command::VisualSinks(args) => visual_sinks::run(args, progress),
         Command::Norms(args) => norms::run(args, progress),
         Command::Linear(args) => methods::run_linear(args, progress),
         Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),

@@ -7,21 +7,19 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::arch::config::RopeScaling;
 use crate::arch::layer_list::LayerList;
+use crate::bail;
 use crate::checkpoint::output::{check_report_file, write_file_atomic};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::{Backend, Precision};
-use crate::forward::capture::{self, CaptureSet, Images, Kept, Prompt, Values};
+use crate::forward::capture::{self, CaptureSet, Kept, Prompt, Values};
 use crate::forward::decoder::Model;
 use crate::forward::device::{BackendJob, ComputeDevice};
-use crate::forward::vision::{Pixels, Tower};
-use crate::forward::vlm::{Placeholders, IMAGE_MARKER};
-use crate::image::{Grid, Processor};
+use crate::forward::vlm::IMAGE_MARKER;
 use crate::report::json_text;
-use crate::sink::tokenize::TextEncoder;
-use crate::{bad, bail};
+
+use super::image_prompt::{read_pixel_file, Prompter};
 
 /// `sinkmerge trace --help`.
 pub const LONG_ABOUT: &str = "Run MODEL once on a prompt, with images through the model's own \
@@ -94,78 +92,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// A file's tensors for `--pixel-values`.
-struct PixelFile {
-    values: Vec<f32>,
-    shape: Vec<usize>,
-    grid: Grid,
-}
-
-fn read_pixel_file(path: &Path) -> Result<PixelFile> {
-    let bytes = std::fs::read(path).map_err(|e| bad!("{}: {e}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| bad!("{}: not a safetensors file: {e}", path.display()))?;
-    let tensor = |name: &str| {
-        st.tensor(name)
-            .map_err(|_| bad!("{}: tensor `{name}` is missing", path.display()))
-    };
-    let pv = tensor("pixel_values")?;
-    let values = crate::dtype::decode(
-        pv.dtype(),
-        pv.data(),
-        &format!("{}: tensor `pixel_values`", path.display()),
-    )?;
-    let ints = |name: &str| -> Result<(Vec<usize>, Vec<usize>)> {
-        let t = tensor(name)?;
-        if t.dtype() != safetensors::Dtype::I64 {
-            bail!(
-                "{}: tensor `{name}` must be int64, is {:?}",
-                path.display(),
-                t.dtype()
-            );
-        }
-        let v = t
-            .data()
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .map(|x| {
-                usize::try_from(x)
-                    .map_err(|_| bad!("{}: tensor `{name}` holds {x}", path.display()))
-            })
-            .collect::<Result<Vec<usize>>>()?;
-        Ok((v, t.shape().to_vec()))
-    };
-    let grid = if st.names().contains(&"image_grid_thw") {
-        let (v, shape) = ints("image_grid_thw")?;
-        if shape.len() != 2 || shape[1] != 3 {
-            bail!(
-                "{}: tensor `image_grid_thw` has shape {shape:?}, expected [images, 3]",
-                path.display()
-            );
-        }
-        Grid::Thw(v.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect())
-    } else if st.names().contains(&"num_patches") {
-        let (v, shape) = ints("num_patches")?;
-        if shape.len() != 1 {
-            bail!(
-                "{}: tensor `num_patches` has shape {shape:?}, expected [images]",
-                path.display()
-            );
-        }
-        Grid::NumPatches(v)
-    } else {
-        bail!(
-            "{}: neither `image_grid_thw` (Qwen-VL) nor `num_patches` (InternVL) is in the file",
-            path.display()
-        );
-    };
-    Ok(PixelFile {
-        values,
-        shape: pv.shape().to_vec(),
-        grid,
-    })
-}
-
 /// The job `--device` runs.
 struct TraceJob<'a> {
     model: &'a Model<'a>,
@@ -231,10 +157,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map(read_pixel_file)
         .transpose()?;
     let images = match &pixel_file {
-        Some(p) => match &p.grid {
-            Grid::Thw(g) => g.len(),
-            Grid::NumPatches(n) => n.len(),
-        },
+        Some(p) => p.images(),
         None => args.image.len(),
     };
     if markers != images {
@@ -259,104 +182,18 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         Some(list) => list.resolve(model.spec.num_layers())?,
         None => (0..model.spec.num_layers()).collect(),
     };
-
-    let tower = Tower::from_config(&ckpt.config)?;
-    let placeholders = match &tower {
-        Some(Tower::InternVl(_)) => Some(Placeholders::InternVl),
-        Some(_) => Some(Placeholders::Qwen),
-        None => None,
+    let prompter = Prompter::new(&ckpt, &model, args.chat)?;
+    let pixels = if images > 0 {
+        Some(prompter.pixels(&args.image, pixel_file)?)
+    } else {
+        None
     };
-    if images > 0 && tower.is_none() {
-        let model_type = ckpt.config.get("model_type").and_then(|v| v.as_str());
-        if ckpt.config.get("vision_config").is_some() {
-            bail!(
-                "{}: the vision tower of model_type `{}` is not supported; trace runs Qwen2-VL, \
-                 Qwen2.5-VL, Qwen3-VL (dense and MoE) and InternVL",
-                ckpt.dir.display(),
-                model_type.unwrap_or("?")
-            );
-        }
-        bail!(
-            "{}: the model has no vision tower (model_type `{}`); give the prompt without \
-             images",
-            ckpt.dir.display(),
-            model_type.unwrap_or("?")
-        );
-    }
-
-    // Pixels, and the tokens each image becomes.
-    let pixels = match (pixel_file, images) {
-        (_, 0) => None,
-        (Some(p), _) => Some((p.values, p.shape, p.grid)),
-        (None, _) => {
-            let processor = Processor::from_dir(&ckpt.dir)?;
-            let p = processor.preprocess(&args.image)?;
-            Some((p.values, p.shape, p.grid))
-        }
+    let image_tokens = match &pixels {
+        Some(p) => prompter.image_tokens(p)?,
+        None => Vec::new(),
     };
-    let image_pixels = pixels.as_ref().map(|(values, _, grid)| match grid {
-        Grid::Thw(g) => Pixels::Patches {
-            values,
-            grid_thw: g,
-        },
-        Grid::NumPatches(n) => Pixels::Tiles {
-            values,
-            num_patches: n,
-        },
-    });
-    let image_tokens = match (&tower, &image_pixels) {
-        (Some(t), Some(p)) => t.tokens_per_image(p)?,
-        _ => Vec::new(),
-    };
-
-    // The text, as the processor builds it, and its token ids.
-    let encoder = TextEncoder::load(&ckpt.dir, args.chat)?;
-    let text = match (placeholders, args.chat) {
-        (Some(_), true) => encoder.render_with_images(&args.prompt, IMAGE_MARKER)?,
-        (Some(ph), false) => ph.raw_prompt(&args.prompt),
-        (None, true) => encoder.render(&args.prompt)?,
-        (None, false) => args.prompt.clone(),
-    };
-    let text = match placeholders {
-        Some(ph) if images > 0 => ph.expand(&text, &image_tokens)?,
-        _ => text,
-    };
-    let ids = encoder.encode_text(&text, !args.chat)?;
-    if ids.is_empty() {
-        bail!("the prompt has no tokens");
-    }
-    let image_token = match placeholders {
-        Some(ph) if images > 0 => Some(encoder.token_id(ph.image_token()).ok_or_else(|| {
-            bad!(
-                "{}: the tokenizer has no `{}` token",
-                ckpt.dir.join("tokenizer.json").display(),
-                ph.image_token()
-            )
-        })?),
-        _ => None,
-    };
-    let mrope_merge = match &model.spec.layers[0].rope.scaling {
-        RopeScaling::Mrope { .. } => Some(
-            ckpt.config
-                .pointer("/vision_config/spatial_merge_size")
-                .and_then(|v| v.as_u64())
-                .unwrap_or(2) as usize,
-        ),
-        _ => None,
-    };
-    let prompt = Prompt {
-        ids,
-        images: match (&tower, image_pixels, image_token, &pixels) {
-            (Some(tower), Some(pixels), Some(image_token), Some((_, shape, _))) => Some(Images {
-                tower,
-                pixels,
-                pixel_shape: shape.clone(),
-                image_token,
-            }),
-            _ => None,
-        },
-        mrope_merge,
-    };
+    let ids = prompter.token_ids(&args.prompt, args.chat, &image_tokens)?;
+    let prompt = prompter.prompt(ids, pixels.as_ref())?;
     let tokens = prompt.ids.len();
     let job = TraceJob {
         model: &model,

@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use super::backend::Backend;
 use super::decoder::{HeadView, Model, State};
-use super::vision::{Pixels, Tower};
+use super::vision::{ImageFeatures, Pixels, Tower};
 use super::vlm;
 use crate::error::{Error, Result};
 use crate::{bad, bail};
@@ -163,6 +163,85 @@ fn heads_first(x: &[f32], seq: usize, heads: usize, head_dim: usize) -> Vec<f32>
     out
 }
 
+/// A prompt's images through the tower: the rows they replace and what replaces them.
+pub struct Encoded {
+    /// The prompt's image-token rows, in order.
+    pub rows: Vec<u32>,
+    pub features: ImageFeatures,
+    /// Each image's (t, h, w) patch grid (Qwen-VL families; empty for tiles).
+    pub grids: Vec<[usize; 3]>,
+}
+
+/// Run the tower on `prompt`'s images (`None` for a text-only prompt). A forward pass that runs
+/// several times over one prompt (an edit and its control) encodes the images once.
+pub fn encode<B: Backend>(backend: &B, model: &Model, prompt: &Prompt) -> Result<Option<Encoded>> {
+    let Some(images) = &prompt.images else {
+        return Ok(None);
+    };
+    let rows = vlm::image_rows(&prompt.ids, images.image_token);
+    let features = images.tower.encode(backend, model, &images.pixels, None)?;
+    if features.tokens != rows.len() {
+        bail!(
+            "the prompt has {} image tokens but the images give {}",
+            rows.len(),
+            features.tokens
+        );
+    }
+    let grids = match images.pixels {
+        Pixels::Patches { grid_thw, .. } => grid_thw.to_vec(),
+        Pixels::Tiles { .. } => Vec::new(),
+    };
+    Ok(Some(Encoded {
+        rows,
+        features,
+        grids,
+    }))
+}
+
+/// The prompt's position ids: M-RoPE's `[3, seq]` for M-RoPE families, else `None` (positions
+/// `0..seq`).
+pub fn positions(prompt: &Prompt, encoded: Option<&Encoded>) -> Result<Option<[Vec<i64>; 3]>> {
+    let Some(merge) = prompt.mrope_merge else {
+        return Ok(None);
+    };
+    let image_token = prompt.images.as_ref().map_or(u32::MAX, |i| i.image_token);
+    let grids = encoded.map_or(&[][..], |e| &e.grids);
+    vlm::mrope_positions(&prompt.ids, image_token, grids, merge).map(Some)
+}
+
+/// The decoder's state before layer 0: the prompt embedded, its image rows replaced by the
+/// tower's output and its M-RoPE positions set.
+pub fn start<'m, 'a, B: Backend>(
+    backend: &'m B,
+    model: &'m Model<'a>,
+    prompt: &Prompt,
+    encoded: Option<&Encoded>,
+) -> Result<State<'m, 'a, B>> {
+    let mut state = State::new(model, backend, std::slice::from_ref(&prompt.ids))?;
+    if let Some(e) = encoded {
+        if let Some(p) = positions(prompt, encoded)? {
+            state.set_mrope_positions(0, p)?;
+        }
+        state.replace_rows(&e.rows, &e.features.embeds)?;
+    }
+    Ok(state)
+}
+
+/// What follows decoder layer `layer`'s output for image rows: Qwen3-VL's deepstack features
+/// (`_deepstack_process`).
+pub fn after_layer<B: Backend>(
+    state: &mut State<'_, '_, B>,
+    layer: usize,
+    encoded: Option<&Encoded>,
+) -> Result<()> {
+    if let Some(e) = encoded {
+        if let Some(ds) = e.features.deepstack.get(layer) {
+            state.add_rows(&e.rows, ds.clone())?;
+        }
+    }
+    Ok(())
+}
+
 /// Run `prompt` through `model` on `backend` (the tower first when it has images) and keep what
 /// `capture` names; per-layer kinds for `layers` (decoder layer indices). `hidden_states.L` is
 /// the input of layer L and `hidden_states.{L+1}` its output, for each chosen L; the last one is
@@ -189,25 +268,14 @@ pub fn run<B: Backend>(
         let ids = prompt.ids.iter().map(|&i| i as i64).collect();
         kept.push(Kept::i64("input_ids", vec![seq], ids));
     }
-
-    let mut image_rows = Vec::new();
-    let mut features = None;
-    let mut grids: &[[usize; 3]] = &[];
-    if let Some(images) = &prompt.images {
-        image_rows = vlm::image_rows(&prompt.ids, images.image_token);
+    if prompt.images.is_some() {
         progress("vision tower");
-        let f = images.tower.encode(backend, model, &images.pixels, None)?;
-        if f.tokens != image_rows.len() {
-            bail!(
-                "the prompt has {} image tokens but the images give {}",
-                image_rows.len(),
-                f.tokens
-            );
-        }
+    }
+    let encoded = encode(backend, model, prompt)?;
+    if let (Some(images), Some(e)) = (&prompt.images, &encoded) {
         if capture.has(Capture::PixelValues) {
             let (values, extra) = match images.pixels {
                 Pixels::Patches { values, grid_thw } => {
-                    grids = grid_thw;
                     let g = grid_thw.iter().flatten().map(|&v| v as i64).collect();
                     (
                         values,
@@ -228,40 +296,22 @@ pub fn run<B: Backend>(
                 values.to_vec(),
             ));
             kept.push(extra);
-        } else if let Pixels::Patches { grid_thw, .. } = images.pixels {
-            grids = grid_thw;
         }
         if capture.has(Capture::ImageEmbeds) {
             kept.push(Kept::f32(
                 "image_embeds",
-                vec![f.tokens, hidden],
-                f.embeds.clone(),
+                vec![e.features.tokens, hidden],
+                e.features.embeds.clone(),
             ));
         }
-        features = Some(f);
     }
-
-    let mut state = State::new(model, backend, std::slice::from_ref(&prompt.ids))?;
-    let positions = match prompt.mrope_merge {
-        Some(merge) => {
-            let image_token = prompt.images.as_ref().map_or(u32::MAX, |i| i.image_token);
-            let p = vlm::mrope_positions(&prompt.ids, image_token, grids, merge)?;
-            if prompt.images.is_some() {
-                state.set_mrope_positions(0, p.clone())?;
-            }
-            Some(p)
-        }
-        None => None,
-    };
     if capture.has(Capture::PositionIds) {
-        kept.push(match positions {
+        kept.push(match positions(prompt, encoded.as_ref())? {
             Some(p) => Kept::i64("position_ids", vec![3, seq], p.concat()),
             None => Kept::i64("position_ids", vec![seq], (0..seq as i64).collect()),
         });
     }
-    if let Some(f) = &features {
-        state.replace_rows(&image_rows, &f.embeds)?;
-    }
+    let mut state = start(backend, model, prompt, encoded.as_ref())?;
 
     let mut chosen = vec![false; num_layers];
     for &l in layers {
@@ -306,10 +356,8 @@ pub fn run<B: Backend>(
             let name = format!("hidden_states.{}", layer + 1);
             kept.push(Kept::f32(name, vec![seq, hidden], state.hidden()?));
         }
-        // Qwen3-VL's deepstack: after the layer's output is recorded (`_deepstack_process`).
-        if let Some(ds) = features.as_ref().and_then(|f| f.deepstack.get(layer)) {
-            state.add_rows(&image_rows, ds.clone())?;
-        }
+        // After the layer's output is recorded, as transformers records it.
+        after_layer(&mut state, layer, encoded.as_ref())?;
     }
     for kv in state.take_kv() {
         let l = kv.layer;

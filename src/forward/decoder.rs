@@ -283,6 +283,24 @@ pub struct State<'m, 'a, B: Backend> {
     mrope: Vec<Option<[Vec<i64>; 3]>>,
     /// The layers whose keys and values [`State::attention`] keeps, and what it kept.
     capture: Option<KvCapture>,
+    /// An edit of every layer's keys inside the pass (`visual-sinks --edit`).
+    key_edit: Option<&'m dyn KeyEdit>,
+}
+
+/// Where in a layer's attention a [`KeyEdit`] acts: on the keys after their bias and k-norm,
+/// before or after RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStage {
+    PreRope,
+    PostRope,
+}
+
+/// An edit of the keys inside the forward pass (`docs/reference/visual-sinks.md`, "The key
+/// edit"): called once per layer with the layer's keys `[tokens, kv_heads · head_dim]` on the
+/// host, which it may change in place.
+pub trait KeyEdit: Sync {
+    fn stage(&self) -> KeyStage;
+    fn edit(&self, layer: usize, keys: &mut [f32]) -> Result<()>;
 }
 
 /// One layer's keys and values as `trace` writes them, host copies of the backend's
@@ -368,6 +386,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             ropes: Vec::new(),
             mrope: vec![None; prompts.len()],
             capture: None,
+            key_edit: None,
         })
     }
 
@@ -428,6 +447,22 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .as_mut()
             .map(|c| std::mem::take(&mut c.kept))
             .unwrap_or_default()
+    }
+
+    /// Edit every layer's keys with `edit` from here on.
+    pub fn set_key_edit(&mut self, edit: &'m dyn KeyEdit) {
+        self.key_edit = Some(edit);
+    }
+
+    /// Run the key edit on `k` if it acts at `stage`; the result is rounded to the precision.
+    fn edit_keys(&self, layer: usize, k: &mut B::Tensor, stage: KeyStage) -> Result<()> {
+        let Some(edit) = self.key_edit.filter(|e| e.stage() == stage) else {
+            return Ok(());
+        };
+        let mut host = self.backend.to_host(k)?.into_owned();
+        edit.edit(layer, &mut host)?;
+        *k = self.backend.upload(host)?;
+        self.backend.round(k)
     }
 
     /// The hidden states `[tokens, hidden]` on the host (transformers' `hidden_states[L]` after
@@ -665,6 +700,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             .zip(&tables)
             .map(|(r, &t)| (r.clone(), &self.ropes[t].1))
             .collect();
+        self.edit_keys(layer, &mut k, KeyStage::PreRope)?;
         let keep = self
             .capture
             .as_ref()
@@ -676,6 +712,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         };
         be.rope(&mut q, qd, hd, &segments, style)?;
         be.rope(&mut k, kd, hd, &segments, style)?;
+        self.edit_keys(layer, &mut k, KeyStage::PostRope)?;
         if let (Some(keys_pre_rope), Some(capture)) = (keys_pre_rope, self.capture.as_mut()) {
             capture.kept.push(CapturedKv {
                 layer,
@@ -913,14 +950,25 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     /// Final norm and LM head: logits `[tokens, vocab]` on the host (for parity checks and the
     /// text loss; the sink scorer never needs them).
     pub fn logits(&self) -> Result<Vec<f32>> {
-        self.lm_head(&self.final_norm()?)
+        self.lm_head(&self.final_norm()?, self.rows)
+    }
+
+    /// The logits `[vocab]` of the last token only (the next token's), without the
+    /// `[tokens, vocab]` matrix.
+    pub fn last_logits(&self) -> Result<Vec<f32>> {
+        let hidden = self.model.spec.hidden_size;
+        let h = self.final_norm()?;
+        let last = self
+            .backend
+            .slice_rows(&h, hidden, self.rows - 1..self.rows)?;
+        self.lm_head(&last, 1)
     }
 
     /// The final norm's output `[tokens, hidden]` (transformers' last `hidden_states` entry) and
     /// the logits `[tokens, vocab]`, on the host.
     pub fn final_hidden_and_logits(&self) -> Result<(Vec<f32>, Vec<f32>)> {
         let h = self.final_norm()?;
-        let logits = self.lm_head(&h)?;
+        let logits = self.lm_head(&h, self.rows)?;
         Ok((self.backend.to_host(&h)?.into_owned(), logits))
     }
 
@@ -933,7 +981,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     }
 
     /// The LM head on the final norm's output `h`.
-    fn lm_head(&self, h: &B::Tensor) -> Result<Vec<f32>> {
+    /// The logits of the `rows` rows of `h`.
+    fn lm_head(&self, h: &B::Tensor, rows: usize) -> Result<Vec<f32>> {
         let model = self.model;
         let be = self.backend;
         let spec = &model.spec;
@@ -949,9 +998,9 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             );
         };
         // A header's shape may have any rank: `weight` refuses one that is not [rows, hidden].
-        let rows = model.info(head)?.shape.first().copied().unwrap_or(0);
-        let lm = self.weight(head, &[rows, hidden])?;
-        let mut logits = be.linear(h, self.rows, &lm, rows, hidden)?;
+        let vocab = model.info(head)?.shape.first().copied().unwrap_or(0);
+        let lm = self.weight(head, &[vocab, hidden])?;
+        let mut logits = be.linear(h, rows, &lm, vocab, hidden)?;
         be.round(&mut logits)?;
         Ok(be.to_host(&logits)?.into_owned())
     }

@@ -110,16 +110,30 @@ impl GotOcr2 {
         })
     }
 
+    /// The (columns, rows) grid of tiles an image of `width`×`height` pixels is cut into: (1, 1)
+    /// when it is one tile.
+    pub fn tile_grid(&self, width: usize, height: usize) -> (usize, usize) {
+        if self.config.crop_to_patches && self.config.max_patches > 1 {
+            let TileSize {
+                height: th,
+                width: tw,
+            } = self.config.size;
+            optimal_tiled_canvas(
+                (height, width),
+                (th, tw),
+                self.config.min_patches,
+                self.config.max_patches,
+            )
+        } else {
+            (1, 1)
+        }
+    }
+
     /// `crop_image_to_patches`: resize to the chosen grid of tiles, cut it row by row, and add
     /// the whole image resized to one tile when there is more than one.
     fn crop_to_patches(&self, image: &RgbImage) -> Result<Vec<RgbImage>> {
         let TileSize { height, width } = self.config.size;
-        let (columns, rows) = optimal_tiled_canvas(
-            (image.height() as usize, image.width() as usize),
-            (height, width),
-            self.config.min_patches,
-            self.config.max_patches,
-        );
+        let (columns, rows) = self.tile_grid(image.width() as usize, image.height() as usize);
         let canvas = resize::bicubic(image, (width * columns) as u32, (height * rows) as u32)?;
         let mut tiles: Vec<RgbImage> = (0..columns * rows)
             .map(|i| {

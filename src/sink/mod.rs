@@ -10,6 +10,7 @@
 //! - [`parity`]: a backend against the CPU backend on the same token ids.
 //! - [`prompts`] and [`tokenize`]: the shipped calibration prompts, tokenizer.json encoding and
 //!   chat templates.
+//! - [`visual`]: visual attention sinks of a VLM on an image (`visual-sinks`).
 //! - [`text_loss`]: next-token loss and perplexity on a text file, a capability proxy beside the
 //!   sink metrics.
 
@@ -22,3 +23,4 @@ pub mod score;
 pub mod sweep;
 pub mod text_loss;
 pub mod tokenize;
+pub mod visual;

@@ -1,0 +1,779 @@
+//! `sinkmerge visual-sinks`: visual attention sinks of a VLM on images, the centred-key gate
+//! that finds them and the key edit that moves their attention back to the text sink
+//! (`docs/commands/visual-sinks.md`, `docs/reference/visual-sinks.md`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::arch::layer_list::LayerList;
+use crate::checkpoint::output::{check_destination, write_file_atomic, OutputDir};
+use crate::checkpoint::Checkpoint;
+use crate::error::Result;
+use crate::forward::backend::{Backend, Precision};
+use crate::forward::decoder::{KeyStage, Model};
+use crate::forward::device::{BackendJob, ComputeDevice};
+use crate::forward::vlm::{image_rows, Placeholders, IMAGE_MARKER};
+use crate::image::{Grid, Processor};
+use crate::report::json_text;
+use crate::sink::visual::aggregate::{aggregate, Aggregate};
+use crate::sink::visual::edit::EditKind;
+use crate::sink::visual::geometry::{token_regions, TokenLayout, TokenRegion};
+use crate::sink::visual::{self, ImageReport, ImageTokens, Measured, Measurement, Settings};
+use crate::{bad, bail};
+
+use super::image_prompt::{read_pixel_file, PixelData, Prompter};
+
+/// `sinkmerge visual-sinks --help`.
+pub const LONG_ABOUT: &str = "Measure the visual attention sinks of a VLM on images: the few \
+image tokens that take most of the attention a question gives the image, whose keys point the \
+way of the text sink's key (\"Attention Sinks in VLMs Are Borrowed, Not Seen\", Zhang et al. \
+2026). One forward pass per prompt through the model's own vision tower, on the CPU or the GPU.\n\n\
+Per probed layer: the text sink t* and its share of the question's attention, the image's share, \
+each image token's ratio to the uniform share (×uniform), the sinks (ratio ≥ --ratio, outside \
+the target box), their share, and whether the most attended token is in the box. At the peak \
+layer: the token features of the paper's Table 6 (centred and raw key cosine with the text sink, \
+key, value and hidden norms, logit spread) scored by AUC, precision@k and top-1 against the \
+sinks, and the centred-cosine gate's precision and recall with a threshold sweep. --edit remove \
+projects the text-sink direction out of the gated tokens' keys inside the forward pass, --edit \
+align gives eight random image tokens the text sink's key; --controls adds the random-direction \
+or random-key control. Definitions: docs/reference/visual-sinks.md.";
+
+/// `sinkmerge visual-sinks --help`: examples.
+pub const AFTER_HELP: &str = "Examples:\n  \
+sinkmerge visual-sinks Qwen/Qwen3-VL-2B-Instruct --image cat.png --question 'Where is the cat?'\n  \
+sinkmerge visual-sinks VLM --image cat.png --question 'Where is the cat?' --box 40,30,200,180 --edit remove --controls --plot figs/\n  \
+sinkmerge visual-sinks VLM --manifest probes.jsonl --ratio 50 --layers 8: --json > sinks.json\n  \
+sinkmerge visual-sinks VLM --prompt '<image>Describe it.' --pixel-values inputs.safetensors --image cat.png --csv tokens.csv";
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The VLM: a directory, HF repo id (`ORG/NAME[@rev]`) or alias
+    #[arg(value_name = "VLM")]
+    pub model: String,
+
+    /// The image (PNG, JPEG or WebP); with --prompt, once per `<image>` marker
+    #[arg(long, value_name = "FILE")]
+    pub image: Vec<PathBuf>,
+
+    /// The question, rendered with the model's chat template after the image
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["prompt", "manifest"])]
+    pub question: Option<String>,
+
+    /// A raw prompt with an `<image>` marker per image, as `trace` takes it
+    #[arg(long, value_name = "TEXT", conflicts_with = "manifest")]
+    pub prompt: Option<String>,
+
+    /// One JSON object a line: `image`, `question` or `prompt`, optional `box` and
+    /// `pixel_values` (paths relative to the manifest)
+    #[arg(long, value_name = "FILE.jsonl", conflicts_with_all = ["image", "pixel_values", "target_box"])]
+    pub manifest: Option<PathBuf>,
+
+    /// The target box `x0,y0,x1,y1` in the image's pixels (one image); sinks lie outside it
+    #[arg(long = "box", value_name = "X0,Y0,X1,Y1", value_parser = parse_box)]
+    pub target_box: Option<[f64; 4]>,
+
+    /// Take the processor's output from this safetensors file (`pixel_values` with
+    /// `image_grid_thw` or `num_patches`); --image then only gives the geometry
+    #[arg(long, value_name = "FILE")]
+    pub pixel_values: Option<PathBuf>,
+
+    /// The decoder layers to probe and edit: `0-3,7`, `20:` (default: all)
+    #[arg(long, value_name = "LIST")]
+    pub layers: Option<LayerList>,
+
+    /// A visual sink takes at least this many times the uniform share of the image's attention
+    #[arg(long, value_name = "X", default_value_t = 100.0, value_parser = parse_ratio)]
+    pub ratio: f64,
+
+    /// The gate: image tokens whose centred key cosine with the text sink is at least this
+    #[arg(long, value_name = "COS", default_value_t = 0.5, value_parser = parse_gate)]
+    pub gate: f64,
+
+    /// The keys the cosines use and the edit acts on: before or after RoPE
+    #[arg(long, value_enum, default_value_t = KeysArg::PreRope)]
+    pub keys: KeysArg,
+
+    /// The key edit run in a second pass at the probed layers
+    #[arg(long, value_enum, default_value_t = EditKind::None)]
+    pub edit: EditKind,
+
+    /// `remove`: move the text-sink component to the image tokens' median instead of to zero
+    #[arg(long)]
+    pub median_target: bool,
+
+    /// Also run the edit's control: a random direction (remove) or a random key (align)
+    #[arg(long)]
+    pub controls: bool,
+
+    /// Seed of the controls and of align's token choice
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+
+    /// Arithmetic of the forward pass: f32, or transformers' bf16 path
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub precision: Precision,
+
+    /// Where to compute: cpu, cuda or cuda:N
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: ComputeDevice,
+
+    /// Print everything as JSON on stdout instead of the tables
+    #[arg(long)]
+    pub json: bool,
+
+    /// Write a CSV row per image token per probed layer
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+
+    /// Write the figures (per image: Figure 2, Figure 5, the ratio heatmap before and after the
+    /// edit) into this directory
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+
+    /// Replace a non-empty --plot directory
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `--keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeysArg {
+    PreRope,
+    PostRope,
+}
+
+fn parse_box(s: &str) -> std::result::Result<[f64; 4], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f64>().map_err(|e| format!("`{x}`: {e}")))
+        .collect::<std::result::Result<_, _>>()?;
+    <[f64; 4]>::try_from(v).map_err(|_| "expected four numbers x0,y0,x1,y1".to_string())
+}
+
+fn parse_ratio(s: &str) -> std::result::Result<f64, String> {
+    let r: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(r.is_finite() && r > 0.0) {
+        return Err(format!("{s} is not a positive number"));
+    }
+    Ok(r)
+}
+
+fn parse_gate(s: &str) -> std::result::Result<f64, String> {
+    let g: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(-1.0..=1.0).contains(&g) {
+        return Err(format!("{s} is outside [-1, 1]"));
+    }
+    Ok(g)
+}
+
+/// One prompt to measure, as the command line or a manifest line gives it.
+struct Item {
+    /// Where it came from, for messages: `--question`, or `FILE:LINE`.
+    origin: String,
+    images: Vec<PathBuf>,
+    text: String,
+    chat: bool,
+    target_box: Option<[f64; 4]>,
+    pixel_values: Option<PathBuf>,
+}
+
+fn manifest_items(path: &Path) -> Result<Vec<Item>> {
+    let text = std::fs::read_to_string(path).map_err(|e| bad!("{}: {e}", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let mut items = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let origin = format!("{}:{}", path.display(), n + 1);
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| bad!("{origin}: not a JSON object: {e}"))?;
+        let Value::Object(obj) = value else {
+            bail!("{origin}: not a JSON object");
+        };
+        let images: Vec<PathBuf> = match obj.get("image") {
+            Some(Value::String(s)) => vec![dir.join(s)],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(|s| dir.join(s)))
+                .collect::<Option<_>>()
+                .ok_or_else(|| bad!("{origin}: `image` must be a path or a list of paths"))?,
+            _ => bail!("{origin}: `image` (a path) is missing"),
+        };
+        let (text, chat) = match (obj.get("question"), obj.get("prompt")) {
+            (Some(Value::String(q)), None) => (q.clone(), true),
+            (None, Some(Value::String(p))) => (p.clone(), false),
+            _ => bail!("{origin}: give exactly one of `question` and `prompt`, as a string"),
+        };
+        let target_box = match obj.get("box") {
+            None | Some(Value::Null) => None,
+            Some(b) => Some(
+                serde_json::from_value::<[f64; 4]>(b.clone())
+                    .map_err(|_| bad!("{origin}: `box` must be [x0, y0, x1, y1]"))?,
+            ),
+        };
+        let pixel_values = match obj.get("pixel_values") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(p)) => Some(dir.join(p)),
+            _ => bail!("{origin}: `pixel_values` must be a path"),
+        };
+        items.push(Item {
+            origin,
+            images,
+            text,
+            chat,
+            target_box,
+            pixel_values,
+        });
+    }
+    if items.is_empty() {
+        bail!("{}: the manifest has no lines", path.display());
+    }
+    Ok(items)
+}
+
+/// The items of the command line or the manifest, checked without the model: images exist,
+/// markers match, boxes lie in their image.
+fn items(args: &Args) -> Result<Vec<Item>> {
+    let items = match (&args.manifest, &args.question, &args.prompt) {
+        (Some(m), _, _) => manifest_items(m)?,
+        (None, Some(q), None) => vec![Item {
+            origin: "--question".into(),
+            images: args.image.clone(),
+            text: q.clone(),
+            chat: true,
+            target_box: args.target_box,
+            pixel_values: args.pixel_values.clone(),
+        }],
+        (None, None, Some(p)) => vec![Item {
+            origin: "--prompt".into(),
+            images: args.image.clone(),
+            text: p.clone(),
+            chat: false,
+            target_box: args.target_box,
+            pixel_values: args.pixel_values.clone(),
+        }],
+        _ => bail!("give --question, --prompt or --manifest"),
+    };
+    for item in &items {
+        let o = &item.origin;
+        if item.images.is_empty() {
+            bail!("{o}: no image was given (--image FILE)");
+        }
+        for image in &item.images {
+            if !image.is_file() {
+                bail!("{o}: {}: no such image file", image.display());
+            }
+        }
+        if item.chat {
+            if item.images.len() != 1 {
+                bail!(
+                    "{o}: a question takes one image, {} were given",
+                    item.images.len()
+                );
+            }
+        } else {
+            let markers = item.text.matches(IMAGE_MARKER).count();
+            if markers != item.images.len() {
+                bail!(
+                    "{o}: the prompt has {markers} `{IMAGE_MARKER}` marker(s) but {} image(s) \
+                     were given",
+                    item.images.len()
+                );
+            }
+        }
+        if let Some(b) = item.target_box {
+            if item.images.len() != 1 {
+                bail!("{o}: a box needs exactly one image");
+            }
+            let (w, h) = image_size(&item.images[0])?;
+            let inside = b.iter().all(|v| v.is_finite())
+                && 0.0 <= b[0]
+                && b[0] < b[2]
+                && b[2] <= w as f64
+                && 0.0 <= b[1]
+                && b[1] < b[3]
+                && b[3] <= h as f64;
+            if !inside {
+                bail!(
+                    "{o}: the box {b:?} is not inside the {w}x{h} image {} (0 ≤ x0 < x1 ≤ \
+                     width, 0 ≤ y0 < y1 ≤ height)",
+                    item.images[0].display()
+                );
+            }
+        }
+    }
+    Ok(items)
+}
+
+/// The image's size as transformers' `load_image` sees it (after the EXIF transpose).
+fn image_size(path: &Path) -> Result<(u32, u32)> {
+    Ok(crate::image::decode::load_rgb(path, true)?.dimensions())
+}
+
+/// One item ready to run: its token ids, pixels, image token positions and geometry.
+struct Prepared {
+    item: Item,
+    ids: Vec<u32>,
+    pixels: PixelData,
+    question: std::ops::Range<usize>,
+    images: Vec<ImageTokens>,
+    regions: Vec<Vec<TokenRegion>>,
+}
+
+/// Tokenize `item`, find its image blocks and question rows, and place its tokens.
+fn prepare(
+    item: Item,
+    prompter: &Prompter,
+    processor: &Processor,
+    merge: usize,
+) -> Result<Prepared> {
+    let o = item.origin.clone();
+    let file = item
+        .pixel_values
+        .as_deref()
+        .map(read_pixel_file)
+        .transpose()?;
+    let pixels = prompter.pixels(&item.images, file)?;
+    if pixels.images() != item.images.len() {
+        bail!(
+            "{o}: the pixel values hold {} image(s) but {} image file(s) were given",
+            pixels.images(),
+            item.images.len()
+        );
+    }
+    let counts = prompter.image_tokens(&pixels)?;
+    let text = if item.chat {
+        format!("{IMAGE_MARKER}{}", item.text)
+    } else {
+        item.text.clone()
+    };
+    let ids = prompter.token_ids(&text, item.chat, &counts)?;
+    let placeholders = prompter.placeholders.expect("a tower has placeholders");
+    let image_token = prompter.token(placeholders.image_token())?;
+    let end = prompter.token(match placeholders {
+        Placeholders::Qwen => "<|vision_end|>",
+        Placeholders::InternVl => "</img>",
+    })?;
+    let rows: Vec<usize> = image_rows(&ids, image_token)
+        .into_iter()
+        .map(|r| r as usize)
+        .collect();
+    let last = *rows
+        .last()
+        .ok_or_else(|| bad!("{o}: the prompt has no image tokens"))?;
+    let block_end = ids[last..]
+        .iter()
+        .position(|&t| t == end)
+        .map(|p| last + p)
+        .ok_or_else(|| bad!("{o}: the last image block has no end token"))?;
+    let question = block_end + 1..ids.len();
+    if question.is_empty() {
+        bail!("{o}: the prompt has no tokens after the image, so there is no question to measure");
+    }
+    let mut images = Vec::new();
+    let mut regions = Vec::new();
+    let mut start = 0;
+    for (i, &n) in counts.iter().enumerate() {
+        let positions = rows[start..start + n].to_vec();
+        start += n;
+        let (w, h) = image_size(&item.images[i])?;
+        let layout = match (&pixels.grid, processor) {
+            (Grid::Thw(g), _) => TokenLayout::Patches { grid: g[i], merge },
+            (Grid::NumPatches(tiles), Processor::GotOcr2(p)) => {
+                let (columns, rows) = p.tile_grid(w as usize, h as usize);
+                let side = ((n / tiles[i]) as f64).sqrt().round() as usize;
+                TokenLayout::Tiles {
+                    columns,
+                    rows,
+                    tiles: tiles[i],
+                    side,
+                }
+            }
+            (Grid::NumPatches(_), _) => bail!("{o}: tiles need InternVL's processor"),
+        };
+        let r = token_regions(layout, w as usize, h as usize, n)
+            .map_err(|e| bad!("{o}: {}: {e}", item.images[i].display()))?;
+        let inside_box = item
+            .target_box
+            .map(|b| r.iter().map(|t| t.centre_in(&b)).collect());
+        images.push(ImageTokens {
+            positions,
+            inside_box,
+        });
+        regions.push(r);
+    }
+    Ok(Prepared {
+        item,
+        ids,
+        pixels,
+        question,
+        images,
+        regions,
+    })
+}
+
+/// The job `--device` runs: every prompt in turn.
+struct Job<'a> {
+    model: &'a Model<'a>,
+    prompter: &'a Prompter,
+    prepared: &'a [Prepared],
+    settings: &'a Settings,
+    progress: bool,
+}
+
+impl BackendJob for Job<'_> {
+    type Output = Vec<Measurement>;
+
+    fn run<B: Backend>(self, backend: &B) -> Result<Vec<Measurement>> {
+        let passes = 1 + match (self.settings.edit, self.settings.controls) {
+            (EditKind::None, _) => 0,
+            (_, false) => 1,
+            (_, true) => 2,
+        };
+        let steps = self.prepared.len() * (passes * (self.model.spec.num_layers() + 1) + 1);
+        let bar = crate::progress::items(steps as u64, "visual-sinks", self.progress);
+        let mut out = Vec::new();
+        for p in self.prepared {
+            let measured = Measured {
+                prompt: self.prompter.prompt(p.ids.clone(), Some(&p.pixels))?,
+                question: p.question.clone(),
+                images: p.images.clone(),
+            };
+            out.push(visual::measure(
+                backend,
+                self.model,
+                &measured,
+                self.settings,
+                |stage| {
+                    bar.set_message(stage.to_string());
+                    bar.inc(1);
+                },
+            )?);
+        }
+        bar.finish_and_clear();
+        Ok(out)
+    }
+}
+
+/// One image in the JSON report.
+#[derive(Serialize)]
+struct ImageOut<'r> {
+    prompt: usize,
+    image_index: usize,
+    image: String,
+    #[serde(rename = "box")]
+    target_box: Option<[f64; 4]>,
+    #[serde(flatten)]
+    report: &'r ImageReport,
+}
+
+#[derive(Serialize)]
+struct Report<'r> {
+    model: String,
+    device: ComputeDevice,
+    precision: Precision,
+    ratio: f64,
+    gate: f64,
+    keys: &'static str,
+    edit: EditKind,
+    median_target: bool,
+    controls: bool,
+    seed: u64,
+    layers: &'r [usize],
+    images: Vec<ImageOut<'r>>,
+    aggregate: Aggregate,
+}
+
+pub fn run(args: Args, progress: bool) -> Result<()> {
+    // Everything checkable before the model is opened.
+    if args.controls && args.edit == EditKind::None {
+        bail!("--controls needs an edit (--edit remove or --edit align)");
+    }
+    if args.median_target && args.edit != EditKind::Remove {
+        bail!("--median-target applies to --edit remove");
+    }
+    let outputs: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--plot", &args.plot)]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+    crate::cli::check_output_paths(&outputs, &[])?;
+    let items = items(&args)?;
+    let ckpt = Checkpoint::open_ref(&args.model)?;
+    let mut input_paths: Vec<PathBuf> = vec![ckpt.dir.clone()];
+    input_paths.extend(items.iter().flat_map(|i| i.images.iter().cloned()));
+    input_paths.extend(items.iter().filter_map(|i| i.pixel_values.clone()));
+    input_paths.extend(args.manifest.clone());
+    let inputs: Vec<&Path> = input_paths.iter().map(PathBuf::as_path).collect();
+    if let Some(csv) = &args.csv {
+        crate::checkpoint::output::check_report_file(csv, &inputs)?;
+    }
+    if let Some(dir) = &args.plot {
+        check_destination(dir, &inputs, args.force)?;
+    }
+    let model = Model::new(&ckpt)?;
+    let prompter = Prompter::new(&ckpt, &model, items.iter().any(|i| i.chat))?;
+    prompter.require_tower()?;
+    let processor = Processor::from_dir(&ckpt.dir)?;
+    let merge = ckpt
+        .config
+        .pointer("/vision_config/spatial_merge_size")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(2) as usize;
+    let layers = match &args.layers {
+        Some(list) => list.resolve(model.spec.num_layers())?,
+        None => (0..model.spec.num_layers()).collect(),
+    };
+    let prepared = items
+        .into_iter()
+        .map(|item| prepare(item, &prompter, &processor, merge))
+        .collect::<Result<Vec<_>>>()?;
+    let settings = Settings {
+        ratio: args.ratio,
+        gate: args.gate,
+        keys: match args.keys {
+            KeysArg::PreRope => KeyStage::PreRope,
+            KeysArg::PostRope => KeyStage::PostRope,
+        },
+        edit: args.edit,
+        median_target: args.median_target,
+        controls: args.controls,
+        seed: args.seed,
+        layers: layers.clone(),
+    };
+    let job = Job {
+        model: &model,
+        prompter: &prompter,
+        prepared: &prepared,
+        settings: &settings,
+        progress,
+    };
+    let (measurements, _gpu) = args.device.run(args.precision, job)?;
+
+    let mut images = Vec::new();
+    for (pi, (p, m)) in prepared.iter().zip(&measurements).enumerate() {
+        for (ii, report) in m.images.iter().enumerate() {
+            images.push(ImageOut {
+                prompt: pi,
+                image_index: ii,
+                image: p.item.images[ii].display().to_string(),
+                target_box: p.item.target_box,
+                report,
+            });
+        }
+    }
+    let all: Vec<ImageReport> = measurements.iter().flat_map(|m| m.images.clone()).collect();
+    let report = Report {
+        model: args.model.clone(),
+        device: args.device,
+        precision: args.precision,
+        ratio: args.ratio,
+        gate: args.gate,
+        keys: match args.keys {
+            KeysArg::PreRope => "pre-rope",
+            KeysArg::PostRope => "post-rope",
+        },
+        edit: args.edit,
+        median_target: args.median_target,
+        controls: args.controls,
+        seed: args.seed,
+        layers: &layers,
+        images,
+        aggregate: aggregate(&all),
+    };
+
+    // Outputs: each complete or absent.
+    if let Some(csv) = &args.csv {
+        write_file_atomic(csv, render_csv(&report).as_bytes())?;
+    }
+    if let Some(dir) = &args.plot {
+        let out = OutputDir::create(dir, &inputs, args.force)?;
+        for (name, svg) in figures(&report, &prepared, &args)? {
+            out.write_file(&name, svg.as_bytes())?;
+        }
+        out.commit()?;
+    }
+    if args.json {
+        println!("{}", json_text(&report)?);
+    } else {
+        print!("{}", render_text(&report));
+    }
+    Ok(())
+}
+
+fn fmt(x: f64) -> String {
+    crate::report::fmt_num(x)
+}
+
+fn fmt_opt(x: Option<f64>) -> String {
+    x.map_or("-".into(), fmt)
+}
+
+/// The text report: a table per image over the probed layers, and a summary at its peak.
+fn render_text(r: &Report) -> String {
+    use crate::report::Table;
+    let mut out = String::new();
+    for image in &r.images {
+        let rep = image.report;
+        out.push_str(&format!(
+            "prompt {} image {} ({}): {} image tokens, question rows {}..{}\n",
+            image.prompt,
+            image.image_index,
+            image.image,
+            rep.image_tokens,
+            rep.question_rows[0],
+            rep.question_rows[1]
+        ));
+        let mut t = Table::new([
+            "layer",
+            "t*",
+            "t* share",
+            "in-image",
+            "max r",
+            "sinks",
+            "mean r",
+            "sink share",
+            "top1 in box",
+        ]);
+        for (l, s) in &rep.layers {
+            t.row([
+                l.to_string(),
+                s.text_sink_position.to_string(),
+                fmt(s.text_sink_share),
+                fmt(s.in_image_share),
+                fmt(s.max_ratio),
+                s.sink_count.to_string(),
+                fmt_opt(s.sink_mean_ratio),
+                fmt(s.sink_share),
+                s.top1_in_box.map_or("-".into(), |b| b.to_string()),
+            ]);
+        }
+        out.push_str(&t.render());
+        match rep.peak_layer {
+            None => out.push_str(&format!(
+                "no layer past the first quarter has a token at {}× uniform or more\n\n",
+                fmt(r.ratio)
+            )),
+            Some(peak) => {
+                let s = &rep.layers[&peak];
+                out.push_str(&format!(
+                    "peak layer {peak}: {} sinks take {} of the image's attention; text sink at \
+                     {} takes {}\n",
+                    s.sink_count,
+                    fmt(s.sink_share),
+                    s.text_sink_position,
+                    fmt(s.text_sink_share)
+                ));
+                let mut f = Table::new(["feature", "AUC", "precision@k", "top-1"]);
+                for (name, score) in rep.features.iter().flatten() {
+                    f.row([
+                        name.clone(),
+                        fmt_opt(score.auc),
+                        fmt_opt(score.precision_at_k),
+                        score.top1.map_or("-".into(), |b| b.to_string()),
+                    ]);
+                }
+                out.push_str(&f.render());
+                if let Some(g) = &rep.gate {
+                    out.push_str(&format!(
+                        "gate centred cos ≥ {}: precision {}, recall {}\n",
+                        fmt(g.threshold),
+                        fmt_opt(g.precision),
+                        fmt_opt(g.recall)
+                    ));
+                }
+                for e in [&rep.edit, &rep.control].into_iter().flatten() {
+                    if let Some(row) = e.layers.get(&peak) {
+                        out.push_str(&format!(
+                            "{}{}: {} tokens edited at the peak; their share {} -> {}, max r {} \
+                             -> {}, text sink {} -> {}; next token agrees: {}, KL {}\n",
+                            serde_json::to_value(e.kind)
+                                .ok()
+                                .and_then(|v| v.as_str().map(String::from))
+                                .unwrap_or_default(),
+                            if e.control { " (control)" } else { "" },
+                            row.affected.len(),
+                            fmt(row.affected_share_before),
+                            fmt(row.affected_share_after),
+                            fmt(row.max_ratio_before),
+                            fmt(row.max_ratio_after),
+                            fmt(row.text_sink_share_before),
+                            fmt(row.text_sink_share_after),
+                            e.next_token.top1_agree,
+                            fmt(e.next_token.kl)
+                        ));
+                    }
+                }
+            }
+        }
+        out.push('\n');
+    }
+    if r.images.len() > 1 {
+        let a = &r.aggregate;
+        out.push_str(&format!("over {} images:\n", a.images));
+        let mut t = Table::new([
+            "value at each image's peak",
+            "mean",
+            "median",
+            "std",
+            "min",
+            "max",
+            "n",
+        ]);
+        for (name, s) in &a.at_peak {
+            t.row([
+                name.clone(),
+                fmt(s.mean),
+                fmt(s.median),
+                fmt(s.std),
+                fmt(s.min),
+                fmt(s.max),
+                s.n.to_string(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
+/// One CSV row per image token per probed layer.
+fn render_csv(r: &Report) -> String {
+    let mut out = String::from(
+        "prompt,image,layer,position,inside_box,attention,ratio,centered_cos,raw_cos,key_norm,\
+         value_norm,hidden_norm,logit_std,sink,gated,attention_edited\n",
+    );
+    let opt = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
+    for image in &r.images {
+        for (l, tokens) in &image.report.tokens {
+            for t in tokens {
+                out.push_str(&format!(
+                    "{},{},{l},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                    image.prompt,
+                    image.image_index,
+                    t.position,
+                    t.inside_box.map_or(String::new(), |b| b.to_string()),
+                    t.attention,
+                    t.ratio,
+                    t.centered_cos,
+                    t.raw_cos,
+                    t.key_norm,
+                    t.value_norm,
+                    t.hidden_norm,
+                    t.logit_std,
+                    t.sink,
+                    t.gated,
+                    opt(t.attention_edited),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The figures `--plot` writes, by file name.
+fn figures(r: &Report, prepared: &[Prepared], args: &Args) -> Result<Vec<(String, String)>> {
+    let _ = (r, prepared, args);
+    Ok(Vec::new())
+}
