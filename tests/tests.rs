@@ -31,5 +31,6 @@ mod score_paper;
 mod score_parity;
 mod score_tokenize;
 mod trace;
+mod visual_sinks;
 mod write_safety;
 mod writer;

@@ -777,3 +777,184 @@ fn figures(r: &Report, prepared: &[Prepared], args: &Args) -> Result<Vec<(String
     let _ = (r, prepared, args);
     Ok(Vec::new())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::forward::backend::cpu::CpuBackend;
+    use crate::forward::backend::cuda::host::HostDevice;
+    use crate::forward::backend::cuda::CudaBackend;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    /// A golden case of tests/fixtures/visual_sinks/ with its reference output.
+    fn case(name: &str) -> (Args, Value) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cases: Value = serde_json::from_slice(
+            &std::fs::read(root.join("tests/fixtures/visual_sinks/cases.json")).unwrap(),
+        )
+        .unwrap();
+        let case = cases["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        let rooted = |s: &str| {
+            let p = root.join(s);
+            if p.exists() {
+                p.display().to_string()
+            } else {
+                s.to_string()
+            }
+        };
+        let mut argv = vec![
+            "visual-sinks".to_string(),
+            rooted(case["model"].as_str().unwrap()),
+        ];
+        argv.extend(
+            case["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| rooted(a.as_str().unwrap())),
+        );
+        let golden: Value = serde_json::from_slice(
+            &std::fs::read(root.join(case["golden"].as_str().unwrap())).unwrap(),
+        )
+        .unwrap();
+        (Command::parse_from(argv).args, golden)
+    }
+
+    fn measure_on<B: Backend>(backend: &B, args: &Args) -> Vec<Measurement> {
+        let items = items(args).unwrap();
+        let ckpt = Checkpoint::open_ref(&args.model).unwrap();
+        let model = Model::new(&ckpt).unwrap();
+        let prompter = Prompter::new(&ckpt, &model, true).unwrap();
+        let processor = Processor::from_dir(&ckpt.dir).unwrap();
+        let prepared: Vec<Prepared> = items
+            .into_iter()
+            .map(|i| prepare(i, &prompter, &processor, 2).unwrap())
+            .collect();
+        let settings = Settings {
+            ratio: args.ratio,
+            gate: args.gate,
+            keys: match args.keys {
+                KeysArg::PreRope => KeyStage::PreRope,
+                KeysArg::PostRope => KeyStage::PostRope,
+            },
+            edit: args.edit,
+            median_target: args.median_target,
+            controls: args.controls,
+            seed: args.seed,
+            layers: (0..model.spec.num_layers()).collect(),
+        };
+        let job = Job {
+            model: &model,
+            prompter: &prompter,
+            prepared: &prepared,
+            settings: &settings,
+            progress: false,
+        };
+        job.run(backend).unwrap()
+    }
+
+    fn max_diff(a: &[f32], b: &[f64]) -> f64 {
+        a.iter()
+            .zip(b)
+            .fold(0f64, |m, (&x, &y)| m.max((x as f64 - y).abs()))
+    }
+
+    /// The edited forward equals transformers with the same edit applied by a hook
+    /// (tools/visual_sinks_ref.py): next-token logits within 1e-4, unedited, edited and the
+    /// control (the attention within 1e-5 is the integration test's `attention_edited`).
+    #[test]
+    fn edited_logits_match_the_hooked_transformers_forward() {
+        for name in [
+            "qwen3_vl_question_box",
+            "internvl_question_box",
+            "qwen3_vl_post_rope_median",
+        ] {
+            let (args, golden) = case(name);
+            let m = &measure_on(&CpuBackend::new(Precision::F32), &args)[0];
+            let floats = |v: &Value| -> Vec<f64> {
+                v.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect()
+            };
+            let image = &golden["images"][0];
+            let pairs = [
+                (
+                    &m.logits_unedited,
+                    &image["edit"]["next_token"]["logits_before"],
+                ),
+                (
+                    m.logits_edited.as_ref().unwrap(),
+                    &image["edit"]["next_token"]["logits_after"],
+                ),
+                (
+                    m.logits_control.as_ref().unwrap(),
+                    &image["control"]["next_token"]["logits_after"],
+                ),
+            ];
+            for (got, want) in pairs {
+                let want = floats(want);
+                assert_eq!(got.len(), want.len(), "{name}");
+                let d = max_diff(got, &want);
+                assert!(d <= 1e-4, "{name}: logits differ by {d:.2e}");
+            }
+        }
+    }
+
+    /// The CUDA backend's code path (the host stand-in) gives the CPU's statistics.
+    #[test]
+    fn the_gpu_code_path_gives_the_cpu_statistics() {
+        for name in ["qwen3_vl_question_box", "internvl_two_images"] {
+            let (args, _) = case(name);
+            let cpu = measure_on(&CpuBackend::new(Precision::F32), &args);
+            let gpu = measure_on(
+                &CudaBackend::new(HostDevice::default(), Precision::F32),
+                &args,
+            );
+            let json = |m: &[Measurement]| {
+                let images: Vec<&ImageReport> = m.iter().flat_map(|m| &m.images).collect();
+                serde_json::to_value(images).unwrap()
+            };
+            let (c, g) = (json(&cpu), json(&gpu));
+            let mut errors = Vec::new();
+            close(&g, &c, "", &mut errors);
+            assert!(errors.is_empty(), "{name}: {errors:#?}");
+        }
+    }
+
+    fn close(got: &Value, want: &Value, path: &str, errors: &mut Vec<String>) {
+        match (got, want) {
+            (Value::Object(g), Value::Object(w)) => {
+                for (k, v) in w {
+                    close(&g[k], v, &format!("{path}.{k}"), errors);
+                }
+            }
+            (Value::Array(g), Value::Array(w)) if g.len() == w.len() => {
+                for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                    close(g, w, &format!("{path}[{i}]"), errors);
+                }
+            }
+            (Value::Number(g), Value::Number(w)) => {
+                let (g, w) = (g.as_f64().unwrap(), w.as_f64().unwrap());
+                if (g - w).abs() > 1e-5 * w.abs().max(1.0) {
+                    errors.push(format!("{path}: {g} against {w}"));
+                }
+            }
+            _ if got == want => {}
+            _ => errors.push(format!("{path}: {got} against {want}")),
+        }
+    }
+}

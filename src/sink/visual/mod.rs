@@ -436,4 +436,3 @@ fn run_pass<B: Backend>(
     }
     state.last_logits()
 }
-

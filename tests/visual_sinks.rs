@@ -1,0 +1,309 @@
+//! `sinkmerge visual-sinks` against the independent reference `tools/visual_sinks_ref.py`
+//! (transformers' eager attention, keys and values; tests/fixtures/visual_sinks/): every
+//! statistic of every case within 1e-5, on tiny Qwen3-VL and InternVL models and on the
+//! planted-sink model. The planted model's gate finds exactly its red tokens, and the remove edit
+//! moves their attention back to the text sink where the random-direction control does not. Bad
+//! input: one line, exit 2, nothing written.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::util::{read_json, root, sinkmerge};
+
+/// Every number of the reference's JSON (issue: "every reported statistic agrees within 1e-5").
+const TOLERANCE: f64 = 1e-5;
+
+#[derive(Deserialize)]
+struct Cases {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    model: String,
+    args: Vec<String>,
+    golden: String,
+}
+
+fn cases() -> Vec<Case> {
+    read_json::<Cases>(root().join("tests/fixtures/visual_sinks/cases.json")).cases
+}
+
+/// Compare every key of `want` (the reference) with `got`; numbers within [`TOLERANCE`] relative
+/// to max(1, |want|), everything else equal. The reference's own extras (the logits, which a
+/// library test compares, and the echoed image path) are skipped.
+fn compare(got: &Value, want: &Value, path: &str, errors: &mut Vec<String>) {
+    match want {
+        Value::Object(w) => {
+            for (k, v) in w {
+                if ["image", "logits_before", "logits_after"].contains(&k.as_str()) {
+                    continue;
+                }
+                match got.get(k) {
+                    Some(g) => compare(g, v, &format!("{path}.{k}"), errors),
+                    None => errors.push(format!("{path}.{k}: missing")),
+                }
+            }
+        }
+        Value::Array(w) => match got.as_array() {
+            Some(g) if g.len() == w.len() => {
+                for (i, (g, w)) in g.iter().zip(w).enumerate() {
+                    compare(g, w, &format!("{path}[{i}]"), errors);
+                }
+            }
+            _ => errors.push(format!("{path}: {got} is not {} values", w.len())),
+        },
+        Value::Number(w) => {
+            let w = w.as_f64().unwrap();
+            match got.as_f64() {
+                Some(g) if (g - w).abs() <= TOLERANCE * w.abs().max(1.0) => {}
+                _ => errors.push(format!("{path}: {got} against {w}")),
+            }
+        }
+        _ => {
+            if got != want {
+                errors.push(format!("{path}: {got} against {want}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_statistic_matches_the_reference() {
+    let cases = cases();
+    assert!(cases.len() >= 7);
+    for case in &cases {
+        let mut args = vec!["visual-sinks".to_string(), case.model.clone()];
+        args.extend(case.args.iter().cloned());
+        args.push("--json".into());
+        let got = sinkmerge(&args).current_dir(root()).json();
+        let want: Value = read_json(root().join(&case.golden));
+        let mut errors = Vec::new();
+        compare(&got, &want, "", &mut errors);
+        assert!(
+            errors.is_empty(),
+            "{}: {} differences, first: {:#?}",
+            case.name,
+            errors.len(),
+            &errors[..errors.len().min(10)]
+        );
+    }
+}
+
+fn planted(extra: &[&str]) -> Value {
+    let mut args = vec![
+        "visual-sinks",
+        "tests/fixtures/visual_sinks/planted/model",
+        "--image",
+        "tests/fixtures/visual_sinks/planted/image.png",
+        "--question",
+        "Where is the red square?",
+        "--ratio",
+        "5",
+        "--gate",
+        "0.5",
+        "--json",
+    ];
+    args.extend(extra);
+    sinkmerge(&args).current_dir(root()).json()
+}
+
+/// The planted model's red cells are tokens 45 and 52 (tests/fixtures/visual_sinks/planted/).
+const RED: [u64; 2] = [45, 52];
+
+#[test]
+fn the_gate_finds_exactly_the_planted_tokens_and_remove_sends_their_attention_home() {
+    let remove = planted(&["--edit", "remove", "--controls"]);
+    let image = &remove["images"][0];
+    assert_eq!(image["peak_layer"], 2);
+    for layer in ["1", "2"] {
+        let tokens = image["tokens"][layer].as_array().unwrap();
+        let pick = |key: &str| -> Vec<u64> {
+            tokens
+                .iter()
+                .filter(|t| t[key] == true)
+                .map(|t| t["position"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(pick("gated"), RED, "layer {layer}: gated");
+        assert_eq!(pick("sink"), RED, "layer {layer}: sinks");
+        assert_eq!(image["layers"][layer]["text_sink_position"], 0);
+
+        let edit = &image["edit"]["layers"][layer];
+        let control = &image["control"]["layers"][layer];
+        assert_eq!(edit["affected"], serde_json::json!(RED));
+        assert_eq!(control["affected"], serde_json::json!(RED));
+        let f = |v: &Value, k: &str| v[k].as_f64().unwrap();
+        // The edit: the planted tokens lose most of their share, the text sink gains it.
+        assert!(f(edit, "affected_share_before") > 0.9);
+        assert!(f(edit, "affected_share_after") < 0.2, "{edit}");
+        assert!(f(edit, "text_sink_share_after") > f(edit, "text_sink_share_before") + 0.3);
+        // The control, the same tokens with a random direction: nearly nothing moves.
+        assert!(f(control, "affected_share_after") > 0.9, "{control}");
+        let moved = f(control, "text_sink_share_after") - f(control, "text_sink_share_before");
+        assert!(moved.abs() < 0.1, "{control}");
+    }
+    assert_eq!(image["gate"]["precision"], 1.0);
+    assert_eq!(image["gate"]["recall"], 1.0);
+    assert_eq!(image["features"]["centered_cos"]["auc"], 1.0);
+}
+
+#[test]
+fn outputs_are_written_whole_and_the_text_report_names_the_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("tokens.csv");
+    let plots = dir.path().join("figures");
+    let out = sinkmerge([
+        "visual-sinks",
+        "tests/fixtures/visual_sinks/planted/model",
+        "--image",
+        "tests/fixtures/visual_sinks/planted/image.png",
+        "--question",
+        "Where is the red square?",
+        "--ratio",
+        "5",
+        "--edit",
+        "remove",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ])
+    .current_dir(root())
+    .ok();
+    assert!(out.contains("peak layer 2: 2 sinks"), "{out}");
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    // A header and one row per image token (20) per layer (3).
+    assert_eq!(rows.lines().count(), 1 + 20 * 3);
+    assert!(rows.starts_with("prompt,image,layer,position,"));
+    let mut figures: Vec<String> = std::fs::read_dir(&plots)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    figures.sort();
+    assert_eq!(
+        figures,
+        [
+            "image0_angles.svg",
+            "image0_depth.svg",
+            "image0_heatmap.svg",
+            "image0_heatmap_edited.svg"
+        ]
+    );
+    for f in &figures {
+        let svg = std::fs::read_to_string(plots.join(f)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{f}"
+        );
+    }
+}
+
+/// One clear line, exit 2, and neither the CSV nor the plot directory.
+fn refused_without_output(args: &[&str], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("out.csv");
+    let plots = dir.path().join("plots");
+    let mut all: Vec<&str> = vec!["visual-sinks"];
+    all.extend(args);
+    all.extend([
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        plots.to_str().unwrap(),
+    ]);
+    sinkmerge(&all).current_dir(root()).refused(needles);
+    assert!(!csv.exists() && !plots.exists(), "{args:?} wrote output");
+}
+
+#[test]
+fn bad_input_is_refused_with_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = |name: &str, lines: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, lines).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let image = root().join("tests/fixtures/images/scene_100x75.png");
+    let image = image.to_str().unwrap();
+    let qwen = "tests/fixtures/vlm/qwen3_vl";
+
+    let not_json = manifest(
+        "a.jsonl",
+        &format!("{{\"image\": \"{image}\", \"question\": \"Hi\"}}\nnot json\n"),
+    );
+    refused_without_output(
+        &[qwen, "--manifest", &not_json],
+        &["a.jsonl:2", "not a JSON object"],
+    );
+    let missing = manifest(
+        "b.jsonl",
+        "{\"image\": \"nope.png\", \"question\": \"Hi\"}\n",
+    );
+    refused_without_output(
+        &[qwen, "--manifest", &missing],
+        &["b.jsonl:1", "nope.png", "no such image"],
+    );
+    let outside = manifest(
+        "c.jsonl",
+        &format!("{{\"image\": \"{image}\", \"question\": \"Hi\", \"box\": [10, 10, 120, 50]}}\n"),
+    );
+    refused_without_output(
+        &[qwen, "--manifest", &outside],
+        &["c.jsonl:1", "box", "100x75"],
+    );
+    refused_without_output(
+        &[
+            qwen,
+            "--image",
+            image,
+            "--question",
+            "Hi",
+            "--box",
+            "50,50,40,60",
+        ],
+        &["box", "not inside"],
+    );
+    refused_without_output(
+        &[qwen, "--image", image, "--prompt", "Describe<image>"],
+        &["no tokens after the image"],
+    );
+    refused_without_output(
+        &[
+            "assets/models/tiny-qwen3/ref",
+            "--image",
+            image,
+            "--question",
+            "Hi",
+        ],
+        &["no vision tower"],
+    );
+    refused_without_output(
+        &[qwen, "--image", image, "--question", "Hi", "--controls"],
+        &["--controls", "edit"],
+    );
+    for (flag, needle) in [
+        ("--gate=1.5", "outside [-1, 1]"),
+        ("--ratio=0", "positive"),
+        ("--ratio=-3", "positive"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("out.csv");
+        let args = [
+            "visual-sinks",
+            qwen,
+            "--image",
+            image,
+            "--question",
+            "Hi",
+            flag,
+            "--csv",
+            csv.to_str().unwrap(),
+        ];
+        sinkmerge(args)
+            .current_dir(root())
+            .refused_with_usage(&[flag.split('=').next().unwrap(), needle]);
+        assert!(!csv.exists());
+    }
+}
