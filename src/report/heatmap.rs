@@ -161,7 +161,7 @@ fn text_width(text: &str, px: f64) -> f64 {
 
 /// Colour-bar ticks over [lo, hi]: 1-2-5 steps, at most about 7 ticks, with the labels printed
 /// to the step's precision (so no two labels are equal).
-fn ticks(lo: f64, hi: f64) -> Vec<(f64, String)> {
+pub(super) fn ticks(lo: f64, hi: f64) -> Vec<(f64, String)> {
     let span = hi - lo;
     if !(span > 0.0 && span.is_finite()) {
         return vec![(lo, format!("{lo}"))];

@@ -1,5 +1,6 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
-//! model cards, and the reports of `score`, `heads`, `predict` and `norms`.
+//! model cards, the reports of `score`, `heads`, `predict` and `norms`, and the figures of
+//! `visual-sinks`.
 
 pub mod heads;
 pub mod heatmap;
@@ -8,6 +9,7 @@ pub mod norms;
 pub mod plot;
 pub mod predict;
 pub mod score;
+pub mod visual_sinks;
 
 /// An aligned text table; numeric-looking cells are right-aligned.
 pub struct Table {
