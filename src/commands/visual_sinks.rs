@@ -590,7 +590,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     if let Some(dir) = &args.plot {
         let out = OutputDir::create(dir, &inputs, args.force)?;
-        for (name, svg) in figures(&report, &prepared, &args)? {
+        for (name, svg) in figures(&report, &prepared)? {
             out.write_file(&name, svg.as_bytes())?;
         }
         out.commit()?;
@@ -772,10 +772,106 @@ fn render_csv(r: &Report) -> String {
     out
 }
 
-/// The figures `--plot` writes, by file name.
-fn figures(r: &Report, prepared: &[Prepared], args: &Args) -> Result<Vec<(String, String)>> {
-    let _ = (r, prepared, args);
-    Ok(Vec::new())
+/// The figures `--plot` writes, by file name: per image, Figure 2 at its peak layer (the last
+/// probed layer without a peak), Figure 5 over the probed layers, and the ×uniform heatmap at
+/// that layer, before and (with an edit) after.
+fn figures(r: &Report, prepared: &[Prepared]) -> Result<Vec<(String, String)>> {
+    use crate::report::visual_sinks::{
+        angle_svg, depth_svg, ratio_heatmap_svg, AnglePoint, Region,
+    };
+    let plot = |e: String| crate::internal!("{e}");
+    let mut out = Vec::new();
+    for image in &r.images {
+        let rep = image.report;
+        let Some(layer) = rep.peak_layer.or_else(|| rep.layers.keys().last().copied()) else {
+            continue;
+        };
+        let name = if r.images.len() == 1 {
+            "image0".to_string()
+        } else {
+            format!("prompt{}_image{}", image.prompt, image.image_index)
+        };
+        let tokens = &rep.tokens[&layer];
+        let title = format!("{} layer {layer}", image.image);
+        let points: Vec<AnglePoint> = tokens
+            .iter()
+            .map(|t| AnglePoint {
+                centered_cos: t.centered_cos,
+                ratio: t.ratio,
+                sink: t.sink,
+                gated: t.gated,
+            })
+            .collect();
+        out.push((
+            format!("{name}_angles.svg"),
+            angle_svg(&title, &points, r.ratio, r.gate).map_err(plot)?,
+        ));
+        let depth: Vec<(usize, f64, f64)> = rep
+            .layers
+            .iter()
+            .map(|(&l, s)| (l, s.sink_share, s.text_sink_share))
+            .collect();
+        out.push((
+            format!("{name}_depth.svg"),
+            depth_svg(&image.image, &depth, rep.peak_layer).map_err(plot)?,
+        ));
+        let p = &prepared[image.prompt];
+        let picture = crate::image::decode::load_rgb(&p.item.images[image.image_index], true)?;
+        let regions = &p.regions[image.image_index];
+        // One scale for before and after: from 1/10 of uniform to 10× past the threshold.
+        let range = (-1.0, (r.ratio.max(10.0)).log10() + 1.0);
+        let heatmap = |ratios: &[f64], sinks: &[bool], suffix: &str| -> Result<(String, String)> {
+            // InternVL's thumbnail tokens lie under the tiles; a heatmap shows the tiles.
+            let tiles_only = regions.iter().any(|t| !t.thumbnail);
+            let cells: Vec<Region> = regions
+                .iter()
+                .zip(ratios.iter().zip(sinks))
+                .filter(|(t, _)| !(tiles_only && t.thumbnail))
+                .map(|(t, (&ratio, &sink))| Region {
+                    x0: t.rect[0],
+                    y0: t.rect[1],
+                    x1: t.rect[2],
+                    y1: t.rect[3],
+                    ratio,
+                    sink,
+                })
+                .collect();
+            let svg = ratio_heatmap_svg(
+                &format!("{title}{suffix}"),
+                &picture,
+                &cells,
+                range,
+                image.target_box,
+            )
+            .map_err(plot)?;
+            Ok((
+                format!("{name}_heatmap{}.svg", suffix.replace(", ", "_")),
+                svg,
+            ))
+        };
+        let ratios: Vec<f64> = tokens.iter().map(|t| t.ratio).collect();
+        let sinks: Vec<bool> = tokens.iter().map(|t| t.sink).collect();
+        out.push(heatmap(&ratios, &sinks, "")?);
+        if tokens.iter().all(|t| t.attention_edited.is_some()) {
+            let after: Vec<f64> = tokens
+                .iter()
+                .map(|t| t.attention_edited.unwrap_or(0.0))
+                .collect();
+            let total: f64 = after.iter().sum();
+            let n = after.len() as f64;
+            let ratios: Vec<f64> = after
+                .iter()
+                .map(|a| if total > 0.0 { a / (total / n) } else { 0.0 })
+                .collect();
+            let sinks: Vec<bool> = tokens
+                .iter()
+                .zip(&ratios)
+                .map(|(t, &ratio)| ratio >= r.ratio && t.inside_box != Some(true))
+                .collect();
+            out.push(heatmap(&ratios, &sinks, ", edited")?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -853,7 +949,10 @@ mod tests {
             median_target: args.median_target,
             controls: args.controls,
             seed: args.seed,
-            layers: (0..model.spec.num_layers()).collect(),
+            layers: match &args.layers {
+                Some(list) => list.resolve(model.spec.num_layers()).unwrap(),
+                None => (0..model.spec.num_layers()).collect(),
+            },
         };
         let job = Job {
             model: &model,
