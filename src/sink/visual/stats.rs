@@ -366,8 +366,11 @@ pub struct FeatureScore {
     pub top1: Option<bool>,
 }
 
-/// The features of Table 6, by their JSON names, as functions of a token.
-pub const FEATURES: [(&str, fn(&TokenStats) -> f64); 7] = [
+/// A token feature: its value for one token.
+pub type Feature = fn(&TokenStats) -> f64;
+
+/// The features of Table 6, by their JSON names.
+pub const FEATURES: [(&str, Feature); 7] = [
     ("centered_cos", |t| t.centered_cos),
     ("raw_cos", |t| t.raw_cos),
     ("neg_value_norm", |t| -t.value_norm),
