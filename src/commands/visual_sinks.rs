@@ -144,6 +144,41 @@ pub enum KeysArg {
     PostRope,
 }
 
+impl KeysArg {
+    fn stage(self) -> KeyStage {
+        match self {
+            KeysArg::PreRope => KeyStage::PreRope,
+            KeysArg::PostRope => KeyStage::PostRope,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            KeysArg::PreRope => "pre-rope",
+            KeysArg::PostRope => "post-rope",
+        }
+    }
+}
+
+impl Args {
+    /// What to measure, with `--layers` resolved for a model of `num_layers`.
+    fn settings(&self, num_layers: usize) -> Result<Settings> {
+        Ok(Settings {
+            ratio: self.ratio,
+            gate: self.gate,
+            keys: self.keys.stage(),
+            edit: self.edit,
+            median_target: self.median_target,
+            controls: self.controls,
+            seed: self.seed,
+            layers: match &self.layers {
+                Some(list) => list.resolve(num_layers)?,
+                None => (0..num_layers).collect(),
+            },
+        })
+    }
+}
+
 fn parse_box(s: &str) -> std::result::Result<[f64; 4], String> {
     let v: Vec<f64> = s
         .split(',')
@@ -522,27 +557,11 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .pointer("/vision_config/spatial_merge_size")
         .and_then(|v| v.as_u64())
         .unwrap_or(2) as usize;
-    let layers = match &args.layers {
-        Some(list) => list.resolve(model.spec.num_layers())?,
-        None => (0..model.spec.num_layers()).collect(),
-    };
+    let settings = args.settings(model.spec.num_layers())?;
     let prepared = items
         .into_iter()
         .map(|item| prepare(item, &prompter, &processor, merge))
         .collect::<Result<Vec<_>>>()?;
-    let settings = Settings {
-        ratio: args.ratio,
-        gate: args.gate,
-        keys: match args.keys {
-            KeysArg::PreRope => KeyStage::PreRope,
-            KeysArg::PostRope => KeyStage::PostRope,
-        },
-        edit: args.edit,
-        median_target: args.median_target,
-        controls: args.controls,
-        seed: args.seed,
-        layers: layers.clone(),
-    };
     let job = Job {
         model: &model,
         prompter: &prompter,
@@ -571,15 +590,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         precision: args.precision,
         ratio: args.ratio,
         gate: args.gate,
-        keys: match args.keys {
-            KeysArg::PreRope => "pre-rope",
-            KeysArg::PostRope => "post-rope",
-        },
+        keys: args.keys.name(),
         edit: args.edit,
         median_target: args.median_target,
         controls: args.controls,
         seed: args.seed,
-        layers: &layers,
+        layers: &settings.layers,
         images,
         aggregate: aggregate(&all),
     };
@@ -938,22 +954,7 @@ mod tests {
             .into_iter()
             .map(|i| prepare(i, &prompter, &processor, 2).unwrap())
             .collect();
-        let settings = Settings {
-            ratio: args.ratio,
-            gate: args.gate,
-            keys: match args.keys {
-                KeysArg::PreRope => KeyStage::PreRope,
-                KeysArg::PostRope => KeyStage::PostRope,
-            },
-            edit: args.edit,
-            median_target: args.median_target,
-            controls: args.controls,
-            seed: args.seed,
-            layers: match &args.layers {
-                Some(list) => list.resolve(model.spec.num_layers()).unwrap(),
-                None => (0..model.spec.num_layers()).collect(),
-            },
-        };
+        let settings = args.settings(model.spec.num_layers()).unwrap();
         let job = Job {
             model: &model,
             prompter: &prompter,
