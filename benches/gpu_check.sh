@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU scorer's checks on a GPU machine, in one run (about 5-8 minutes on an H200):
 #   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture, the bundled pairs and
-#      the VLM fixtures' vision towers;
+#      the VLM fixtures' vision towers, and `visual-sinks` with its key edit on the planted model;
 #   2. a synthetic Qwen2.5-7B-shaped bf16 checkpoint (28 layers, hidden 3584, 15 GB), written by the
 #      project's own generator;
 #   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm;
@@ -79,6 +79,26 @@ done
 for dir in tests/fixtures/vlm/{qwen2_vl,qwen2_5_vl,qwen3_vl,qwen3_vl_moe,internvl,internvl_qknorm,internvl_remote}; do
   parity "$(basename "$dir") (vision)" "$dir"
 done
+# visual-sinks on the planted-sink model with the remove edit and its control, GPU against CPU:
+# every value of the per-token CSV (attention, ratios, cosines, norms, the edited attention) and
+# every flag (sink, gated).
+vs_args=(visual-sinks tests/fixtures/visual_sinks/planted/model --image
+  tests/fixtures/visual_sinks/planted/image.png --question 'Where is the red square?' --ratio 5
+  --edit remove --controls)
+if "$SM" "${vs_args[@]}" --csv "$WORK/vs_cpu.csv" >/dev/null 2>"$WORK/vs.err" \
+  && "$SM" "${vs_args[@]}" --device "$DEVICE" --csv "$WORK/vs_gpu.csv" >/dev/null 2>>"$WORK/vs.err"; then
+  row=$(paste -d, "$WORK/vs_cpu.csv" "$WORK/vs_gpu.csv" | awk -F, '
+    NR > 1 { n = NF / 2
+      for (i = 1; i <= n; i++) { a = $i; b = $(i + n); if (a == b) continue
+        if (a ~ /^-?[0-9.eE+-]+$/ && b ~ /^-?[0-9.eE+-]+$/) { d = a - b; if (d < 0) d = -d; if (d > m) m = d }
+        else f++ } }
+    END { printf "%-24s max|d| %-10.2e flags differing %d", "visual-sinks (planted)", m, f }')
+else
+  failed=1
+  row="visual-sinks (planted): $(head -c 300 "$WORK/vs.err")"
+fi
+parity_rows+=("$row")
+echo "$row"
 
 # 2. A Qwen2.5-7B-shaped checkpoint (random bf16 weights, the fixtures' tokenizer).
 M="$WORK/qwen2.5-7b-shape"
