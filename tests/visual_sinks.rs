@@ -91,7 +91,8 @@ fn every_statistic_matches_the_reference() {
     }
 }
 
-fn planted(extra: &[&str]) -> Value {
+/// The planted model's run (tests/fixtures/visual_sinks/planted/README.md), with `extra`.
+fn planted_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "visual-sinks",
         "tests/fixtures/visual_sinks/planted/model",
@@ -103,9 +104,14 @@ fn planted(extra: &[&str]) -> Value {
         "5",
         "--gate",
         "0.5",
-        "--json",
     ];
     args.extend(extra);
+    args
+}
+
+fn planted(extra: &[&str]) -> Value {
+    let mut args = planted_args(extra);
+    args.push("--json");
     sinkmerge(&args).current_dir(root()).json()
 }
 
@@ -154,22 +160,14 @@ fn outputs_are_written_whole_and_the_text_report_names_the_peak() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("tokens.csv");
     let plots = dir.path().join("figures");
-    let out = sinkmerge([
-        "visual-sinks",
-        "tests/fixtures/visual_sinks/planted/model",
-        "--image",
-        "tests/fixtures/visual_sinks/planted/image.png",
-        "--question",
-        "Where is the red square?",
-        "--ratio",
-        "5",
+    let out = sinkmerge(planted_args(&[
         "--edit",
         "remove",
         "--csv",
         csv.to_str().unwrap(),
         "--plot",
         plots.to_str().unwrap(),
-    ])
+    ]))
     .current_dir(root())
     .ok();
     assert!(out.contains("peak layer 2: 2 sinks"), "{out}");

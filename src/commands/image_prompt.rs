@@ -32,16 +32,7 @@ impl PixelData {
     }
 
     pub fn pixels(&self) -> Pixels<'_> {
-        match &self.grid {
-            Grid::Thw(g) => Pixels::Patches {
-                values: &self.values,
-                grid_thw: g,
-            },
-            Grid::NumPatches(n) => Pixels::Tiles {
-                values: &self.values,
-                num_patches: n,
-            },
-        }
+        Pixels::from_grid(&self.values, &self.grid)
     }
 }
 

@@ -583,7 +583,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             });
         }
     }
-    let all: Vec<ImageReport> = measurements.iter().flat_map(|m| m.images.clone()).collect();
+    let all: Vec<&ImageReport> = images.iter().map(|i| i.report).collect();
     let report = Report {
         model: args.model.clone(),
         device: args.device,

@@ -16,7 +16,7 @@ use crate::forward::backend::{Backend, Precision};
 use crate::forward::decoder::{trace_on, Model, Trace};
 use crate::forward::model::DecoderSpec;
 use crate::forward::vision::{Pixels, Tower};
-use crate::image::{Grid, Processor};
+use crate::image::Processor;
 
 /// Absolute tolerances of a parity check.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -245,16 +245,7 @@ fn tower_parity<B: Backend>(
     let processed = Processor::from_dir(&ckpt.dir)?.preprocess(std::slice::from_ref(&image));
     let _ = std::fs::remove_file(&image);
     let processed = processed?;
-    let pixels = match &processed.grid {
-        Grid::Thw(g) => Pixels::Patches {
-            values: &processed.values,
-            grid_thw: g,
-        },
-        Grid::NumPatches(n) => Pixels::Tiles {
-            values: &processed.values,
-            num_patches: n,
-        },
-    };
+    let pixels = Pixels::from_grid(&processed.values, &processed.grid);
     let model = Model::new(ckpt)?;
     let want = tower.encode(cpu, &model, &pixels, None)?;
     let got = tower.encode(backend, &model, &pixels, None)?;

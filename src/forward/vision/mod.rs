@@ -11,6 +11,7 @@ use std::ops::Range;
 use super::backend::{AttentionShape, Backend};
 use super::decoder::Model;
 use crate::error::Result;
+use crate::image::Grid;
 
 #[cfg(test)]
 pub(crate) mod goldens;
@@ -33,6 +34,23 @@ pub enum Pixels<'a> {
         values: &'a [f32],
         num_patches: &'a [usize],
     },
+}
+
+impl<'a> Pixels<'a> {
+    /// `values` laid out as `grid` says (an image processor's output, `crate::image::Pixels`, or
+    /// a `--pixel-values` file).
+    pub fn from_grid(values: &'a [f32], grid: &'a Grid) -> Pixels<'a> {
+        match grid {
+            Grid::Thw(g) => Pixels::Patches {
+                values,
+                grid_thw: g,
+            },
+            Grid::NumPatches(n) => Pixels::Tiles {
+                values,
+                num_patches: n,
+            },
+        }
+    }
 }
 
 /// What a tower gives the language model, on the host.

@@ -106,7 +106,7 @@ fn to_value<T: Serialize>(x: &T) -> Value {
     serde_json::to_value(x).expect("report values serialize")
 }
 
-pub fn aggregate(images: &[ImageReport]) -> Aggregate {
+pub fn aggregate(images: &[&ImageReport]) -> Aggregate {
     let peaks: Vec<f64> = images
         .iter()
         .filter_map(|i| i.peak_layer.map(|l| l as f64))

@@ -226,10 +226,12 @@ impl KeyEdit for Editor {
             let touched: Vec<usize> = match self.kind {
                 EditKind::None => Vec::new(),
                 EditKind::Remove => {
+                    let mu = mean_keys(&original, &image.positions, kv, hd);
                     let gated: Vec<usize> = match &self.gated {
                         Some(g) => g[ii][li].clone(),
                         None => {
-                            let cos = centered_cosines(&original, &image.positions, sink, kv, hd);
+                            let cos =
+                                centered_cosines(&original, &image.positions, sink, &mu, kv, hd);
                             image
                                 .positions
                                 .iter()
@@ -239,7 +241,6 @@ impl KeyEdit for Editor {
                                 .collect()
                         }
                     };
-                    let mu = mean_keys(&original, &image.positions, kv, hd);
                     for g in 0..kv {
                         let u = if self.control {
                             image.random[li][g].clone()

@@ -287,26 +287,20 @@ pub fn measure<B: Backend>(
                                 token.attention_edited = Some(after[token.position]);
                             }
                         }
-                        let share = |a: &[f64]| {
-                            let (_, total) = stats::ratios(a, &image.positions);
+                        // The affected tokens' share of A_img and the largest ratio, in a pass.
+                        let shares = |a: &[f64]| {
+                            let (r, total) = stats::ratios(a, &image.positions);
                             let part: f64 = touched.iter().map(|&j| a[j]).sum();
-                            if total > 0.0 {
-                                part / total
-                            } else {
-                                0.0
-                            }
+                            let share = if total > 0.0 { part / total } else { 0.0 };
+                            (share, r.into_iter().fold(f64::NEG_INFINITY, f64::max))
                         };
-                        let max_ratio = |a: &[f64]| {
-                            stats::ratios(a, &image.positions)
-                                .0
-                                .into_iter()
-                                .fold(f64::NEG_INFINITY, f64::max)
-                        };
+                        let (share_before, max_before) = shares(before);
+                        let (share_after, max_after) = shares(after);
                         let row = EditLayer {
-                            affected_share_before: share(before),
-                            affected_share_after: share(after),
-                            max_ratio_before: max_ratio(before),
-                            max_ratio_after: max_ratio(after),
+                            affected_share_before: share_before,
+                            affected_share_after: share_after,
+                            max_ratio_before: max_before,
+                            max_ratio_after: max_after,
                             text_sink_share_before: before[t],
                             text_sink_share_after: after[t],
                             affected: touched,

@@ -24,7 +24,7 @@ pub struct LayerTensors<'t> {
 /// The question's attention `a_j` over every position: probabilities averaged over heads, then
 /// over the question rows.
 pub fn question_attention(probs: &[Vec<f32>], seq: usize) -> Vec<f64> {
-    let rows = probs.first().map_or(0, |p| p.len() / seq);
+    let rows = question_rows(probs, seq);
     let heads = probs.len() as f64;
     let mut a = vec![0f64; seq];
     for i in 0..rows {
@@ -157,16 +157,17 @@ pub fn mean_keys(keys: &[f32], positions: &[usize], kv: usize, hd: usize) -> Vec
         .collect()
 }
 
-/// Per image token: the centred key cosine with the text sink, averaged over KV heads.
+/// Per image token: the centred key cosine with the text sink, averaged over KV heads; `mu` is
+/// [`mean_keys`] of the image's tokens.
 pub fn centered_cosines(
     keys: &[f32],
     positions: &[usize],
     sink: usize,
+    mu: &[Vec<f64>],
     kv: usize,
     hd: usize,
 ) -> Vec<f64> {
     let width = kv * hd;
-    let mu = mean_keys(keys, positions, kv, hd);
     let centred = |j: usize, g: usize| -> Vec<f64> {
         keys[j * width + g * hd..j * width + (g + 1) * hd]
             .iter()
@@ -204,7 +205,8 @@ pub fn layer_stats(
     let hidden = t.hidden.len() / seq;
     let sink = text_sink(a, is_image).expect("the question rows are not image tokens");
     let (r, in_image) = ratios(a, positions);
-    let centered = centered_cosines(t.keys, positions, sink, kv, hd);
+    let mu = mean_keys(t.keys, positions, kv, hd);
+    let centered = centered_cosines(t.keys, positions, sink, &mu, kv, hd);
     let key = |keys: &'_ [f32], j: usize, g: usize| -> Vec<f64> {
         keys[j * width + g * hd..j * width + (g + 1) * hd]
             .iter()
@@ -279,6 +281,7 @@ pub fn layer_stats(
     (stats, tokens)
 }
 
+/// How many question rows each head's `[rows, seq]` block holds.
 fn question_rows(probs: &[Vec<f32>], seq: usize) -> usize {
     probs.first().map_or(0, |p| p.len() / seq)
 }
