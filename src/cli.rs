@@ -61,6 +61,7 @@ pub enum Command {
     Fetch(commands::fetch::Args),
     /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
     Extract(commands::extract::Args),
+    Graft(commands::graft::Args),
     // The controls' help texts (about and long_about) live on their Args.
     Predict(commands::predict::Args),
     Perturb(commands::perturb::Args),
@@ -118,6 +119,16 @@ pub struct OutputArgs {
     pub no_model_card: bool,
 }
 
+/// `--into-vlm`: every command that writes a language model can write it straight into a VLM.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct IntoVlmArgs {
+    /// Write the model straight into VLM's own layout, in one pass (as `sinkmerge graft --vlm VLM`
+    /// of the output would): VLM's vision tower, projector, config, processor and tokenizer
+    /// files with this model as its language model. VLM is the model this one was extracted from
+    #[arg(long, value_name = "VLM")]
+    pub into_vlm: Option<String>,
+}
+
 impl OutputArgs {
     /// The output directory (required by `command`) and the shard size in bytes.
     pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
@@ -138,6 +149,7 @@ impl OutputArgs {
             other_inputs: &[],
             force: self.force,
             max_shard_size: self.max_shard_size()?,
+            into_vlm: None,
         })
     }
 

@@ -7,6 +7,7 @@
 //!   drift norms between checkpoints.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
+//! - [`graft`]: writing a language model back into its VLM, the inverse of the extraction plan.
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`dtype`]: decoding and encoding the stored float dtypes (bf16, f16, f32) to and from f32,
 //!   below both [`checkpoint`] and [`linalg`], which read stored bytes directly.
@@ -33,6 +34,7 @@ pub mod dtype;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod graft;
 pub mod image;
 pub mod linalg;
 pub mod merge;

@@ -12,6 +12,7 @@ mod cuda_loading;
 mod exit_codes;
 mod extract;
 mod fuzz;
+mod graft;
 mod heads;
 mod hostile_inputs;
 mod hub;

@@ -51,6 +51,8 @@ pub struct Destination<'a> {
     /// Replace a non-empty `dir`.
     pub force: bool,
     pub max_shard_size: u64,
+    /// Write the output into this VLM's layout instead (`--into-vlm`).
+    pub into_vlm: Option<&'a crate::graft::IntoVlm>,
 }
 
 /// What the output has besides the source's tensors and files.
@@ -98,48 +100,84 @@ pub fn rewrite<R: Send>(
         .collect();
     planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
     let (planned, added): (Vec<PlannedTensor>, Vec<Option<usize>>) = planned.into_iter().unzip();
+    let config = additions.config.as_ref().unwrap_or(&source.config);
+    let graft = match to.into_vlm {
+        Some(v) => Some(v.plan(&source.label, &planned, config)?),
+        None => None,
+    };
     let mut inputs = vec![source.dir.as_path()];
     inputs.extend_from_slice(to.other_inputs);
+    inputs.extend(to.into_vlm.map(|v| v.ckpt.dir.as_path()));
     let out = OutputDir::create(to.dir, &inputs, to.force)?;
-    match &additions.config {
-        Some(config) => out.write_json("config.json", config)?,
-        None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
-    }
-    copy_aux_files(&out, source)?;
     let edits = Mutex::new(Vec::new());
-    writer::write_tensors(
-        &out,
-        &planned,
-        to.max_shard_size,
-        Some((bar, Progress::Bytes)),
-        |i| {
-            added[i]
-                .is_none()
-                .then(|| source.describe(&planned[i].name))
-        },
-        |i| {
-            if let Some(a) = added[i] {
-                return Ok(Cow::Borrowed(additions.tensors[a].1.as_slice()));
+    // A tensor the LM and the VLM both take (a tied head) is produced once per stored tensor,
+    // so its edit is reported once.
+    let reported = Mutex::new(std::collections::HashSet::new());
+    let origin = |i: usize| {
+        added[i]
+            .is_none()
+            .then(|| source.describe(&planned[i].name))
+    };
+    let produce = |i: usize| {
+        if let Some(a) = added[i] {
+            return Ok(Cow::Borrowed(additions.tensors[a].1.as_slice()));
+        }
+        let name = &planned[i].name;
+        let bytes = source.bytes(name)?;
+        let info = source.info(name).expect("listed");
+        let report = |r: R| {
+            if (reported.lock().expect("no panics hold the lock")).insert(i) {
+                (edits.lock().expect("no panics hold the lock")).push((name.clone(), r));
             }
-            let name = &planned[i].name;
-            let bytes = source.bytes(name)?;
-            let info = source.info(name).expect("listed");
-            let report =
-                |r: R| (edits.lock().expect("no panics hold the lock")).push((name.clone(), r));
-            match edit(name, info, bytes)? {
-                Edit::Copy => Ok(Cow::Borrowed(bytes)),
-                Edit::Keep(r) => {
-                    report(r);
-                    Ok(Cow::Borrowed(bytes))
-                }
-                // The writer refuses bytes of another length than planned (an internal error).
-                Edit::Replace(new, r) => {
-                    report(r);
-                    Ok(Cow::Owned(new))
-                }
+        };
+        match edit(name, info, bytes)? {
+            Edit::Copy => Ok(Cow::Borrowed(bytes)),
+            Edit::Keep(r) => {
+                report(r);
+                Ok(Cow::Borrowed(bytes))
             }
-        },
-    )?;
+            // The writer refuses bytes of another length than planned (an internal error).
+            Edit::Replace(new, r) => {
+                report(r);
+                Ok(Cow::Owned(new))
+            }
+        }
+    };
+    match &graft {
+        None => {
+            match &additions.config {
+                Some(config) => out.write_json("config.json", config)?,
+                None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
+            }
+            copy_aux_files(&out, source)?;
+            writer::write_tensors(
+                &out,
+                &planned,
+                to.max_shard_size,
+                Some((bar, Progress::Bytes)),
+                origin,
+                produce,
+            )?;
+        }
+        Some(g) => {
+            for w in &g.warnings {
+                eprintln!("sinkmerge: warning: {w}");
+            }
+            let index: std::collections::HashMap<&str, usize> = (planned.iter().enumerate())
+                .map(|(i, t)| (t.name.as_str(), i))
+                .collect();
+            bar.set_length(g.total_bytes());
+            g.write_tensors(
+                &out,
+                to.max_shard_size,
+                bar,
+                |name| origin(index[name]),
+                |name| produce(index[name]),
+            )?;
+            // The caller's files (a model card) come after, and replace the VLM's README.md.
+            g.copy_files(&out, false)?;
+        }
+    }
     bar.finish_and_clear();
     for file in &additions.files {
         file.write_into(&out)?;

@@ -55,13 +55,18 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputArgs,
 
+    #[command(flatten)]
+    pub vlm: crate::cli::IntoVlmArgs,
+
     /// Print one JSON object with every ablated tensor's channels and mean instead of text
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let to = args.out.destination("ablate")?;
+    let mut to = args.out.destination("ablate")?;
+    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    to.into_vlm = vlm.as_ref();
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }
@@ -78,7 +83,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
 
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
-    let card = (!args.out.no_model_card).then(|| card(&args, &model, &plan));
+    let mut card = (!args.out.no_model_card).then(|| card(&args, &model, &plan));
+    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+        v.mark_card(c, true);
+    }
     let additions = Additions {
         files: card.iter().map(|c| c as &dyn ExtraFile).collect(),
         ..Additions::default()

@@ -37,19 +37,24 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputArgs,
 
+    #[command(flatten)]
+    pub vlm: crate::cli::IntoVlmArgs,
+
     /// Print one JSON summary instead of text
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let to = args.out.destination("inject-qknorm")?;
+    let mut to = args.out.destination("inject-qknorm")?;
+    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    to.into_vlm = vlm.as_ref();
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;
 
     let originals = model.names().len();
     let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
-    let card = (!args.out.no_model_card).then(|| {
+    let mut card = (!args.out.no_model_card).then(|| {
         let input = model_card::Input::new("model", true, &model);
         let description = format!(
             "`{}` rewritten as a `Qwen3ForCausalLM` checkpoint with unit-scale per-head \
@@ -86,6 +91,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             inputs: vec![input],
         }
     });
+    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+        v.mark_card(c, true);
+    }
     let mut additions = plan.additions()?;
     additions.files = card.iter().map(|c| c as &dyn ExtraFile).collect();
     let bar = crate::progress::bytes(model.total_bytes(), "writing", progress && !args.json);

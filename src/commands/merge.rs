@@ -37,6 +37,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let Some(t) = &args.common.tokenizer_from {
         spec.tokenizer_source = Some(t.clone());
     }
+    if let Some(v) = &args.common.vlm.into_vlm {
+        spec.into_vlm = Some(v.clone());
+    }
     execute(&spec, &args.common, progress, warnings)
 }
 

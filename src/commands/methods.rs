@@ -28,6 +28,9 @@ pub struct CommonArgs {
     #[arg(long, value_name = "MODEL")]
     pub tokenizer_from: Option<String>,
 
+    #[command(flatten)]
+    pub vlm: crate::cli::IntoVlmArgs,
+
     /// Print a JSON summary on stdout instead of text
     #[arg(long)]
     pub json: bool,
@@ -336,7 +339,7 @@ fn merge_with(
         .tokenizer_from
         .clone()
         .or_else(|| entries.first().map(|e| e.model.clone()));
-    let spec = MergeSpec::new(
+    let mut spec = MergeSpec::new(
         method,
         base,
         entries,
@@ -346,6 +349,7 @@ fn merge_with(
         tokenizer,
         &mut warnings,
     )?;
+    spec.into_vlm = common.vlm.into_vlm.clone();
     super::merge::execute(&spec, common, progress, warnings)
 }
 

@@ -4,6 +4,7 @@ pub mod ablate;
 pub mod aliases;
 pub mod extract;
 pub mod fetch;
+pub mod graft;
 pub mod heads;
 pub mod image_prompt;
 pub mod inject_qknorm;
@@ -39,6 +40,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Aliases(args) => aliases::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Extract(args) => extract::run(args, progress),
+        Command::Graft(args) => graft::run(args, progress),
         Command::Predict(args) => predict::run(args, progress),
         Command::Perturb(args) => perturb::run(args, progress),
         Command::Ablate(args) => ablate::run(args, progress),

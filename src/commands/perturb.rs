@@ -49,6 +49,9 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputArgs,
 
+    #[command(flatten)]
+    pub vlm: crate::cli::IntoVlmArgs,
+
     /// Print one JSON object with every tensor's target and realized drift instead of text
     #[arg(long)]
     pub json: bool,
@@ -58,7 +61,9 @@ pub struct Args {
 const WARN_MISMATCH: f64 = 1e-3;
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let to = args.out.destination("perturb")?;
+    let mut to = args.out.destination("perturb")?;
+    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    to.into_vlm = vlm.as_ref();
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
     let pairing = perturb::pair(&reference, &target)?;
@@ -72,7 +77,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         progress && !args.json,
     );
     let perturbed = pairing.partners.len();
-    let card = (!args.out.no_model_card).then(|| {
+    let mut card = (!args.out.no_model_card).then(|| {
         card(
             &args,
             &reference,
@@ -81,6 +86,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             reference.names().len() - perturbed,
         )
     });
+    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+        v.mark_card(c, true);
+    }
     let additions = Additions {
         files: card.iter().map(|c| c as &dyn ExtraFile).collect(),
         ..Additions::default()

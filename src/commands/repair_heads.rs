@@ -93,6 +93,9 @@ pub struct Args {
     #[command(flatten)]
     pub out: OutputArgs,
 
+    #[command(flatten)]
+    pub vlm: crate::cli::IntoVlmArgs,
+
     /// Print one JSON object: the heads, modules and every repaired tensor
     #[arg(long)]
     pub json: bool,
@@ -115,10 +118,15 @@ struct Recipe {
     heads: Vec<String>,
     modules: Vec<&'static str>,
     lambda: f64,
+    /// `--into-vlm`: the VLM whose layout the output is written in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    into_vlm: Option<String>,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let to = args.out.destination("repair-heads")?;
+    let mut to = args.out.destination("repair-heads")?;
+    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    to.into_vlm = vlm.as_ref();
     if !(0.0..=1.0).contains(&args.lambda) {
         bail!("--lambda {} is outside [0, 1]", args.lambda);
     }
@@ -201,9 +209,13 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         heads: chosen.iter().map(|(l, h)| format!("{l}.{h}")).collect(),
         modules: modules.iter().map(|m| m.short_name()).collect(),
         lambda: args.lambda,
+        into_vlm: vlm.as_ref().map(|v| v.card_input().reference()),
     };
     let yaml = serde_yaml_ng::to_string(&recipe).expect("the recipe serializes");
-    let card = (!args.out.no_model_card).then(|| card(&args, &ckpts, &recipe, &yaml));
+    let mut card = (!args.out.no_model_card).then(|| card(&args, &ckpts, &recipe, &yaml));
+    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+        v.mark_card(c, true);
+    }
     let config = NamedFile {
         name: "sinkmerge_config.yml",
         bytes: yaml.into_bytes(),

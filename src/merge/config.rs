@@ -46,6 +46,9 @@ pub struct MergeSpec {
     /// Where tokenizer files come from: `base` or a model reference. `None`: the base model,
     /// else the first model (mergekit's donor).
     pub tokenizer_source: Option<String>,
+    /// `into_vlm` (a sinkmerge key): the VLM whose layout the merged language model is written
+    /// into (docs/commands/graft.md#into-vlm).
+    pub into_vlm: Option<String>,
 }
 
 impl std::fmt::Debug for MergeSpec {
@@ -58,6 +61,7 @@ impl std::fmt::Debug for MergeSpec {
             .field("dtype", &self.dtype)
             .field("out_dtype", &self.out_dtype)
             .field("tokenizer_source", &self.tokenizer_source)
+            .field("into_vlm", &self.into_vlm)
             .finish()
     }
 }
@@ -71,6 +75,7 @@ impl PartialEq for MergeSpec {
             && self.dtype == other.dtype
             && self.out_dtype == other.out_dtype
             && self.tokenizer_source == other.tokenizer_source
+            && self.into_vlm == other.into_vlm
     }
 }
 
@@ -82,6 +87,7 @@ const SUPPORTED_KEYS: &[&str] = &[
     "dtype",
     "out_dtype",
     "tokenizer_source",
+    "into_vlm",
     "sinkmerge_version",
 ];
 
@@ -183,7 +189,7 @@ impl MergeSpec {
                 "{origin}: `tokenizer_source: union` builds a new vocabulary (tokenizer surgery), which sinkmerge does not support; use `base` or a model"
             );
         }
-        let spec = MergeSpec::new(
+        let mut spec = MergeSpec::new(
             method,
             base,
             entries,
@@ -194,6 +200,7 @@ impl MergeSpec {
             &mut warnings,
         )
         .map_err(|e| bad!("{origin}: {e}"))?;
+        spec.into_vlm = text_of("into_vlm")?;
         Ok((spec, warnings))
     }
 
@@ -256,6 +263,7 @@ impl MergeSpec {
             dtype,
             out_dtype,
             tokenizer_source,
+            into_vlm: None,
         })
     }
 
@@ -322,6 +330,9 @@ impl MergeSpec {
             let t = if t == "base" { t.clone() } else { reference(t) };
             top.insert("tokenizer_source".into(), t.into());
         }
+        if let Some(v) = &self.into_vlm {
+            top.insert("into_vlm".into(), reference(v).into());
+        }
         top.insert("sinkmerge_version".into(), env!("CARGO_PKG_VERSION").into());
         let body = serde_yaml_ng::to_string(&Yaml::Mapping(top)).expect("YAML values serialize");
         format!(
@@ -348,9 +359,13 @@ fn repair_heads_recipe(top: &Mapping) -> String {
             .join(","),
         _ => k.to_ascii_uppercase(),
     };
+    let into_vlm = match top.get("into_vlm") {
+        Some(Yaml::String(v)) => format!(" --into-vlm {v}"),
+        _ => String::new(),
+    };
     format!(
         "this is a repair-heads recipe (`method: repair_heads`), not a merge config; replay it \
-         with `sinkmerge repair-heads --ref {} {} --heads {} --modules {} --lambda {} -o OUT`",
+         with `sinkmerge repair-heads --ref {} {} --heads {} --modules {} --lambda {}{into_vlm} -o OUT`",
         text("reference"),
         text("target"),
         text("heads"),

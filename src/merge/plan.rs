@@ -36,6 +36,7 @@ use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
 use crate::dtype::{is_float, torch_name};
 use crate::error::Result;
+use crate::graft::IntoVlm;
 use crate::report::model_card::{self, ModelCard};
 use crate::{bad, bail};
 
@@ -99,34 +100,6 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
     let (base, donor, tensors) = (plan.base, plan.donor, &plan.tensors);
 
     let tokenizer = TokenizerDonor::choose(spec, &inputs, donor)?;
-    let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
-    input_dirs.push(&tokenizer.dir);
-    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
-    let bar = crate::progress::items(tensors.planned.len() as u64, "merging", options.progress);
-    let written = write_tensors(
-        &out,
-        &tensors.planned,
-        options.max_shard_size,
-        Some((&bar, Progress::Tensors)),
-        |i| match &tensors.work[i] {
-            Work::Copy { input, name } => Some(inputs[*input].ckpt.describe(name)),
-            // A merged tensor's inputs were checked as it was computed (merge/job.rs).
-            Work::Merge(_) => None,
-        },
-        |i| match &tensors.work[i] {
-            Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
-            Work::Merge(j) => {
-                let job = &tensors.jobs[*j];
-                let bytes = plan.merger.merge(*j, job)?;
-                for source in job.base.iter().chain(&job.models) {
-                    source.ckpt.release(&source.tensor);
-                }
-                Ok(Cow::Owned(bytes))
-            }
-        },
-    )?;
-    bar.finish_and_clear();
-
     let mut config = inputs[donor].ckpt.config.clone();
     let dtype = output_dtype_name(&tensors.planned, &inputs[donor].ckpt, spec);
     if let Some(name) = &dtype {
@@ -135,13 +108,69 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
     if let Some(rows) = tensors.embed_rows {
         fix_vocab_size(&mut config, rows, &mut warnings);
     }
-    out.write_json("config.json", &config)?;
-    for file in AUX_FILES {
-        let path = tokenizer.dir.join(file);
-        if path.is_file() {
-            out.copy_file(&path, file)?;
+    let vlm = IntoVlm::from_arg(spec.into_vlm.as_deref())?;
+    let graft = match &vlm {
+        Some(v) => Some(v.plan("the merged model", &tensors.planned, &config)?),
+        None => None,
+    };
+    let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
+    input_dirs.push(&tokenizer.dir);
+    input_dirs.extend(vlm.iter().map(|v| v.ckpt.dir.as_path()));
+    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
+    let origin = |i: usize| match &tensors.work[i] {
+        Work::Copy { input, name } => Some(inputs[*input].ckpt.describe(name)),
+        // A merged tensor's inputs were checked as it was computed (merge/job.rs).
+        Work::Merge(_) => None,
+    };
+    let produce = |i: usize| match &tensors.work[i] {
+        Work::Copy { input, name } => Ok(Cow::Borrowed(inputs[*input].ckpt.bytes(name)?)),
+        Work::Merge(j) => {
+            let job = &tensors.jobs[*j];
+            let bytes = plan.merger.merge(*j, job)?;
+            for source in job.base.iter().chain(&job.models) {
+                source.ckpt.release(&source.tensor);
+            }
+            Ok(Cow::Owned(bytes))
         }
-    }
+    };
+    let written = match &graft {
+        None => {
+            let bar =
+                crate::progress::items(tensors.planned.len() as u64, "merging", options.progress);
+            let written = write_tensors(
+                &out,
+                &tensors.planned,
+                options.max_shard_size,
+                Some((&bar, Progress::Tensors)),
+                origin,
+                produce,
+            )?;
+            bar.finish_and_clear();
+            out.write_json("config.json", &config)?;
+            for file in AUX_FILES {
+                let path = tokenizer.dir.join(file);
+                if path.is_file() {
+                    out.copy_file(&path, file)?;
+                }
+            }
+            written
+        }
+        Some(g) => {
+            warnings.extend(g.warnings.iter().cloned());
+            let index = tensors.index();
+            let bar = crate::progress::bytes(g.total_bytes(), "merging", options.progress);
+            let written = g.write_tensors(
+                &out,
+                options.max_shard_size,
+                &bar,
+                |name| origin(index[name]),
+                |name| produce(index[name]),
+            )?;
+            bar.finish_and_clear();
+            g.copy_files(&out, options.model_card)?;
+            written
+        }
+    };
     let record = spec.to_record(&|reference: &str| {
         inputs
             .iter()
@@ -154,7 +183,11 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
     });
     out.write_file("sinkmerge_config.yml", record.as_bytes())?;
     if options.model_card {
-        let card = merge_card(spec, &inputs, base, donor, &tokenizer, &record);
+        let mut card = merge_card(spec, &inputs, base, donor, &tokenizer, &record);
+        if let Some(v) = &vlm {
+            // sinkmerge_config.yml records `into_vlm`, so the replay needs no flag.
+            v.mark_card(&mut card, false);
+        }
         card.write(&out)?;
     }
     let dest = out.commit()?;
@@ -392,6 +425,15 @@ struct TensorPlan<'a> {
     jobs: Vec<TensorJob<'a>>,
     /// Rows of the output embedding when they differ from the donor config's `vocab_size`.
     embed_rows: Option<usize>,
+}
+
+impl TensorPlan<'_> {
+    /// Each planned tensor's index, by name.
+    fn index(&self) -> std::collections::HashMap<&str, usize> {
+        (self.planned.iter().enumerate())
+            .map(|(i, t)| (t.name.as_str(), i))
+            .collect()
+    }
 }
 
 /// The stored tensor that input `ckpt` contributes for output tensor `name`.

@@ -38,6 +38,8 @@ pub enum Kind {
     QkNormInjection,
     /// `sinkmerge repair-heads`: chosen heads' slices moved toward the reference.
     HeadRepair,
+    /// `sinkmerge graft`: a language model written back into its VLM.
+    Graft,
 }
 
 impl Kind {
@@ -50,6 +52,7 @@ impl Kind {
             Kind::Perturbation => tags.push("perturbation".into()),
             Kind::QkNormInjection => tags.push("qk-norm-injection".into()),
             Kind::HeadRepair => tags.extend(["merge".to_string(), "head-repair".to_string()]),
+            Kind::Graft => tags.extend(["merge".to_string(), "graft".to_string()]),
         }
         tags
     }
@@ -59,7 +62,8 @@ impl Kind {
     /// they leave it unset.
     fn relation(self) -> Option<&'static str> {
         match self {
-            Kind::Merge(_) | Kind::HeadRepair => Some("merge"),
+            // A graft combines two models, the VLM and the language model put into it.
+            Kind::Merge(_) | Kind::HeadRepair | Kind::Graft => Some("merge"),
             _ => None,
         }
     }

@@ -165,6 +165,9 @@ pub struct ExtractPlan {
     pub dropped: Vec<Dropped>,
     /// Decisions worth telling the user (tie rule, re-split embeddings, ...).
     pub notes: Vec<String>,
+    /// The stored output head that the tie rule left out because it is byte-identical to the
+    /// embedding: `graft` writes the embedding back into it.
+    pub tied_head: Option<String>,
 }
 
 /// Maps a standard output name to the name it would have in the checkpoint.
@@ -179,6 +182,8 @@ pub struct PlanBuilder<'a> {
     dropped: Vec<Dropped>,
     notes: Vec<String>,
     head: Option<String>,
+    /// The head dropped by the tie rule.
+    tied_head: Option<String>,
     /// Output name -> the stored name it came from, for messages.
     origin: HashMap<String, String>,
     /// How an output name that is missing would be stored, for messages.
@@ -194,6 +199,7 @@ impl<'a> PlanBuilder<'a> {
             dropped: Vec::new(),
             notes: Vec::new(),
             head: None,
+            tied_head: None,
             origin: HashMap::new(),
             stored_hint: None,
         }
@@ -295,6 +301,66 @@ impl<'a> PlanBuilder<'a> {
         for (count, name) in pieces {
             self.rows(stored, first, *count, name.clone())?;
             first += count;
+        }
+        Ok(())
+    }
+
+    /// Split the stored tensor whose rows are `groups` repetitions of the row pattern `pieces`
+    /// (`(rows, name)` each) into one output per piece: the concatenation, over the groups, of that
+    /// piece's rows (InternLM2's `wqkv`, grouped per KV head as
+    /// `[q × heads/kv_heads, k, v] × kv_heads`). Every row goes to exactly one output, in order
+    /// within it, so the split is exactly invertible.
+    pub fn split_grouped_rows(
+        &mut self,
+        stored: &str,
+        groups: usize,
+        pieces: &[(usize, String)],
+    ) -> Result<()> {
+        let info = self.ckpt.require(stored)?;
+        let per_group: usize = pieces.iter().map(|(n, _)| n).sum();
+        let Some((&total, rest)) = info.shape.split_first() else {
+            bail!(
+                "{}: expected at least one axis to split, got a scalar",
+                self.ckpt.describe(stored)
+            );
+        };
+        if total != groups * per_group {
+            bail!(
+                "{}: shape {:?}, but the config implies {groups} groups of {per_group} rows ({})",
+                self.ckpt.describe(stored),
+                info.shape,
+                pieces
+                    .iter()
+                    .map(|(n, name)| format!("{n} for `{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let row: usize = rest.iter().product();
+        let dtype = info.dtype;
+        let mut offset = 0;
+        for (count, name) in pieces {
+            let parts = (0..groups)
+                .map(|g| Part {
+                    source: stored.to_string(),
+                    piece: Piece::Range {
+                        start: (g * per_group + offset) * row,
+                        len: count * row,
+                    },
+                })
+                .collect();
+            let mut shape = vec![groups * count];
+            shape.extend_from_slice(rest);
+            self.push(
+                stored,
+                OutTensor {
+                    name: name.clone(),
+                    dtype,
+                    shape,
+                    parts,
+                },
+            )?;
+            offset += count;
         }
         Ok(())
     }
@@ -451,6 +517,7 @@ impl<'a> PlanBuilder<'a> {
             outputs: self.outputs,
             dropped: self.dropped,
             notes: self.notes,
+            tied_head: self.tied_head,
         })
     }
 
@@ -488,6 +555,7 @@ impl<'a> PlanBuilder<'a> {
         self.note(format!(
             "tie_word_embeddings: true (`{head}` is byte-identical to the embedding; not written)"
         ));
+        self.tied_head = Some(head);
         Ok(true)
     }
 }

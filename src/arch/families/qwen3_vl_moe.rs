@@ -3,7 +3,8 @@
 //! unfused into the per-expert `Qwen3MoeForCausalLM` tensors. The orientation is read from the
 //! shapes against hidden size H and expert size I: the Hub stores `x @ W` ([E, H, 2I] and [E, I,
 //! H]; slices need a transpose), transformers 5.x stores `W x` ([E, 2I, H] and [E, H, I]; slices
-//! are contiguous). When H == 2I (or H == I) the shapes cannot tell, and extraction refuses.
+//! are contiguous). A square down_proj (H == I) takes its layer's gate_up_proj orientation; when
+//! H == 2I the shapes cannot tell, and extraction refuses.
 //! `norm_topk_prob: true` is written explicitly: the VLM always renormalises the top-k weights,
 //! Qwen3MoeConfig defaults to false.
 
@@ -28,7 +29,7 @@ impl Family for Qwen3VlMoe {
     }
 
     fn help(&self) -> &'static str {
-        "Qwen3-VL-MoE -> Qwen3MoeForCausalLM; fused experts unfused, Hub [E,H,2I]/[E,I,H] or 5.x [E,2I,H]/[E,H,I] by shape (refuses H == 2I or H == I)"
+        "Qwen3-VL-MoE -> Qwen3MoeForCausalLM; fused experts unfused, Hub [E,H,2I]/[E,I,H] or 5.x [E,2I,H]/[E,H,I] by shape (refuses H == 2I)"
     }
 
     fn detect(&self, config: &Value, _: &[String]) -> bool {
@@ -158,7 +159,14 @@ fn unfuse_gate_up(b: &mut PlanBuilder, stored: &str, layer: usize, d: Dims) -> R
 /// `down_proj`: one [H, I] matrix per expert.
 fn unfuse_down(b: &mut PlanBuilder, stored: &str, layer: usize, d: Dims) -> Result<()> {
     let (e, h, i) = (d.experts, d.hidden, d.inter);
-    let layout = orientation(b, stored, [e, h, i], [e, i, h])?;
+    let layout = if h == i {
+        // A square down_proj cannot tell; the same save wrote the layer's gate_up_proj, whose
+        // [E, 2I, H] and [E, H, 2I] differ whenever H != 2I.
+        let gate_up = stored.replace("down_proj", "gate_up_proj");
+        orientation(b, &gate_up, [e, 2 * i, h], [e, h, 2 * i])?
+    } else {
+        orientation(b, stored, [e, h, i], [e, i, h])?
+    };
     let dtype = b.ckpt().require(stored)?.dtype;
     for expert in 0..e {
         let base = expert * h * i;

@@ -40,6 +40,29 @@ pub fn append(
     }
 }
 
+/// The inverse of [`append`]: write `chunk` (`cols` rows of `rows` elements) back into the block of
+/// `dst` that [`append`] would read it from, transposing it again.
+pub fn scatter(
+    dst: &mut [u8],
+    chunk: &[u8],
+    size: usize,
+    start: usize,
+    rows: usize,
+    stride: usize,
+    cols: usize,
+) {
+    for r0 in (0..rows).step_by(TILE) {
+        let r1 = (r0 + TILE).min(rows);
+        for c in 0..cols {
+            for r in r0..r1 {
+                let d = (start + r * stride + c) * size;
+                let s = (c * rows + r) * size;
+                dst[d..d + size].copy_from_slice(&chunk[s..s + size]);
+            }
+        }
+    }
+}
+
 struct Block {
     start: usize,
     rows: usize,
@@ -100,5 +123,19 @@ mod tests {
         append(&mut t3, &src3, 3, 0, 4, 5, 5);
         assert_eq!(&t3[..3], &src3[..3]);
         assert_eq!(&t3[3..6], &src3[15..18]); // row 1, column 0
+    }
+
+    #[test]
+    fn scatter_undoes_append() {
+        let (rows, stride, cols, start) = (70, 50, 45, 3);
+        let src: Vec<u8> = (0..(rows * stride + start) * 2).map(|i| i as u8).collect();
+        let mut chunk = Vec::new();
+        append(&mut chunk, &src, 2, start, rows, stride, cols);
+        let mut back = vec![0u8; src.len()];
+        scatter(&mut back, &chunk, 2, start, rows, stride, cols);
+        for r in 0..rows {
+            let (a, b) = ((start + r * stride) * 2, (start + r * stride + cols) * 2);
+            assert_eq!(&back[a..b], &src[a..b], "row {r}");
+        }
     }
 }

@@ -1,0 +1,710 @@
+//! Writing a language model back into its vision-language model: the exact inverse of the VLM
+//! family's extraction plan (docs/reference/graft.md).
+//!
+//! The plan that `extract` follows maps every output tensor to parts of stored tensors (whole
+//! tensors, row ranges, transposed expert blocks). Grafting walks the same parts the other way:
+//! each stored language-model tensor of the VLM is assembled from the LM tensors whose parts it
+//! holds, in the VLM's own names, orientation and fusing; a head the tie rule left out is written
+//! from the LM's embedding, as the VLM stores it. Every other stored tensor (vision tower,
+//! projector, image-newline vectors) and every other file is the VLM's, byte for byte. A whole
+//! tensor moved under a new name is passed through without a copy, so the common case streams at
+//! disk speed with memory bounded by the writer's window.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::ProgressBar;
+use safetensors::Dtype;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::arch::config::{check_compatible, TextConfig};
+use crate::arch::families::{transpose, ExtractPlan, Family, Piece};
+use crate::arch::names;
+use crate::checkpoint::output::OutputDir;
+use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::{Checkpoint, INDEX_FILE};
+use crate::error::Result;
+use crate::report::model_card::{self, ModelCard};
+use crate::{bail, dtype};
+
+/// One piece of a stored VLM tensor taken from an LM tensor.
+#[derive(Debug, Clone)]
+struct Scatter {
+    /// Index of the LM tensor in the extraction plan's outputs.
+    lm: usize,
+    /// First element of the LM tensor that this piece takes.
+    lm_start: usize,
+    /// Where the piece lies in the stored tensor.
+    piece: Piece,
+}
+
+/// How one stored tensor of the grafted VLM is produced.
+#[derive(Debug, Clone)]
+enum Fill {
+    /// The VLM's own bytes.
+    Vlm,
+    /// Assembled from LM tensors; elements no piece covers keep the VLM's values.
+    Lm(Vec<Scatter>),
+}
+
+/// How an LM tensor's bytes are brought to the layout the VLM stores.
+#[derive(Debug, Clone, Default)]
+struct Adapt {
+    /// The LM stores it in this dtype; it is converted to the VLM's (round to nearest even).
+    from_dtype: Option<Dtype>,
+    /// The LM's vocabulary rows, when they differ from the VLM's.
+    from_rows: Option<usize>,
+}
+
+/// What the LM provides: its tensors and its config.
+pub struct LmSide<'a> {
+    /// Names the LM in messages (its directory, or "the merged model").
+    pub label: &'a str,
+    pub tensors: &'a [PlannedTensor],
+    pub config: &'a Value,
+}
+
+/// Everything a graft writes, decided before any byte is read.
+pub struct GraftPlan<'v> {
+    pub vlm: &'v Checkpoint,
+    pub family: &'static str,
+    /// The VLM's extraction plan, whose outputs are the LM tensors the graft takes.
+    pub extract: ExtractPlan,
+    /// The stored tensors of the output, in the VLM's order.
+    pub tensors: Vec<PlannedTensor>,
+    fills: Vec<Fill>,
+    adapt: Vec<Adapt>,
+    /// Decisions the user should know about (vocabulary rows restored, dtype converted).
+    pub warnings: Vec<String>,
+}
+
+impl<'v> GraftPlan<'v> {
+    /// Plan grafting `lm` into `vlm` of `family`, checking that the LM fits the VLM's language
+    /// model: same architecture and config, the same tensors with the same shapes (vocabulary
+    /// rows excepted).
+    pub fn new(vlm: &'v Checkpoint, family: &'static dyn Family, lm: &LmSide) -> Result<Self> {
+        let extract = family.plan(vlm)?;
+        let mut warnings = Vec::new();
+        check_config(vlm, family.name(), &extract, lm)?;
+        let adapt = check_tensors(vlm, &extract, lm, &mut warnings)?;
+
+        let mut pieces: HashMap<&str, Vec<Scatter>> = HashMap::new();
+        for (j, out) in extract.outputs.iter().enumerate() {
+            let mut offset = 0;
+            for part in &out.parts {
+                pieces
+                    .entry(part.source.as_str())
+                    .or_default()
+                    .push(Scatter {
+                        lm: j,
+                        lm_start: offset,
+                        piece: part.piece.clone(),
+                    });
+                offset += part.piece.numel();
+            }
+        }
+        if let Some(head) = &extract.tied_head {
+            let embed = (extract.outputs.iter())
+                .position(|t| t.name == "model.embed_tokens.weight")
+                .ok_or_else(|| crate::internal!("internal: a tied head without an embedding"))?;
+            let numel = extract.outputs[embed].numel();
+            pieces.entry(head.as_str()).or_default().push(Scatter {
+                lm: embed,
+                lm_start: 0,
+                piece: Piece::Range {
+                    start: 0,
+                    len: numel,
+                },
+            });
+        }
+        let mut tensors = Vec::with_capacity(vlm.names().len());
+        let mut fills = Vec::with_capacity(vlm.names().len());
+        for name in vlm.names() {
+            let info = vlm.info(name).expect("listed");
+            tensors.push(PlannedTensor {
+                name: name.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            });
+            fills.push(match pieces.remove(name.as_str()) {
+                Some(s) => Fill::Lm(s),
+                None => Fill::Vlm,
+            });
+        }
+        if let Some(name) = pieces.keys().next() {
+            return Err(crate::internal!(
+                "internal: the {} plan reads `{name}`, which {} does not store",
+                family.name(),
+                vlm.label
+            ));
+        }
+        Ok(GraftPlan {
+            vlm,
+            family: family.name(),
+            extract,
+            tensors,
+            fills,
+            adapt,
+            warnings,
+        })
+    }
+
+    /// The LM tensors the graft takes, in the extraction plan's order.
+    pub fn lm_names(&self) -> impl Iterator<Item = &str> {
+        self.extract.outputs.iter().map(|t| t.name.as_str())
+    }
+
+    /// Bytes of every stored tensor of the output.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.byte_len() as u64).sum()
+    }
+
+    /// Stored tensors that come from the LM, and those kept from the VLM.
+    pub fn counts(&self) -> (usize, usize) {
+        let from_lm = (self.fills.iter())
+            .filter(|f| matches!(f, Fill::Lm(_)))
+            .count();
+        (from_lm, self.fills.len() - from_lm)
+    }
+
+    /// Write the stored tensors into `out`. `lm_bytes(name)` gives an LM tensor's bytes as the LM
+    /// side declared it (dtype and shape); it is called in parallel, once for every stored
+    /// tensor the LM tensor goes into. `lm_origin(name)` names where an LM tensor comes from,
+    /// for the non-finite check's message.
+    pub fn write_tensors<'a>(
+        &'a self,
+        out: &OutputDir,
+        max_shard_size: u64,
+        bar: &ProgressBar,
+        lm_origin: impl Fn(&str) -> Option<String> + Sync,
+        lm_bytes: impl Fn(&str) -> Result<Cow<'a, [u8]>> + Sync,
+    ) -> Result<writer::Written>
+    where
+        'v: 'a,
+    {
+        writer::write_tensors(
+            out,
+            &self.tensors,
+            max_shard_size,
+            Some((bar, Progress::Bytes)),
+            |i| match &self.fills[i] {
+                Fill::Vlm => Some(self.vlm.describe(&self.tensors[i].name)),
+                Fill::Lm(s) => lm_origin(&self.extract.outputs[s[0].lm].name),
+            },
+            |i| match &self.fills[i] {
+                Fill::Vlm => Ok(Cow::Borrowed(self.vlm.bytes(&self.tensors[i].name)?)),
+                Fill::Lm(scatters) => self.assemble(i, scatters, &lm_bytes),
+            },
+        )
+    }
+
+    /// The bytes of stored tensor `i` from its pieces.
+    fn assemble<'a>(
+        &'a self,
+        i: usize,
+        scatters: &[Scatter],
+        lm_bytes: &impl Fn(&str) -> Result<Cow<'a, [u8]>>,
+    ) -> Result<Cow<'a, [u8]>>
+    where
+        'v: 'a,
+    {
+        let t = &self.tensors[i];
+        let size = t.dtype.bitsize() / 8;
+        let numel: usize = t.shape.iter().product();
+        // The LM tensor stored whole under another name: no copy.
+        if let [Scatter {
+            lm,
+            lm_start: 0,
+            piece: Piece::Range { start: 0, len },
+        }] = scatters
+        {
+            if *len == numel && self.extract.outputs[*lm].numel() == numel {
+                return self.lm_tensor(*lm, lm_bytes);
+            }
+        }
+        let covered: usize = scatters.iter().map(|s| s.piece.numel()).sum();
+        let mut buf = if covered == numel {
+            vec![0u8; numel * size]
+        } else {
+            self.vlm.bytes(&t.name)?.to_vec()
+        };
+        let mut fetched: Vec<(usize, Cow<'a, [u8]>)> = Vec::new();
+        for s in scatters {
+            if !fetched.iter().any(|(j, _)| *j == s.lm) {
+                fetched.push((s.lm, self.lm_tensor(s.lm, lm_bytes)?));
+            }
+            let src = &fetched.iter().find(|(j, _)| *j == s.lm).expect("fetched").1;
+            let n = s.piece.numel();
+            let chunk = &src[s.lm_start * size..(s.lm_start + n) * size];
+            match s.piece {
+                Piece::Range { start, len } => {
+                    buf[start * size..(start + len) * size].copy_from_slice(chunk)
+                }
+                Piece::Transposed {
+                    start,
+                    rows,
+                    stride,
+                    col,
+                    cols,
+                } => transpose::scatter(&mut buf, chunk, size, start + col, rows, stride, cols),
+            }
+        }
+        Ok(Cow::Owned(buf))
+    }
+
+    /// LM tensor `j` in the VLM's dtype and vocabulary rows.
+    fn lm_tensor<'a>(
+        &'a self,
+        j: usize,
+        lm_bytes: &impl Fn(&str) -> Result<Cow<'a, [u8]>>,
+    ) -> Result<Cow<'a, [u8]>>
+    where
+        'v: 'a,
+    {
+        let t = &self.extract.outputs[j];
+        let bytes = lm_bytes(&t.name)?;
+        let adapt = &self.adapt[j];
+        if adapt.from_dtype.is_none() && adapt.from_rows.is_none() {
+            return Ok(bytes);
+        }
+        let mut bytes = match adapt.from_dtype {
+            Some(from) => {
+                let values = dtype::decode(from, &bytes, &t.name)?;
+                Cow::Owned(dtype::encode(t.dtype, &values)?)
+            }
+            None => bytes,
+        };
+        if let Some(rows) = adapt.from_rows {
+            let row = t.byte_len() / t.shape[0];
+            let want = t.shape[0];
+            let mut owned = bytes.into_owned();
+            if rows > want {
+                owned.truncate(want * row);
+            } else {
+                let vlm_rows = t.bytes(self.vlm)?;
+                owned.extend_from_slice(&vlm_rows[rows * row..]);
+            }
+            bytes = Cow::Owned(owned);
+        }
+        Ok(bytes)
+    }
+
+    /// Copy every file of the VLM but its weights (and its README.md when `card` replaces it)
+    /// into `out`, byte for byte, config.json included; returns the names copied.
+    pub fn copy_files(&self, out: &OutputDir, card: bool) -> Result<Vec<String>> {
+        let shards: Vec<String> = self.vlm.shards.iter().map(|s| s.file_name()).collect();
+        let mut names = Vec::new();
+        let dir = &self.vlm.dir;
+        let entries = std::fs::read_dir(dir).map_err(|e| crate::error::Error::read(dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| crate::error::Error::read(dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let skip = shards.contains(&name)
+                || name == INDEX_FILE
+                || (card && name == model_card::FILE)
+                || name.starts_with('.');
+            if skip || !entry.path().is_file() {
+                continue;
+            }
+            out.copy_file(&entry.path(), &name)?;
+            names.push(name);
+        }
+        names.sort();
+        Ok(names)
+    }
+}
+
+/// The LM must be the architecture the VLM's language model is, with the same config: what
+/// `extract` would write for this VLM, up to the fields that do not change the model.
+fn check_config(vlm: &Checkpoint, family: &str, extract: &ExtractPlan, lm: &LmSide) -> Result<()> {
+    if let Some(f) = crate::arch::families::detect(lm.config, &[]) {
+        bail!(
+            "{}: is a vision-language model ({} family), not a language model; graft takes the language model that `sinkmerge extract` cuts out (or a merge of it)",
+            lm.label,
+            f.name()
+        );
+    }
+    let ours = TextConfig::from_model_config(&extract.config)?;
+    let theirs = TextConfig::from_model_config(lm.config)
+        .map_err(|e| crate::bad!("{}: config.json: {e}", lm.label))?;
+    let vlm_side = format!(
+        "{}'s language model ({})",
+        vlm.label,
+        extract.target.architecture()
+    );
+    if ours.model_type != theirs.model_type {
+        let feature = if theirs.model_type == "qwen3" && ours.model_type == "qwen2" {
+            " (Qwen3 adds per-head q_norm/k_norm, as inject-qknorm writes)"
+        } else {
+            ""
+        };
+        bail!(
+            "{}: is `{}`{feature}, but {vlm_side} is `{}`; the {family} architecture cannot hold it",
+            lm.label,
+            theirs.model_type,
+            ours.model_type
+        );
+    }
+    check_compatible(&ours, &theirs, &vlm_side, lm.label)?;
+    let differs: [(&str, String, String); 8] = [
+        (
+            "tie_word_embeddings",
+            ours.tie_word_embeddings.to_string(),
+            theirs.tie_word_embeddings.to_string(),
+        ),
+        (
+            "hidden_act",
+            ours.hidden_act.clone(),
+            theirs.hidden_act.clone(),
+        ),
+        (
+            "rms_norm_eps",
+            ours.rms_norm_eps.to_string(),
+            theirs.rms_norm_eps.to_string(),
+        ),
+        (
+            "attention_bias",
+            ours.attention_bias.to_string(),
+            theirs.attention_bias.to_string(),
+        ),
+        (
+            "mlp_bias",
+            ours.mlp_bias.to_string(),
+            theirs.mlp_bias.to_string(),
+        ),
+        (
+            "layer_types",
+            format!("{:?}", ours.layer_types),
+            format!("{:?}", theirs.layer_types),
+        ),
+        (
+            "rope",
+            format!("{:?}", ours.rope),
+            format!("{:?}", theirs.rope),
+        ),
+        (
+            "moe",
+            format!("{:?}", ours.moe),
+            format!("{:?}", theirs.moe),
+        ),
+    ];
+    for (key, a, b) in differs {
+        if a != b {
+            bail!(
+                "{}: config `{key}` is {b}, but {a} in {vlm_side}; the grafted VLM would not be the LM's model",
+                lm.label
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every LM tensor the VLM's plan has, with its shape; vocabulary rows and float dtypes may
+/// differ and are adapted (with a warning). Returns the adaptation of each plan output.
+fn check_tensors(
+    vlm: &Checkpoint,
+    extract: &ExtractPlan,
+    lm: &LmSide,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<Adapt>> {
+    let given: BTreeMap<&str, &PlannedTensor> =
+        lm.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let wanted: HashMap<&str, ()> = (extract.outputs.iter())
+        .map(|t| (t.name.as_str(), ()))
+        .collect();
+    if let Some(extra) = lm
+        .tensors
+        .iter()
+        .find(|t| !wanted.contains_key(t.name.as_str()))
+    {
+        bail!(
+            "{}: tensor `{}` has no place in {} ({} family: its language model, {}, has no such tensor)",
+            lm.label,
+            extra.name,
+            vlm.label,
+            extract.family,
+            extract.target.architecture()
+        );
+    }
+    let mut adapt = Vec::with_capacity(extract.outputs.len());
+    for t in &extract.outputs {
+        let Some(g) = given.get(t.name.as_str()) else {
+            bail!(
+                "{}: tensor `{}` is missing; {}'s language model stores it",
+                lm.label,
+                t.name,
+                vlm.label
+            );
+        };
+        let mut a = Adapt::default();
+        if g.shape != t.shape {
+            let vocab = names::parse(&t.name).is_some_and(|n| n.module.is_vocab());
+            if !(vocab && g.shape.len() == 2 && g.shape[1..] == t.shape[1..]) {
+                bail!(
+                    "{}: tensor `{}` has shape {:?}, but {:?} in {}'s language model",
+                    lm.label,
+                    t.name,
+                    g.shape,
+                    t.shape,
+                    vlm.label
+                );
+            }
+            a.from_rows = Some(g.shape[0]);
+            warnings.push(if g.shape[0] < t.shape[0] {
+                format!(
+                    "`{}` has {} vocabulary rows, {} has {}: rows {}.. are the VLM's",
+                    t.name, g.shape[0], vlm.label, t.shape[0], g.shape[0]
+                )
+            } else {
+                format!(
+                    "`{}` has {} vocabulary rows, {} has {}: the rows past {} are dropped",
+                    t.name, g.shape[0], vlm.label, t.shape[0], t.shape[0]
+                )
+            });
+        }
+        if g.dtype != t.dtype {
+            if !(dtype::is_float(g.dtype) && dtype::is_float(t.dtype)) {
+                bail!(
+                    "{}: tensor `{}` is {:?}, but {:?} in {}",
+                    lm.label,
+                    t.name,
+                    g.dtype,
+                    t.dtype,
+                    vlm.label
+                );
+            }
+            a.from_dtype = Some(g.dtype);
+        }
+        adapt.push(a);
+    }
+    let converted: Vec<&str> = (extract.outputs.iter().zip(&adapt))
+        .filter(|(_, a)| a.from_dtype.is_some())
+        .map(|(t, _)| t.name.as_str())
+        .collect();
+    if let Some(first) = converted.first() {
+        let from = given[first].dtype;
+        let to = extract
+            .outputs
+            .iter()
+            .find(|t| &t.name == first)
+            .expect("planned")
+            .dtype;
+        warnings.push(format!(
+            "{} LM tensor(s) are {from:?}, the VLM stores {to:?}: converted (round to nearest even), `{first}` first",
+            converted.len()
+        ));
+    }
+    Ok(adapt)
+}
+
+/// The LM tensors of a checkpoint, as [`LmSide`] wants them.
+pub fn planned_tensors(ckpt: &Checkpoint) -> Vec<PlannedTensor> {
+    (ckpt.names().iter())
+        .map(|n| {
+            let info = ckpt.info(n).expect("listed");
+            PlannedTensor {
+                name: n.clone(),
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+            }
+        })
+        .collect()
+}
+
+/// How to run a graft.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub max_shard_size: u64,
+    /// Replace a non-empty destination.
+    pub force: bool,
+    pub progress: bool,
+    /// Write a README.md model card (instead of the VLM's README.md).
+    pub model_card: bool,
+}
+
+/// What a graft did, for the text and `--json` reports.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub vlm: String,
+    pub lm: String,
+    pub family: &'static str,
+    /// The VLM's language-model class, which the LM is.
+    pub architecture: &'static str,
+    pub output: String,
+    pub tensors: usize,
+    /// Stored tensors assembled from the LM.
+    pub from_lm: usize,
+    /// Stored tensors copied from the VLM (vision tower, projector, ...).
+    pub from_vlm: usize,
+    pub bytes: u64,
+    pub shards: usize,
+    /// Files copied from the VLM, byte for byte.
+    pub files: Vec<String>,
+    pub warnings: Vec<String>,
+    pub seconds: f64,
+}
+
+/// Graft the LM checkpoint `lm` into `vlm` at `dest`.
+pub fn run(
+    vlm: &Checkpoint,
+    family: &'static dyn Family,
+    lm: &Checkpoint,
+    dest: &Path,
+    opts: &Options,
+) -> Result<Summary> {
+    let started = Instant::now();
+    let tensors = planned_tensors(lm);
+    let side = LmSide {
+        label: &lm.label,
+        tensors: &tensors,
+        config: &lm.config,
+    };
+    let plan = GraftPlan::new(vlm, family, &side)?;
+    let out = OutputDir::create(dest, &[&vlm.dir, &lm.dir], opts.force)?;
+    let bar = crate::progress::bytes(plan.total_bytes(), "grafting", opts.progress);
+    let written = plan.write_tensors(
+        &out,
+        opts.max_shard_size,
+        &bar,
+        |name| Some(lm.describe(name)),
+        |name| Ok(Cow::Borrowed(lm.bytes(name)?)),
+    )?;
+    bar.finish_and_clear();
+    let files = plan.copy_files(&out, opts.model_card)?;
+    if opts.model_card {
+        card(vlm, lm, &plan).write(&out)?;
+    }
+    let dest = out.commit()?;
+    let (from_lm, from_vlm) = plan.counts();
+    Ok(Summary {
+        vlm: vlm.label.clone(),
+        lm: lm.label.clone(),
+        family: plan.family,
+        architecture: plan.extract.target.architecture(),
+        output: dest.display().to_string(),
+        tensors: plan.tensors.len(),
+        from_lm,
+        from_vlm,
+        bytes: written.total_bytes,
+        shards: written.files.len(),
+        files,
+        warnings: plan.warnings.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The model card of a graft: the VLM and the LM as its bases.
+fn card(vlm: &Checkpoint, lm: &Checkpoint, plan: &GraftPlan) -> ModelCard {
+    let vlm_input = model_card::Input::new("vlm", true, vlm);
+    let lm_input = model_card::Input::new("language model", true, lm);
+    let description = format!(
+        "`{}` with its language model replaced by `{}` ({} family, `{}`), made by `sinkmerge \
+         graft`: every language-model tensor is the LM's, written back in the VLM's own layout \
+         (names, fusing, orientation, tied head); the vision tower, projector, processor, \
+         tokenizer, chat template and config are the VLM's, byte for byte.",
+        vlm_input.name(),
+        lm_input.name(),
+        plan.family,
+        plan.extract.target.architecture()
+    );
+    let (from_lm, from_vlm) = plan.counts();
+    let mut recipe = vec![
+        ("family", plan.family.to_string()),
+        (
+            "tensors",
+            format!("{from_lm} from the language model, {from_vlm} from the VLM"),
+        ),
+    ];
+    for w in &plan.warnings {
+        recipe.push(("note", w.clone()));
+    }
+    let replay = vec![
+        "sinkmerge".to_string(),
+        "graft".to_string(),
+        "--vlm".to_string(),
+        vlm_input.reference(),
+        "--lm".to_string(),
+        lm_input.reference(),
+        "-o".to_string(),
+        "OUT".to_string(),
+    ];
+    ModelCard {
+        kind: model_card::Kind::Graft,
+        description,
+        recipe,
+        config_yaml: None,
+        inputs: vec![vlm_input, lm_input],
+        replay,
+    }
+}
+
+/// The VLM of `--into-vlm`, opened, with its family.
+pub struct IntoVlm {
+    pub ckpt: Checkpoint,
+    pub family: &'static dyn Family,
+}
+
+impl std::fmt::Debug for IntoVlm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntoVlm")
+            .field("vlm", &self.ckpt.label)
+            .field("family", &self.family.name())
+            .finish()
+    }
+}
+
+impl IntoVlm {
+    pub fn open(reference: &str) -> Result<IntoVlm> {
+        let ckpt = Checkpoint::open_ref(reference)?;
+        let family = crate::extract::detect_family(&ckpt)?;
+        Ok(IntoVlm { ckpt, family })
+    }
+
+    /// Open `--into-vlm`'s VLM, if given.
+    pub fn from_arg(reference: Option<&str>) -> Result<Option<IntoVlm>> {
+        reference.map(IntoVlm::open).transpose()
+    }
+
+    /// Plan writing a model with `tensors` and `config` (named `label`) into this VLM.
+    pub fn plan<'v>(
+        &'v self,
+        label: &str,
+        tensors: &[PlannedTensor],
+        config: &Value,
+    ) -> Result<GraftPlan<'v>> {
+        let side = LmSide {
+            label,
+            tensors,
+            config,
+        };
+        GraftPlan::new(&self.ckpt, self.family, &side)
+    }
+
+    /// The VLM as a model-card input: a base of the output.
+    pub fn card_input(&self) -> model_card::Input {
+        model_card::Input::new("vlm", true, &self.ckpt)
+    }
+}
+
+impl IntoVlm {
+    /// Name the VLM in a model card: a base of the output, a sentence on the layout, and (when
+    /// the command line replays it, not a recorded config) `--into-vlm` in the replay.
+    pub fn mark_card(&self, card: &mut ModelCard, replay_flag: bool) {
+        let input = self.card_input();
+        card.description += &format!(
+            " It is written into `{}`'s own layout (`--into-vlm`): that VLM's vision tower, \
+             projector, config, processor and tokenizer files, with this model as its language \
+             model.",
+            input.name()
+        );
+        if replay_flag {
+            let at = (card.replay.iter().position(|a| a == "-o")).unwrap_or(card.replay.len());
+            card.replay
+                .splice(at..at, ["--into-vlm".to_string(), input.reference()]);
+        }
+        card.inputs.push(input);
+    }
+}
