@@ -21,11 +21,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::arch::config::{check_compatible, TextConfig};
-use crate::arch::families::{transpose, ExtractPlan, Family, Piece};
+use crate::arch::families::{transpose, ExtractPlan, Family, OutTensor, Part, Piece};
 use crate::arch::names;
 use crate::checkpoint::output::OutputDir;
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
-use crate::checkpoint::{Checkpoint, INDEX_FILE};
+use crate::checkpoint::{natural_cmp, Checkpoint, CONFIG_FILE, INDEX_FILE};
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::{bail, dtype};
@@ -77,6 +77,8 @@ pub struct GraftPlan<'v> {
     pub tensors: Vec<PlannedTensor>,
     fills: Vec<Fill>,
     adapt: Vec<Adapt>,
+    /// The output's config.json when it is not the VLM's (another text class).
+    config: Option<Value>,
     /// Decisions the user should know about (vocabulary rows restored, dtype converted).
     pub warnings: Vec<String>,
 }
@@ -86,9 +88,12 @@ impl<'v> GraftPlan<'v> {
     /// model: same architecture and config, the same tensors with the same shapes (vocabulary
     /// rows excepted).
     pub fn new(vlm: &'v Checkpoint, family: &'static dyn Family, lm: &LmSide) -> Result<Self> {
-        let extract = family.plan(vlm)?;
+        let mut extract = family.plan(vlm)?;
         let mut warnings = Vec::new();
-        check_config(vlm, family.name(), &extract, lm)?;
+        let config = check_config(vlm, family.name(), &extract, lm)?;
+        if config.is_some() {
+            place_new_tensors(vlm, &mut extract, lm)?;
+        }
         let adapt = check_tensors(vlm, &extract, lm, &mut warnings)?;
 
         let mut pieces: HashMap<&str, Vec<Scatter>> = HashMap::new();
@@ -134,13 +139,29 @@ impl<'v> GraftPlan<'v> {
                 None => Fill::Vlm,
             });
         }
-        if let Some(name) = pieces.keys().next() {
-            return Err(crate::internal!(
-                "internal: the {} plan reads `{name}`, which {} does not store",
-                family.name(),
-                vlm.label
-            ));
+        // What is left are the tensors another text class adds (placed by `place_new_tensors`).
+        for (name, scatters) in pieces {
+            let Some(t) = (config.is_some())
+                .then(|| &extract.outputs[scatters[0].lm])
+                .filter(|t| scatters.len() == 1 && t.parts[0].source == name)
+            else {
+                return Err(crate::internal!(
+                    "internal: the {} plan reads `{name}`, which {} does not store",
+                    family.name(),
+                    vlm.label
+                ));
+            };
+            tensors.push(PlannedTensor {
+                name: name.to_string(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            });
+            fills.push(Fill::Lm(scatters));
         }
+        let mut order: Vec<usize> = (0..tensors.len()).collect();
+        order.sort_by(|&a, &b| natural_cmp(&tensors[a].name, &tensors[b].name));
+        let tensors = order.iter().map(|&i| tensors[i].clone()).collect();
+        let fills = order.iter().map(|&i| fills[i].clone()).collect();
         Ok(GraftPlan {
             vlm,
             family: family.name(),
@@ -148,6 +169,7 @@ impl<'v> GraftPlan<'v> {
             tensors,
             fills,
             adapt,
+            config,
             warnings,
         })
     }
@@ -304,6 +326,7 @@ impl<'v> GraftPlan<'v> {
             let name = entry.file_name().to_string_lossy().into_owned();
             let skip = shards.contains(&name)
                 || name == INDEX_FILE
+                || (self.config.is_some() && name == CONFIG_FILE)
                 || (card && name == model_card::FILE)
                 || name.starts_with('.');
             if skip || !entry.path().is_file() {
@@ -312,14 +335,30 @@ impl<'v> GraftPlan<'v> {
             out.copy_file(&entry.path(), &name)?;
             names.push(name);
         }
+        if let Some(config) = &self.config {
+            out.write_json(CONFIG_FILE, config)?;
+        }
         names.sort();
         Ok(names)
     }
 }
 
+/// Families whose VLM class builds its language model from the text config's own class
+/// (`AutoModel.from_config(config.text_config)` in transformers' InternVL, LLaVA-OneVision,
+/// LLaVA-NeXT and Idefics3 modeling files), so an LM of another class can be grafted in.
+const ANY_TEXT_MODEL: &[&str] = &["internvl", "llava-onevision", "llava-next", "idefics3"];
+
 /// The LM must be the architecture the VLM's language model is, with the same config: what
-/// `extract` would write for this VLM, up to the fields that do not change the model.
-fn check_config(vlm: &Checkpoint, family: &str, extract: &ExtractPlan, lm: &LmSide) -> Result<()> {
+/// `extract` would write for this VLM, up to the fields that do not change the model. In the
+/// families of [`ANY_TEXT_MODEL`], the LM may be another class with the same widths, layers and
+/// heads (Qwen3 from `inject-qknorm` in a Qwen2 VLM); the returned config is then the VLM's with
+/// the LM's as its text section.
+fn check_config(
+    vlm: &Checkpoint,
+    family: &str,
+    extract: &ExtractPlan,
+    lm: &LmSide,
+) -> Result<Option<Value>> {
     if let Some(f) = crate::arch::families::detect(lm.config, &[]) {
         bail!(
             "{}: is a vision-language model ({} family), not a language model; graft takes the language model that `sinkmerge extract` cuts out (or a merge of it)",
@@ -335,20 +374,29 @@ fn check_config(vlm: &Checkpoint, family: &str, extract: &ExtractPlan, lm: &LmSi
         vlm.label,
         extract.target.architecture()
     );
-    if ours.model_type != theirs.model_type {
+    let swap = ours.model_type != theirs.model_type;
+    let section = crate::arch::config::text_section(&vlm.config).1;
+    if swap && !(ANY_TEXT_MODEL.contains(&family) && section.is_some()) {
         let feature = if theirs.model_type == "qwen3" && ours.model_type == "qwen2" {
             " (Qwen3 adds per-head q_norm/k_norm, as inject-qknorm writes)"
         } else {
             ""
         };
         bail!(
-            "{}: is `{}`{feature}, but {vlm_side} is `{}`; the {family} architecture cannot hold it",
+            "{}: is `{}`{feature}, but {vlm_side} is `{}`; the {family} architecture cannot hold it (only {} build their language model from the text config's class)",
             lm.label,
             theirs.model_type,
-            ours.model_type
+            ours.model_type,
+            ANY_TEXT_MODEL.join(", ")
         );
     }
-    check_compatible(&ours, &theirs, &vlm_side, lm.label)?;
+    // The swapped-in class must still fit the projector and the vocabulary: same widths, layers
+    // and heads.
+    let as_ours = TextConfig {
+        model_type: ours.model_type.clone(),
+        ..theirs.clone()
+    };
+    check_compatible(&ours, &as_ours, &vlm_side, lm.label)?;
     let differs: [(&str, String, String); 8] = [
         (
             "tie_word_embeddings",
@@ -391,13 +439,74 @@ fn check_config(vlm: &Checkpoint, family: &str, extract: &ExtractPlan, lm: &LmSi
             format!("{:?}", theirs.moe),
         ),
     ];
+    // Another class may differ in its bias switches; its tensors are checked one by one.
+    let switches = ["attention_bias", "mlp_bias"];
     for (key, a, b) in differs {
-        if a != b {
+        if a != b && !(swap && switches.contains(&key)) {
             bail!(
                 "{}: config `{key}` is {b}, but {a} in {vlm_side}; the grafted VLM would not be the LM's model",
                 lm.label
             );
         }
+    }
+    if !swap {
+        return Ok(None);
+    }
+    // The VLM's config with the LM's config as its text section (docs/reference/graft.md#another-text-class).
+    let key = section.expect("checked");
+    let mut text = lm.config.clone();
+    if let Value::Object(map) = &mut text {
+        for k in ["transformers_version", "_name_or_path"] {
+            map.remove(k);
+        }
+    }
+    let mut config = vlm.config.clone();
+    config[key] = text;
+    Ok(Some(config))
+}
+
+/// The LM tensors that another text class adds (Qwen3's q_norm/k_norm), planned under the VLM's
+/// language-model prefix: the one its decoder layers are stored under.
+fn place_new_tensors(vlm: &Checkpoint, extract: &mut ExtractPlan, lm: &LmSide) -> Result<()> {
+    const LAYERS: &str = "layers.";
+    let (stored_prefix, standard_prefix) = (extract.outputs.iter())
+        .find_map(|t| {
+            let at = t.name.find(LAYERS)?;
+            let rest = &t.name[at..];
+            let source = &t.parts.first()?.source;
+            let stored = source.strip_suffix(rest)?;
+            Some((stored.to_string(), t.name[..at].to_string()))
+        })
+        .ok_or_else(|| {
+            crate::bad!(
+                "{}: its decoder layers are not stored under one prefix, so tensors another text class adds have no place",
+                vlm.label
+            )
+        })?;
+    let planned: std::collections::HashSet<String> =
+        extract.outputs.iter().map(|t| t.name.clone()).collect();
+    for t in lm.tensors.iter().filter(|t| !planned.contains(&t.name)) {
+        let Some(rest) = t.name.strip_prefix(&standard_prefix) else {
+            bail!(
+                "{}: tensor `{}` has no place in {}: only tensors under `{standard_prefix}` can be added",
+                lm.label,
+                t.name,
+                vlm.label
+            );
+        };
+        let numel = t.shape.iter().product();
+        extract.outputs.push(OutTensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            parts: vec![Part {
+                source: format!("{stored_prefix}{rest}"),
+                piece: Piece::Range {
+                    start: 0,
+                    len: numel,
+                },
+            }],
+        });
     }
     Ok(())
 }

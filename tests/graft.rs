@@ -450,3 +450,46 @@ fn into_vlm_equals_the_command_then_graft_byte_for_byte() {
     sinkmerge(["merge", s(&record), "-o", s(&t("replayed")), "-q"]).ok();
     assert_eq!(model_files(&t("replayed")), model_files(&t("ties-vl")));
 }
+
+/// A VLM class that builds its language model from the text config's class (InternVL) takes an
+/// LM of another class with the same widths: Qwen3 with per-head QK-norm from `inject-qknorm`,
+/// whose added tensors go under the VLM's language-model prefix and whose config becomes the
+/// text config. `--into-vlm` writes the same bytes, and `extract` finds the LM again.
+#[test]
+fn a_qk_norm_injection_goes_into_a_vlm_that_takes_any_text_class() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = |n: &str| tmp.path().join(n);
+    let vlm = root().join("tests/fixtures/vlm/internvl");
+    extract(&vlm, &t("lm"));
+    sinkmerge(["inject-qknorm", s(&t("lm")), "-o", s(&t("qk")), "-q"]).ok();
+    graft(&vlm, &t("qk"), &t("vl"), &[]);
+    sinkmerge([
+        "inject-qknorm",
+        s(&t("lm")),
+        "--into-vlm",
+        s(&vlm),
+        "-o",
+        s(&t("one")),
+        "-q",
+    ])
+    .ok();
+    assert_eq!(model_files(&t("one")), model_files(&t("vl")));
+    let config: Value = read_json(t("vl").join("config.json"));
+    let qk: Value = read_json(t("qk").join("config.json"));
+    assert_eq!(config["text_config"]["model_type"], "qwen3");
+    assert_eq!(config["text_config"]["head_dim"], qk["head_dim"]);
+    assert_eq!(
+        config["vision_config"],
+        read_json::<Value>(vlm.join("config.json"))["vision_config"]
+    );
+    let got = load(&t("vl"));
+    assert!(got.contains_key("language_model.model.layers.2.self_attn.q_norm.weight"));
+    extract(&t("vl"), &t("again"));
+    assert_eq!(load(&t("again")), load(&t("qk")));
+    // Everything else is the VLM's.
+    for (name, w) in load(&vlm) {
+        if !name.starts_with("language_model.") {
+            assert_eq!(got[&name], w, "{name}");
+        }
+    }
+}
