@@ -11,13 +11,17 @@ gen_family_fixtures.py) it computes, without running sinkmerge:
 1. The VLM language model's fp32 logits on fixed token ids
    (docs/commands/extract.md#checking-an-extraction-against-the-vlm), from the VLM itself:
    * natively supported VLMs: the transformers 5.23 class loaded from the fixture, called text-only;
-   * remote-code VLMs (InternVL, Ovis2, MiniCPM-V, lmms-lab LLaVA-OV, MolmoE): the stock causal LM the remote
-     code builds as its language module (`language_model`, `llm`, ...) from the VLM's own sub-config and tensors.
-     MolmoE has no implementation anywhere to run; its language module is OLMoE with the documented mapping.
+   * remote-code VLMs (InternVL, Ovis2, MiniCPM-V, lmms-lab LLaVA-OV, MolmoE, Molmo2 on Qwen2): the stock causal LM
+     the remote code builds as its language module (`language_model`, `llm`, ...) from the VLM's own sub-config and
+     tensors. MolmoE (megablocks) and Molmo2 without q/k norms have no transformers class to run; their language
+     modules are OLMoE and Qwen2 with the documented mapping. InternVL's InternLM2 language model is converted the
+     way transformers' convert_internvl_weights_to_hf.py converts it (LlamaConfig, grouped wqkv split).
 2. The reference standalone causal LM: every tensor taken from the VLM's in-memory language module (so the
    renames, row splits and expert unfusing are transformers' own where a class exists), under the target
    class's names, in the stored dtype; plus the explicit target config. It is saved to a temporary folder,
    loaded with AutoModelForCausalLM (fp32, eager) and must reproduce the VLM logits (checked, max|diff| 0).
+
+`--only CASE [CASE ...]` recomputes just those cases and keeps the others' entries as they are.
 
 It writes tests/fixtures/goldens/extract.json (per case: family, target class, config fields, tensor
 name -> dtype/shape/sha256) and tests/fixtures/goldens/extract_logits.safetensors (per case: [T, V] f32 logits).
@@ -64,8 +68,10 @@ CASES = {
     "molmo2-o-partial-rope": ("families/molmo2-o-partial-rope", "molmo2", "olmo3", "native"),
     "molmo2-o-resaved": ("families/molmo2-o-resaved", "molmo2", "olmo3", "native"),
     "molmo2-qwen3": ("families/molmo2-qwen3", "molmo2", "qwen3", "native"),
+    "molmo2-qwen2": ("families/molmo2-qwen2", "molmo2", "qwen2", "remote"),
     "molmoe-megablocks": ("families/molmoe-megablocks", "molmoe", "olmoe", "remote"),
     "molmoe-hf": ("families/molmoe-hf", "molmoe", "olmoe", "remote"),
+    "internvl-internlm2": ("families/internvl-internlm2", "internvl", "llama", "remote"),
 }
 ARCH = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
         "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "olmo3": "Olmo3ForCausalLM",
@@ -147,7 +153,78 @@ def remote_lm(case, d):
         return stock_lm("Qwen2ForCausalLM", text, sd), sd, text
     if case.startswith("molmoe"):
         return molmoe_lm(cfg, t)
+    if case == "molmo2-qwen2":
+        return molmo2_qwen2_lm(cfg, t)
+    if case == "internvl-internlm2":
+        return internlm2_lm(cfg, t)
     raise KeyError(case)
+
+
+def molmo2_qwen2_lm(cfg, t):
+    """The remote Molmo2 language model without q/k norms, pre-norm, with q/k/v biases: Qwen2's math
+    (allenai/molmo2 olmo/hf_model/modeling_molmo2.py: att_proj split q | k | v, attn_out without bias)."""
+    c = cfg["text_config"]
+    assert c["qkv_bias"] and not c["use_qk_norm"] and not c["norm_after"], c
+    H, L, hd = c["hidden_size"], c["num_hidden_layers"], c["head_dim"]
+    nq, nkv, inter = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd, c["intermediate_size"]
+    text = transformers.Qwen2Config(
+        vocab_size=c["vocab_size"], hidden_size=H, intermediate_size=inter, num_hidden_layers=L,
+        num_attention_heads=c["num_attention_heads"], num_key_value_heads=c["num_key_value_heads"], head_dim=hd,
+        rms_norm_eps=c["layer_norm_eps"], max_position_embeddings=c["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": c["rope_theta"]}, tie_word_embeddings=False,
+        use_sliding_window=False)
+    m = "model.transformer."
+    sd = {"model.embed_tokens.weight": t[m + "wte.embedding"][: c["vocab_size"]],
+          "model.norm.weight": t[m + "ln_f.weight"], "lm_head.weight": t["lm_head.weight"]}
+    for i in range(L):
+        b, p = f"{m}blocks.{i}.", f"model.layers.{i}."
+        for kind in ("weight", "bias"):
+            q, k, v = t[b + f"self_attn.att_proj.{kind}"].split([nq, nkv, nkv], 0)
+            sd.update({p + f"self_attn.q_proj.{kind}": q, p + f"self_attn.k_proj.{kind}": k,
+                       p + f"self_attn.v_proj.{kind}": v})
+        up, gate = t[b + "mlp.ff_proj.weight"].split([inter, inter], 0)  # `x, gate = chunk(2)`
+        sd.update({p + "self_attn.o_proj.weight": t[b + "self_attn.attn_out.weight"],
+                   p + "input_layernorm.weight": t[b + "attn_norm.weight"],
+                   p + "post_attention_layernorm.weight": t[b + "ff_norm.weight"],
+                   p + "mlp.up_proj.weight": up, p + "mlp.gate_proj.weight": gate,
+                   p + "mlp.down_proj.weight": t[b + "mlp.ff_out.weight"]})
+    return stock_lm("Qwen2ForCausalLM", text, sd), sd, text
+
+
+# transformers' internvl/convert_internvl_weights_to_hf.py: ORIGINAL_TO_CONVERTED_KEY_MAPPING_TEXT_LLAMA and the
+# config keys it drops before LlamaConfig(**llm_config)
+INTERNLM2_TO_LLAMA = {r"tok_embeddings": r"embed_tokens", r"attention.wo": r"self_attn.o_proj",
+                      r"feed_forward.w1": r"mlp.gate_proj", r"feed_forward.w2": r"mlp.down_proj",
+                      r"feed_forward.w3": r"mlp.up_proj", r"attention_norm": r"input_layernorm",
+                      r"ffn_norm": r"post_attention_layernorm", r"output": r"lm_head"}
+INTERNVL_UNNECESSARY_CONFIG_KEYS = ["_name_or_path", "_attn_implementation_autoset", "auto_map", "use_bfloat16",
+                                    "use_flash_attn", "bias"]
+
+
+def internlm2_lm(cfg, t):
+    import re
+    llm = {k: v for k, v in cfg["llm_config"].items()
+           if k not in INTERNVL_UNNECESSARY_CONFIG_KEYS + ["architectures", "model_type", "attn_implementation"]}
+    theta = llm.pop("rope_theta")
+    llm["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    text = transformers.LlamaConfig(**llm)
+    groups = text.num_attention_heads // text.num_key_value_heads
+    hd, H = text.head_dim, text.hidden_size
+    sd = {}
+    for key, w in t.items():
+        if not key.startswith("language_model."):
+            continue
+        new = key[len("language_model."):]
+        for pat, rep in INTERNLM2_TO_LLAMA.items():
+            new = re.sub(pat, rep, new)
+        if "attention.wqkv" in new:  # einops "(h gs d) z -> h gs d z", gs = 2 + groups
+            qkv = w.reshape(-1, 2 + groups, hd, H)
+            sd[new.replace("attention.wqkv", "self_attn.q_proj")] = qkv[:, :groups].reshape(-1, H)
+            sd[new.replace("attention.wqkv", "self_attn.k_proj")] = qkv[:, -2].reshape(-1, H)
+            sd[new.replace("attention.wqkv", "self_attn.v_proj")] = qkv[:, -1].reshape(-1, H)
+        else:
+            sd[new] = w
+    return stock_lm("LlamaForCausalLM", text, sd), sd, text
 
 
 def molmoe_lm(cfg, t):
@@ -272,12 +349,23 @@ def reference_logits(cfg, tensors):
 
 
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=sorted(CASES), help="recompute only these cases")
+    args = ap.parse_args()
     gold = {"_meta": {"generated_by": "tools/gen_extract_goldens.py", "torch": torch.__version__,
                       "transformers": transformers.__version__, "safetensors": safetensors.__version__,
                       "token_ids": IDS[0],
                       "note": "tensors and config of the reference causal LM that reproduces the VLM logits"}}
     all_logits = {}
+    out = FIX / "goldens"
+    if args.only:  # keep the other cases' entries and logits as they are
+        old = json.loads((out / "extract.json").read_text())
+        gold.update({k: v for k, v in old.items() if k != "_meta"})
+        all_logits.update(load_file(str(out / "extract_logits.safetensors")))
     for case, (rel, family, target, kind) in CASES.items():
+        if args.only and case not in args.only:
+            continue
         d = FIX / rel
         on_disk = set(gf.read_header_names(d))
         if kind == "native":
@@ -285,7 +373,7 @@ def main():
         else:
             vlm_logits, sd, text = remote_lm(case, d)
         head_names = {"lm_head.weight", "language_model.lm_head.weight", "llm.lm_head.weight",
-                      "model.transformer.ff_out.weight"}
+                      "model.transformer.ff_out.weight", "language_model.output.weight"}
         # every tied fixture omits the head (docs/reference/vlm-layouts.md#tied-embeddings)
         tied = not (on_disk & head_names)
         tensors = reference_tensors(case, target, sd, text, tied)
@@ -305,7 +393,8 @@ def main():
               f"reference LM vs VLM logits max|diff| {diff:.3g}")
     a, b = gold["qwen3_vl_moe-5x"]["tensors"], gold["qwen3_vl_moe-hub"]["tensors"]
     assert a == b, "the two Qwen3-VL-MoE orientations must give identical tensors"
-    out = FIX / "goldens"
+    gold = {k: gold[k] for k in ["_meta", *CASES]}  # the CASES order, whatever was recomputed
+    all_logits = {k: all_logits[k] for k in CASES}
     out.mkdir(exist_ok=True)
     gf.write_json(out / "extract.json", gold)
     save_file(all_logits, str(out / "extract_logits.safetensors"), metadata={"token_ids": json.dumps(IDS[0])})

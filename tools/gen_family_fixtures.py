@@ -26,13 +26,16 @@ How each case is made (class = a real transformers 5.23 class; hand = laid out b
 | molmo2-o-partial-rope   | same, linear rope scaling on layer 1 only    | as molmo2-o                                      |
 | molmo2-o-resaved        | the molmo2-o model                           | raw 5.23 save: `wte.embedding`/`new_embedding` split in two equal halves (docs/reference/vlm-layouts.md#molmo2) |
 | molmo2-qwen3            | class Molmo2ForConditionalGeneration (qwen3 qk-norm, pre-norm) | as molmo2-o                    |
-| molmoe-megablocks       | class OlmoeForCausalLM (the language module) | hand: candidate layout (a), megablocks `ffn.experts.mlp.{w1,v1,w2}`, head `model.transformer.ff_out` |
-| molmoe-hf               | class OlmoeForCausalLM                       | hand: candidate layout (b), HF-style `mlp.experts.{e}.*`, head `lm_head` |
+| molmo2-qwen2            | class Qwen2ForCausalLM (the language module) | hand: remote Molmo2 names with `att_proj.weight`/`.bias`, no q/k norms, pre-norm, remote config (qkv_bias) |
+| molmoe-megablocks       | class OlmoeForCausalLM (the language module) | hand: the Hub layout, megablocks `ffn.experts.mlp.{w1,v1,w2}`, head `model.transformer.ff_out` |
+| molmoe-hf               | class OlmoeForCausalLM                       | hand: the per-expert `attn.*` / `mlp.experts.{e}.*` layout of a pure-PyTorch port, head `model.transformer.ff_out` |
+| internvl-internlm2      | class LlamaForCausalLM (the converted LM)    | hand: remote InternLM2 names (`tok_embeddings`, grouped `attention.wqkv`, `feed_forward.w1/w3/w2`, `output`; inverse of convert_internvl_weights_to_hf), remote config with an InternLM2 `llm_config` |
 
 Every class-built case is loaded back with transformers 5.23 (AutoModelForImageTextToText) and must give the
 same logits as the in-memory model; hand-laid layouts are checked to invert exactly onto the source tensors.
 The expected extraction results are computed separately by tools/gen_extract_goldens.py.
-Everything is seeded; rerunning gives identical bytes.
+Everything is seeded; rerunning gives identical bytes. `--only CASE [CASE ...]` rebuilds just those cases and
+replaces only their folders.
 """
 import json
 import re
@@ -51,6 +54,8 @@ from transformers import (  # noqa: E402
     AutoModelForImageTextToText,
     InternVLConfig,
     InternVLForConditionalGeneration,
+    LlamaConfig,
+    LlamaForCausalLM,
     LlavaNextConfig,
     LlavaNextForConditionalGeneration,
     LlavaOnevisionConfig,
@@ -61,6 +66,8 @@ from transformers import (  # noqa: E402
     OlmoeForCausalLM,
     Ovis2Config,
     Ovis2ForConditionalGeneration,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen3Config,
@@ -690,7 +697,7 @@ def build_molmo2(tok, tmp):
 
 
 # ---------------------------------------------------------------------------------------------
-# MolmoE-1B (2.10, UNVERIFIED layouts): OLMoE language module in both candidate layouts
+# MolmoE-1B (2.10): OLMoE language module in the Hub (megablocks) layout and a port's per-expert layout
 # ---------------------------------------------------------------------------------------------
 def build_molmoe(tok, tmp):
     H, E, I, V, EMB, A = 16, 4, 4, 320, 384, 16
@@ -751,8 +758,8 @@ def build_molmoe(tok, tmp):
                     t[b + f"mlp.experts.{e}.gate_proj.weight"] = gu[e, :I].contiguous()
                     t[b + f"mlp.experts.{e}.up_proj.weight"] = gu[e, I:].contiguous()
                     t[b + f"mlp.experts.{e}.down_proj.weight"] = dn[e].contiguous()
-        head = "model.transformer.ff_out.weight" if variant == "megablocks" else "lm_head.weight"
-        t[head] = sd["lm_head.weight"]
+        # MolmoForCausalLM keeps its untied head as `model.transformer.ff_out` (weight_tying false) in both
+        t["model.transformer.ff_out.weight"] = sd["lm_head.weight"]
         layouts[variant] = t
     made = {}
     for variant, t in layouts.items():
@@ -760,7 +767,7 @@ def build_molmoe(tok, tmp):
         out = tmp / name
         out.mkdir()
         save_file(dict(sorted(t.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
-        gf.write_json(out / "config.json", {  # the MolmoE-1B-0924 schema (docs/reference/vlm-layouts.md#molmoe), tiny sizes
+        gf.write_json(out / "config.json", {  # the MolmoE-1B-0924 Hub schema (docs/reference/vlm-layouts.md#molmoe), tiny sizes
             "architectures": ["OLMoForCausalLM"], "auto_map": {"AutoConfig": "config_molmoe.MolmoConfig",
                                                                "AutoModelForCausalLM": "modeling_molmoe.MolmoForCausalLM"},
             "activation_type": "swiglu", "additional_vocab_size": A, "attention_layer_norm": True,
@@ -790,21 +797,212 @@ def build_molmoe(tok, tmp):
                 w2 = t[b + "ffn.experts.mlp.w2"].reshape(E, I, H).transpose(1, 2)
                 assert torch.equal(torch.cat([w1, v1], 1), sd[p + "mlp.experts.gate_up_proj"])
                 assert torch.equal(w2, sd[p + "mlp.experts.down_proj"])
-    print("  molmoe: both candidate layouts invert exactly onto the OLMoE state dict")
+    print("  molmoe: both layouts invert exactly onto the OLMoE state dict")
     return made
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Molmo2 on a Qwen2 language model: remote names, q/k/v biases in att_proj, no q/k norms
+# (docs/reference/vlm-layouts.md#molmo2). The 5.x class always has q/k norms, so this is laid out by hand.
+# ---------------------------------------------------------------------------------------------
+def build_molmo2_qwen2(tok, tmp):
+    V, A, L = 320, 16, 2
+    qcfg = Qwen2Config(**text_dims(vocab=V, head_dim=8, num_hidden_layers=L, rms_norm_eps=1e-6,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                                   tie_word_embeddings=False, use_sliding_window=False))
+    seed("molmo2-qwen2")
+    lm = Qwen2ForCausalLM(qcfg).to(torch.bfloat16)
+    with torch.no_grad():  # the default init zeroes biases; make them count
+        for n, p in lm.named_parameters():
+            if n.endswith("_proj.bias"):
+                p.copy_((torch.randn_like(p, dtype=torch.float32) * 0.1).to(p.dtype))
+    sd = {k: v.contiguous() for k, v in lm.state_dict().items()}
+    g = torch.Generator().manual_seed(gf.hash_str("molmo2-qwen2-vision") % (2**31))
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+    t = {
+        "model.transformer.wte.embedding": sd["model.embed_tokens.weight"],
+        "model.transformer.wte.new_embedding": rnd(A, 16),
+        "model.transformer.ln_f.weight": sd["model.norm.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+        "model.vision_backbone.image_vit.patch_embedding.weight": rnd(16, 48),
+        "model.vision_backbone.image_vit.transformer.resblocks.0.attention.wq.weight": rnd(16, 16),
+        "model.vision_backbone.image_projector.w1.weight": rnd(32, 16),
+        "model.vision_backbone.image_pooling_2d.wq.weight": rnd(16, 16),
+    }
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"model.transformer.blocks.{i}."
+        a = p + "self_attn."
+        t.update({
+            b + "self_attn.att_proj.weight": torch.cat([sd[a + f"{x}_proj.weight"] for x in "qkv"], 0),
+            b + "self_attn.att_proj.bias": torch.cat([sd[a + f"{x}_proj.bias"] for x in "qkv"], 0),
+            b + "self_attn.attn_out.weight": sd[a + "o_proj.weight"],
+            b + "attn_norm.weight": sd[p + "input_layernorm.weight"],
+            b + "ff_norm.weight": sd[p + "post_attention_layernorm.weight"],
+            # the remote MLP does `x, gate = ff_proj(x).chunk(2); act(gate) * x`: up rows first
+            b + "mlp.ff_proj.weight": torch.cat([sd[p + "mlp.up_proj.weight"], sd[p + "mlp.gate_proj.weight"]], 0),
+            b + "mlp.ff_out.weight": sd[p + "mlp.down_proj.weight"],
+        })
+    name = "molmo2-qwen2"
+    out = tmp / name
+    out.mkdir()
+    save_file(dict(sorted(t.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
+    text = dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8, vocab_size=V,
+                additional_vocab_size=A, qkv_bias=True, qk_norm_type="olmo", norm_after=False, intermediate_size=32,
+                num_hidden_layers=L, layer_norm_eps=1e-6, max_position_embeddings=4096, rope_theta=1000000.0,
+                rope_scaling=None, rope_scaling_layers=None)
+    _, vit, adapter = molmo2_parts("qwen3")
+    cfg = molmo2_remote_config(text, vit, adapter)
+    cfg["text_config"]["use_qk_norm"] = False
+    gf.write_json(out / "config.json", cfg)
+    gf.write_generation_config(out, eos_token_id=tid(tok, "<|im_end|>"), pad_token_id=tid(tok, "<|endoftext|>"))
+    gf.write_tokenizer(tok, out, "qwen", gf.QWEN_TEMPLATE, True, 4096)
+    placeholder = "# Placeholder for the allenai remote-code file of the same name (fixture only).\n"
+    for py in ("configuration_molmo2.py", "modeling_molmo2.py"):
+        (out / py).write_text(placeholder)
+    # layout check: the remote names invert exactly onto the Qwen2 state dict
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"model.transformer.blocks.{i}."
+        for kind in ("weight", "bias"):
+            q, k, v = t[b + f"self_attn.att_proj.{kind}"].split([16, 8, 8], 0)
+            for x, w in zip("qkv", (q, k, v)):
+                assert torch.equal(w, sd[p + f"self_attn.{x}_proj.{kind}"])
+        up, gate = t[b + "mlp.ff_proj.weight"].chunk(2, 0)
+        assert torch.equal(up, sd[p + "mlp.up_proj.weight"]) and torch.equal(gate, sd[p + "mlp.gate_proj.weight"])
+    print("  molmo2-qwen2: remote names invert exactly onto the Qwen2 state dict")
+    return {name: out}
+
+
+# ---------------------------------------------------------------------------------------------
+# InternVL with an InternLM2 language model (InternVL2.5-2B/8B/26B, InternVL3-9B): remote names
+# (docs/reference/vlm-layouts.md#internvl). transformers' convert_internvl_weights_to_hf.py turns the
+# InternLM2 LM into LlamaForCausalLM; this lays a Llama model out in the InternLM2 names (its inverse).
+# ---------------------------------------------------------------------------------------------
+def internlm2_wqkv(q, k, v, kv_heads, head_dim):
+    """[q x heads/kv_heads, k, v] per KV head: what `rearrange("(h gs d) z -> h gs d z")` splits."""
+    hidden = q.shape[-1]
+    groups = q.shape[0] // (kv_heads * head_dim)
+    qs = q.reshape(kv_heads, groups, head_dim, hidden)
+    ks = k.reshape(kv_heads, 1, head_dim, hidden)
+    vs = v.reshape(kv_heads, 1, head_dim, hidden)
+    return torch.cat([qs, ks, vs], 1).reshape(-1, hidden).contiguous()
+
+
+def build_internvl_internlm2(tok, tmp):
+    V, L, H, NH, NKV = 320, 2, 16, 4, 2
+    hd = H // NH
+    lcfg = LlamaConfig(**text_dims(vocab=V, hidden_size=H, num_attention_heads=NH, num_key_value_heads=NKV,
+                                   num_hidden_layers=L, rms_norm_eps=1e-5,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    seed("internvl-internlm2")
+    lm = LlamaForCausalLM(lcfg).to(torch.bfloat16)
+    sd = {k: v.contiguous() for k, v in lm.state_dict().items()}
+    g = torch.Generator().manual_seed(gf.hash_str("internvl-internlm2-vision") % (2**31))
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+    lmp = "language_model."
+    t = {
+        lmp + "model.tok_embeddings.weight": sd["model.embed_tokens.weight"],
+        lmp + "model.norm.weight": sd["model.norm.weight"],
+        lmp + "output.weight": sd["lm_head.weight"],
+        "vision_model.embeddings.class_embedding": rnd(1, 1, 32),
+        "vision_model.embeddings.patch_embedding.weight": rnd(32, 3, 4, 4),
+        "vision_model.encoder.layers.0.attn.qkv.weight": rnd(96, 32),
+        "mlp1.0.weight": rnd(128), "mlp1.1.weight": rnd(H, 128), "mlp1.3.weight": rnd(H, H),
+    }
+    renames = {"self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1",
+               "mlp.up_proj": "feed_forward.w3", "mlp.down_proj": "feed_forward.w2",
+               "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm"}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        t[lmp + p + "attention.wqkv.weight"] = internlm2_wqkv(sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
+                                                           sd[a + "v_proj.weight"], NKV, hd)
+        for llama, internlm2 in renames.items():
+            t[lmp + p + internlm2 + ".weight"] = sd[p + llama + ".weight"]
+    name = "internvl-internlm2"
+    out = tmp / name
+    out.mkdir()
+    save_file(dict(sorted(t.items())), str(out / "model.safetensors"), metadata={"format": "pt"})
+    llm_config = {  # the InternLM2 `llm_config` of OpenGVLab/InternVL2_5-8B, tiny sizes
+        "architectures": ["InternLM2ForCausalLM"], "model_type": "internlm2",
+        "auto_map": {"AutoConfig": "configuration_internlm2.InternLM2Config",
+                     "AutoModel": "modeling_internlm2.InternLM2ForCausalLM",
+                     "AutoModelForCausalLM": "modeling_internlm2.InternLM2ForCausalLM"},
+        "attn_implementation": "eager", "bias": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+        "hidden_act": "silu", "hidden_size": H, "initializer_range": 0.02, "intermediate_size": 32,
+        "max_position_embeddings": 4096, "num_attention_heads": NH, "num_hidden_layers": L,
+        "num_key_value_heads": NKV, "rms_norm_eps": 1e-5, "rope_scaling": None, "rope_theta": 1000000.0,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": V,
+    }
+    gf.write_json(out / "config.json", {
+        "architectures": ["InternVLChatModel"],
+        "auto_map": {"AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+                     "AutoModel": "modeling_internvl_chat.InternVLChatModel",
+                     "AutoModelForCausalLM": "modeling_internvl_chat.InternVLChatModel"},
+        "downsample_ratio": 0.5, "dynamic_image_size": True, "force_image_size": 8, "llm_config": llm_config,
+        "max_dynamic_patch": 12, "min_dynamic_patch": 1, "model_type": "internvl_chat", "ps_version": "v2",
+        "select_layer": -1, "template": "internlm2-chat", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_thumbnail": True,
+        "vision_config": {"architectures": ["InternVisionModel"], "hidden_size": 32, "image_size": 8,
+                          "intermediate_size": 64, "model_type": "intern_vit_6b", "num_attention_heads": 2,
+                          "num_hidden_layers": 1, "patch_size": 4, "qkv_bias": True},
+    })
+    gf.write_generation_config(out, eos_token_id=tid(tok, "<|im_end|>"), pad_token_id=tid(tok, "<|endoftext|>"))
+    gf.write_tokenizer(tok, out, "generic", None, False, 4096)
+    placeholder = "# Placeholder for the OpenGVLab remote-code file of the same name (fixture only).\n"
+    for py in ("configuration_internvl_chat.py", "modeling_internvl_chat.py", "configuration_internlm2.py",
+               "modeling_internlm2.py"):
+        (out / py).write_text(placeholder)
+    # layout check: the converter's own split (einops "(h gs d) z -> h gs d z") gives back q/k/v
+    for i in range(L):
+        p = f"model.layers.{i}."
+        qkv = t[lmp + p + "attention.wqkv.weight"].reshape(NKV, NH // NKV + 2, hd, H)
+        assert torch.equal(qkv[:, : NH // NKV].reshape(-1, H), sd[p + "self_attn.q_proj.weight"])
+        assert torch.equal(qkv[:, -2].reshape(-1, H), sd[p + "self_attn.k_proj.weight"])
+        assert torch.equal(qkv[:, -1].reshape(-1, H), sd[p + "self_attn.v_proj.weight"])
+    print("  internvl-internlm2: the InternLM2 names invert exactly onto the Llama state dict")
+    return {name: out}
+
+
+BUILDERS = {  # case -> builder (a builder may make several cases)
+    "qwen2_vl": build_qwen2_vl, "qwen3_vl_moe-5x": build_qwen3_vl_moe, "qwen3_vl_moe-hub": build_qwen3_vl_moe,
+    "llava_onevision-lmms": build_llava_onevision_lmms, "llava_next": build_llava_next,
+    "internvl-hf": build_internvl_hf, "ovis2": build_ovis2, "ovis2-hf": build_ovis2, "minicpm-v": build_minicpm_v,
+    "molmo2-o": build_molmo2, "molmo2-o-partial-rope": build_molmo2, "molmo2-o-resaved": build_molmo2,
+    "molmo2-qwen3": build_molmo2, "molmo2-qwen2": build_molmo2_qwen2, "molmoe-megablocks": build_molmoe,
+    "molmoe-hf": build_molmoe, "internvl-internlm2": build_internvl_internlm2,
+}
+
+
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=sorted(BUILDERS), help="rebuild only these cases")
+    args = ap.parse_args()
     tok = gf.train_base_tokenizer()
     tmp = Path(tempfile.mkdtemp(prefix="sinkmerge_families_"))
     built = {}
-    for build in (build_qwen2_vl, build_qwen3_vl_moe, build_llava_onevision_lmms, build_llava_next,
-                  build_internvl_hf, build_ovis2, build_minicpm_v, build_molmo2, build_molmoe):
+    builders = []
+    for case in (args.only or BUILDERS):
+        if BUILDERS[case] not in builders:
+            builders.append(BUILDERS[case])
+    for build in builders:
         print(build.__name__)
         built.update(build(tok, tmp))
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    if args.only:
+        built = {k: v for k, v in built.items() if k in args.only}
+        for name in built:
+            if (OUT / name).exists():
+                shutil.rmtree(OUT / name)
+    else:
+        if OUT.exists():
+            shutil.rmtree(OUT)
+    OUT.mkdir(parents=True, exist_ok=True)
     total = 0
     for name in sorted(built):
         shutil.copytree(built[name], OUT / name)

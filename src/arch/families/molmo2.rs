@@ -16,8 +16,11 @@
 //! Post-norm with full-width q/k norms targets `Olmo3ForCausalLM` with explicit `layer_types`:
 //! Olmo-3 applies rope scaling only to full-attention layers, so layers outside
 //! `rope_scaling_layers` become sliding layers whose window (`max_position_embeddings`) never masks.
-//! Pre-norm with per-head q/k norms targets `Qwen3ForCausalLM`. Other combinations, and q/k/v
-//! biases, are refused. The Molmo2-O-7B config values themselves are UNVERIFIED, hence checked.
+//! Pre-norm with per-head q/k norms targets `Qwen3ForCausalLM`. Pre-norm without q/k norms but with
+//! q/k/v biases (`qkv_bias`, the remote config's default: a Qwen2 language model) targets
+//! `Qwen2ForCausalLM`; `att_proj.bias` is split q | k | v like the weight (`attn_out` has no bias in
+//! the remote code, as in Qwen2). Other combinations are refused. The Molmo2-O-7B config values
+//! themselves are UNVERIFIED, hence checked.
 
 use serde_json::{json, Map, Value};
 
@@ -40,7 +43,7 @@ impl Family for Molmo2 {
     }
 
     fn help(&self) -> &'static str {
-        "Molmo2 -> Olmo3ForCausalLM (post-norm, olmo qk-norm; partial rope via layer_types) or Qwen3ForCausalLM (pre-norm); `model.transformer.*`, att_proj/ff_proj split"
+        "Molmo2 -> Olmo3ForCausalLM (post-norm, olmo qk-norm; partial rope via layer_types), Qwen3ForCausalLM (pre-norm, qwen3 qk-norm) or Qwen2ForCausalLM (pre-norm, qkv bias); `model.transformer.*`, att_proj (weight and bias)/ff_proj split"
     }
 
     fn detect(&self, config: &Value, _: &[String]) -> bool {
@@ -125,21 +128,30 @@ impl Text {
         let max_pos = num(&["max_position_embeddings"]).unwrap_or(36864);
         let flag =
             |keys: &[&str], default: bool| get(keys).and_then(Value::as_bool).unwrap_or(default);
-        if flag(&["qkv_bias", "attention_bias"], false) {
-            bail!("{label}: text_config has q/k/v biases (qkv_bias); no stock target class holds them without an o_proj bias (docs/reference/vlm-layouts.md#molmo2)");
-        }
-        if !flag(&["use_qk_norm"], true) {
-            bail!("{label}: text_config.use_qk_norm is false; Olmo3 and Qwen3 always normalise q and k");
-        }
+        // Two schemas. The remote `Molmo2TextConfig` (allenai/molmo2
+        // `olmo/hf_model/configuration_molmo2.py`) defaults qkv_bias true, use_qk_norm false,
+        // qk_norm_type `olmo`. The transformers 5.x class (`molmo2/configuration_molmo2.py`) spells
+        // qkv_bias `attention_bias` (default false) and rope as `rope_parameters`, and always has
+        // q/k norms (no use_qk_norm; qk_norm_type default `qwen3`).
+        let native_5x = t.contains_key("rope_parameters")
+            || ckpt
+                .config
+                .get("transformers_version")
+                .and_then(Value::as_str)
+                .is_some_and(|v| v.starts_with("5."));
+        let qkv_bias = flag(&["qkv_bias", "attention_bias"], !native_5x);
+        let qk_norm = flag(&["use_qk_norm"], native_5x);
         let qk_type = get(&["qk_norm_type"])
             .and_then(Value::as_str)
-            .unwrap_or("qwen3");
+            .unwrap_or(if native_5x { "qwen3" } else { "olmo" });
         let norm_after = flag(&["norm_after"], false);
-        let target = match (norm_after, qk_type) {
-            (true, "olmo") => Target::Olmo3,
-            (false, "qwen3") => Target::Qwen3,
+        let target = match (norm_after, qk_norm.then_some(qk_type), qkv_bias) {
+            (true, Some("olmo"), false) => Target::Olmo3,
+            (false, Some("qwen3"), false) => Target::Qwen3,
+            // Qwen2-style: biases on the fused q/k/v only (attn_out has none), no q/k norm.
+            (false, None, true) => Target::Qwen2,
             _ => bail!(
-                "{label}: text_config has norm_after {norm_after} with qk_norm_type `{qk_type}`; supported: post-norm with `olmo` (-> Olmo3) or pre-norm with `qwen3` (-> Qwen3)"
+                "{label}: text_config has norm_after {norm_after}, use_qk_norm {qk_norm} (qk_norm_type `{qk_type}`), qkv_bias {qkv_bias}; supported: post-norm with `olmo` q/k norms and no bias (-> Olmo3), pre-norm with `qwen3` q/k norms and no bias (-> Qwen3), pre-norm without q/k norms with q/k/v biases (-> Qwen2) (docs/reference/vlm-layouts.md#molmo2)"
             ),
         };
         // Rope: remote code spells rope_theta + rope_scaling, 5.x a flat rope_parameters.
@@ -200,7 +212,9 @@ impl Text {
         );
         f.insert("rope_theta".into(), theta);
         f.insert("rope_scaling".into(), scaling);
-        f.insert("attention_bias".into(), json!(false));
+        if target != Target::Qwen2 {
+            f.insert("attention_bias".into(), json!(false));
+        }
         match target {
             Target::Olmo3 => {
                 let types: Vec<&str> = (0..layers)
@@ -351,4 +365,41 @@ fn embed(
             ],
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_qwen2_language_model_splits_the_qkv_bias_like_the_weight() {
+        let dir = std::path::Path::new("tests/fixtures/families/molmo2-qwen2");
+        let ckpt = Checkpoint::open_dir(dir, "molmo2-qwen2").unwrap();
+        let plan = Molmo2.plan(&ckpt).unwrap();
+        assert_eq!(plan.target, Target::Qwen2);
+        // hidden 16, 2 heads, 1 KV head, head_dim 8: att_proj.bias is [16 | 8 | 8].
+        let bias = "model.transformer.blocks.0.self_attn.att_proj.bias";
+        let mut got: Vec<(String, Vec<usize>, Vec<Piece>)> = plan
+            .outputs
+            .iter()
+            .filter(|t| t.parts.iter().any(|p| p.source == bias))
+            .map(|t| {
+                let pieces = t.parts.iter().map(|p| p.piece.clone()).collect();
+                (t.name.clone(), t.shape.clone(), pieces)
+            })
+            .collect();
+        got.sort_by_key(|(_, _, p)| match p[0] {
+            Piece::Range { start, .. } => start,
+            _ => usize::MAX,
+        });
+        let want = [("q", 0, 16), ("k", 16, 8), ("v", 24, 8)];
+        assert_eq!(got.len(), 3);
+        for ((name, shape, pieces), (x, start, len)) in got.iter().zip(want) {
+            assert_eq!(name, &format!("model.layers.0.self_attn.{x}_proj.bias"));
+            assert_eq!(shape, &vec![len]);
+            assert_eq!(pieces, &vec![Piece::Range { start, len }]);
+        }
+        assert!(plan.outputs.iter().all(|t| !t.name.contains("_norm.")));
+        assert_eq!(plan.config["architectures"][0], "Qwen2ForCausalLM");
+    }
 }

@@ -1,19 +1,21 @@
 //! MolmoE-1B (allenai/MolmoE-1B-0924, remote code only; docs/reference/vlm-layouts.md#molmoe).
-//! **UNVERIFIED layout**: no copy of the official weight index was available, so both documented
-//! candidates are accepted and recognised by their tensor names:
-//! * (a) megablocks dMoE: `model.transformer.blocks.{i}.{att_proj, attn_out, q_norm, k_norm,
-//!   attn_norm, ff_norm}.weight`, router `ffn.router.layer.weight` [E, H], experts
-//!   `ffn.experts.mlp.{w1, v1, w2}` each [E*I, H]; GLU `act(x w1^T) * (x v1^T) @ w2`, so expert e is
-//!   rows [e*I, (e+1)*I) of each: gate = w1, up = v1, down = w2 rows transposed;
-//! * (b) HF-style blocks: `blocks.{i}.attn.{att_proj, attn_out, q_norm, k_norm, attn_norm}`,
-//!   `blocks.{i}.mlp.{gate, ff_norm}` and `mlp.experts.{e}.{gate,up,down}_proj`, mapped one to one.
+//! The Hub checkpoint is allenai/molmo's `Molmo` with `OLMoEBlock`s (`olmo/model.py`; the Hub's
+//! `modeling_molmoe.py` / `config_molmoe.py` are copies of that code):
+//! * (a) the Hub layout, megablocks dMoE: `model.transformer.blocks.{i}.{att_proj, attn_out,
+//!   q_norm, k_norm, attn_norm, ff_norm}.weight`, router `ffn.router.layer.weight` [E, H], experts
+//!   `ffn.experts.mlp.{w1, v1, w2}` each [E*I, H] (megablocks `GLU`: `act(x w1^T) * (x v1^T) @ w2`),
+//!   so expert e is rows [e*I, (e+1)*I) of each: gate = w1, up = v1, down = w2 rows transposed;
+//! * (b) a per-expert port of the same model (not the Hub's): `blocks.{i}.attn.{att_proj,
+//!   attn_out, q_norm, k_norm, attn_norm}`, `blocks.{i}.mlp.{gate, ff_norm}` and
+//!   `mlp.experts.{e}.{gate,up,down}_proj`, mapped one to one.
 //!
 //! Common: `wte.embedding` (all `embedding_size` rows; `new_embedding` image tokens dropped),
-//! `ln_f`, and the head `lm_head.weight` or `model.transformer.ff_out.weight` (UNVERIFIED which).
+//! `ln_f`, and the untied head `model.transformer.ff_out.weight` (`weight_tying` false).
 //! `att_proj` is split [q | k | v] by rows, `attn_norm` -> `input_layernorm`, `ff_norm` ->
 //! `post_attention_layernorm` (pre-norm). Target `OlmoeForCausalLM` with `norm_topk_prob: false`
-//! (softmax then top-k without renormalising). The flat OLMo-style config is translated; the
-//! settings OLMoE cannot express (post-norm, no q/k norm, biases, other rope/norm kinds) are refused.
+//! (megablocks' router: softmax then top-k without renormalising). The flat OLMo-style Hub config
+//! (`d_model`, `n_heads`, `moe_num_experts`, ...) is translated; the settings OLMoE cannot express
+//! (post-norm, no q/k norm, biases, other rope/norm kinds) are refused.
 
 use serde_json::{json, Map, Value};
 
@@ -29,7 +31,7 @@ use crate::error::Result;
 pub struct Molmoe;
 
 const LM: &str = "model.transformer.";
-const HEADS: [&str; 2] = ["lm_head.weight", "model.transformer.ff_out.weight"];
+const HEAD: &str = "model.transformer.ff_out.weight";
 
 impl Family for Molmoe {
     fn name(&self) -> &'static str {
@@ -37,7 +39,7 @@ impl Family for Molmoe {
     }
 
     fn help(&self) -> &'static str {
-        "MolmoE-1B -> OlmoeForCausalLM; UNVERIFIED layouts: megablocks `ffn.experts.mlp.{w1,v1,w2}` or HF-style `mlp.experts.{e}.*`; head `lm_head` or `model.transformer.ff_out`"
+        "MolmoE-1B -> OlmoeForCausalLM; Hub layout megablocks `ffn.experts.mlp.{w1,v1,w2}` (or a port's per-expert `mlp.experts.{e}.*`); head `model.transformer.ff_out`"
     }
 
     fn detect(&self, config: &Value, names: &[String]) -> bool {
@@ -60,7 +62,7 @@ impl Family for Molmoe {
         let mut b = PlanBuilder::new(ckpt, self.name());
         let (mut megablocks, mut hf_style) = (false, false);
         for name in ckpt.names() {
-            if HEADS.contains(&name.as_str()) {
+            if name == HEAD {
                 b.head(name)?;
             } else if name.starts_with("model.vision_backbone.image_vit.") {
                 b.drop(name, DropKind::Vision)?;
@@ -78,7 +80,7 @@ impl Family for Molmoe {
                 }
             } else {
                 bail!(
-                    "{}: not part of the molmoe layout (language model under `{LM}`, head `lm_head.weight` or `{LM}ff_out.weight`, vision under `model.vision_backbone.`)",
+                    "{}: not part of the molmoe layout (language model under `{LM}`, head `{HEAD}`, vision under `model.vision_backbone.`)",
                     ckpt.describe(name)
                 );
             }
@@ -88,8 +90,8 @@ impl Family for Molmoe {
                 "{}: mixes the megablocks (`ffn.*`) and HF-style (`mlp.*`) expert layouts",
                 ckpt.label
             ),
-            (true, false) => b.note("MolmoE layout (a), megablocks experts (UNVERIFIED candidate)"),
-            (false, true) => b.note("MolmoE layout (b), HF-style experts (UNVERIFIED candidate)"),
+            (true, false) => b.note("MolmoE Hub layout, megablocks experts"),
+            (false, true) => b.note("MolmoE per-expert layout of a port (not the Hub's)"),
             (false, false) => {}
         }
         let config = standalone_config(Target::Olmoe, &cfg.fields, &ckpt.config, main_dtype(ckpt))?;
@@ -97,7 +99,7 @@ impl Family for Molmoe {
     }
 }
 
-/// Which candidate layout a tensor belongs to.
+/// Which layout a tensor belongs to.
 enum Style {
     Megablocks,
     HfStyle,
@@ -221,7 +223,7 @@ fn block_tensor(b: &mut PlanBuilder, cfg: &Config, stored: &str, rest: &str) -> 
     let ckpt = b.ckpt();
     let unknown = || {
         crate::bad!(
-            "{}: unknown tensor under the language-model prefix `{LM}`; neither MolmoE candidate layout has it",
+            "{}: unknown tensor under the language-model prefix `{LM}`; neither MolmoE layout has it",
             ckpt.describe(stored)
         )
     };
