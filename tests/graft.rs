@@ -8,6 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use sha2::Digest;
 
 use sinkmerge::checkpoint::Checkpoint;
 
@@ -490,6 +491,70 @@ fn a_qk_norm_injection_goes_into_a_vlm_that_takes_any_text_class() {
     for (name, w) in load(&vlm) {
         if !name.starts_with("language_model.") {
             assert_eq!(got[&name], w, "{name}");
+        }
+    }
+}
+
+/// The chain of `tools/check_graft.py` (extract, two `perturb` task models, TIES, graft) rebuilds
+/// exactly the grafted bytes that transformers was checked on: each loads with its VLM class with
+/// no missing or unexpected keys, its text logits equal the merged LM's within 1e-5 and its
+/// vision outputs the original's bitwise (tests/fixtures/graft/README.md). `trace` of the grafted
+/// VLMs matches transformers' forward of them.
+#[test]
+fn the_grafts_transformers_checked_are_rebuilt_byte_for_byte_and_trace_like_it() {
+    let cases: Value = read_json(root().join("tests/fixtures/graft/cases.json"));
+    let families = cases["families"].as_object().unwrap();
+    for family in [
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "llava_onevision",
+        "idefics3",
+        "internvl",
+    ] {
+        let case = &families[family];
+        assert!(case["vision_bitwise_equal"].as_bool().unwrap(), "{family}");
+        assert!(
+            case["text_logits_max_abs"].as_f64().unwrap() <= 1e-5,
+            "{family}"
+        );
+        for keys in ["missing_keys", "unexpected_keys", "mismatched_keys"] {
+            assert_eq!(
+                case["loading"][keys],
+                Value::Array(vec![]),
+                "{family}: {keys}"
+            );
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let vlm = root().join(case["vlm"].as_str().unwrap());
+        for step in case["chain"].as_array().unwrap() {
+            let args: Vec<String> = (step.as_array().unwrap().iter())
+                .map(|a| {
+                    (a.as_str().unwrap())
+                        .replace("{VLM}", s(&vlm))
+                        .replace("{TMP}", s(tmp.path()))
+                })
+                .chain(["-q".to_string()])
+                .collect();
+            sinkmerge(&args).ok();
+        }
+        let grafted = tmp.path().join("grafted");
+        let want = case["grafted_tensors_sha256"].as_object().unwrap();
+        let got = load(&grafted);
+        assert_eq!(got.len(), want.len(), "{family}: tensor count");
+        for (name, t) in &got {
+            let sha = format!("{:x}", sha2::Sha256::digest(&t.bytes));
+            assert_eq!(
+                Some(sha.as_str()),
+                want[name].as_str(),
+                "{family}: `{name}`"
+            );
+        }
+        if let Some(trace) = case.get("trace_case").filter(|c| !c.is_null()) {
+            let mut trace: crate::trace::Case = serde_json::from_value(trace.clone()).unwrap();
+            trace.model = s(&grafted).to_string();
+            crate::trace::traces_like_its_golden(&trace, tmp.path());
         }
     }
 }

@@ -26,14 +26,16 @@ struct Cases {
     cases: Vec<Case>,
 }
 
+/// One traced case: the model, the golden forward of transformers, the prompt (images come from
+/// the golden's pixel values or `images`).
 #[derive(Deserialize, Clone)]
-struct Case {
-    name: String,
-    model: String,
-    golden: String,
-    images: Vec<String>,
-    prompt: String,
-    chat_template: bool,
+pub struct Case {
+    pub name: String,
+    pub model: String,
+    pub golden: String,
+    pub images: Vec<String>,
+    pub prompt: String,
+    pub chat_template: bool,
 }
 
 fn cases() -> Vec<Case> {
@@ -119,52 +121,58 @@ fn trace_args(case: &Case, out: &Path) -> Vec<String> {
 fn fed_the_processors_pixels_every_tensor_matches_transformers() {
     let dir = tempfile::tempdir().unwrap();
     for case in cases() {
-        let out = dir.path().join("trace.safetensors");
-        let mut args = trace_args(&case, &out);
-        args.extend(["--pixel-values".into(), case.golden.clone()]);
-        sinkmerge(&args).ok();
-        let ours = load(&out);
-        let golden = load(&root().join(&case.golden));
-        let mut checked = 0;
-        for (name, g) in &golden {
-            if name.starts_with("vision.") || name.starts_with("deepstack.") {
-                continue; // the towers' own tests cover their intermediates
-            }
-            let o = ours
-                .get(name)
-                .unwrap_or_else(|| panic!("{}: `{name}` not written", case.name));
-            match &g.data {
-                Data::I64(v) => {
-                    assert_eq!(o.shape, g.shape, "{}: {name} shape", case.name);
-                    assert_eq!(ints(name, o), v.as_slice(), "{}: {name}", case.name);
-                }
-                Data::F32(_) => {
-                    let (max, _, scale) = diff(name, o, g);
-                    if name.starts_with("attentions.") {
-                        assert!(
-                            max <= PROBS,
-                            "{}: {name} max |Δ| {max:.2e} > {PROBS:.0e}",
-                            case.name
-                        );
-                    } else {
-                        let rel = max / scale.max(1e-30);
-                        assert!(
-                            rel <= RELATIVE,
-                            "{}: {name} max |Δ| / max |golden| {rel:.2e} > {RELATIVE:.0e}",
-                            case.name
-                        );
-                    }
-                }
-            }
-            checked += 1;
-        }
-        let expected = golden
-            .keys()
-            .filter(|n| !n.starts_with("vision.") && !n.starts_with("deepstack."))
-            .count();
-        assert_eq!(checked, expected, "{}", case.name);
-        assert!(ours.contains_key("image_embeds") && ours.contains_key("attentions.0"));
+        traces_like_its_golden(&case, dir.path());
     }
+}
+
+/// `trace` of `case`, fed the golden's pixel values, gives every tensor of the golden but the
+/// towers' intermediates within the tolerances above.
+pub fn traces_like_its_golden(case: &Case, dir: &Path) {
+    let out = dir.join("trace.safetensors");
+    let mut args = trace_args(case, &out);
+    args.extend(["--pixel-values".into(), case.golden.clone()]);
+    sinkmerge(&args).ok();
+    let ours = load(&out);
+    let golden = load(&root().join(&case.golden));
+    let mut checked = 0;
+    for (name, g) in &golden {
+        if name.starts_with("vision.") || name.starts_with("deepstack.") {
+            continue; // the towers' own tests cover their intermediates
+        }
+        let o = ours
+            .get(name)
+            .unwrap_or_else(|| panic!("{}: `{name}` not written", case.name));
+        match &g.data {
+            Data::I64(v) => {
+                assert_eq!(o.shape, g.shape, "{}: {name} shape", case.name);
+                assert_eq!(ints(name, o), v.as_slice(), "{}: {name}", case.name);
+            }
+            Data::F32(_) => {
+                let (max, _, scale) = diff(name, o, g);
+                if name.starts_with("attentions.") {
+                    assert!(
+                        max <= PROBS,
+                        "{}: {name} max |Δ| {max:.2e} > {PROBS:.0e}",
+                        case.name
+                    );
+                } else {
+                    let rel = max / scale.max(1e-30);
+                    assert!(
+                        rel <= RELATIVE,
+                        "{}: {name} max |Δ| / max |golden| {rel:.2e} > {RELATIVE:.0e}",
+                        case.name
+                    );
+                }
+            }
+        }
+        checked += 1;
+    }
+    let expected = golden
+        .keys()
+        .filter(|n| !n.starts_with("vision.") && !n.starts_with("deepstack."))
+        .count();
+    assert_eq!(checked, expected, "{}", case.name);
+    assert!(ours.contains_key("image_embeds") && ours.contains_key("attentions.0"));
 }
 
 #[test]
