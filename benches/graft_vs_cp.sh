@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# `sinkmerge graft` into a 7B-shaped Qwen2.5-VL against `cp` of the VLM's shard files, side by
+# side, with the peak anonymous memory of graft; and `--into-vlm` against the same merge written
+# as a plain language model (it must add no second pass).
+#
+# The VLM (bf16, Hub layout, ~4.4 GB in 1 GB shards) is written by examples/synth_checkpoint.rs:
+# 2 language layers at Qwen2.5-7B widths (hidden 3584, MLP 18944, 28 heads, 4 KV heads, vocabulary
+# 152064, untied lm_head) and the full Qwen2.5-VL-7B vision tower (32 blocks, embed 1280, MLP 3420)
+# with its merger. Its language model is extracted once, untimed. graft reads that LM (~3.1 GB)
+# and the VLM's vision tensors (~1.3 GB) and writes the whole VLM; cp reads and writes the VLM's
+# shards. Dropping the page cache needs root, so each run starts from a warm cache (the inputs are
+# read with `cat` first): the figures compare the tools' own costs, not the disk's read speed.
+# graft fsyncs what it writes, so it is also compared with `cp` followed by `sync`. Commands
+# alternate, RUNS times each (default 3), medians reported. Peak RssAnon is sampled from /proc
+# every 10 ms (the mmap'd inputs are page cache, not memory the tool allocates). The synthetic
+# data is deleted at exit.
+#
+#   benches/graft_vs_cp.sh            (WORK=/path RUNS=5 to change the scratch place or run count)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-3}
+WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-graft}
+VLM=$WORK/vlm
+LM=$WORK/lm
+BIN=target/release/sinkmerge
+cargo build -q --release --bin sinkmerge --example synth_checkpoint
+rm -rf "$WORK"
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK"
+target/release/examples/synth_checkpoint "$VLM" --layers 2 --hidden 3584 --intermediate 18944 \
+  --heads 28 --kv-heads 4 --vocab 152064 --dtype bf16 --max-shard-size 1G --vision-depth 32 >/dev/null
+"$BIN" extract "$VLM" -o "$LM" -q --no-model-card
+BYTES=$(cat "$VLM"/*.safetensors | wc -c)
+SHARDS=$(ls "$VLM"/*.safetensors | wc -l)
+
+warm() { cat "$VLM"/*.safetensors "$LM"/*.safetensors >/dev/null; }
+# Run "$@" and print "<seconds> <peak RssAnon kB>".
+measure() {
+  local t0 t1 pid peak=0 v
+  t0=$(date +%s.%N)
+  "$@" >/dev/null 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+    if [ -n "$v" ] && [ "$v" -gt "$peak" ]; then peak=$v; fi
+    sleep 0.01
+  done
+  wait "$pid"
+  t1=$(date +%s.%N)
+  echo "$(echo "$t1 - $t0" | bc -l) $peak"
+}
+copy() { mkdir -p "$WORK/cp" && cp "$VLM"/*.safetensors "$WORK/cp/"; }
+copy_sync() { copy && sync "$WORK"/cp/*.safetensors; }
+linear_then_graft() {
+  "$BIN" linear --models "$LM" -o "$WORK/lin" -q && "$BIN" graft --vlm "$VLM" --lm "$WORK/lin" -o "$WORK/out" -q
+}
+export -f copy copy_sync linear_then_graft
+export VLM LM WORK BIN
+
+declare -A T R
+names=(cp cp_sync graft linear linear_into_vlm linear_then_graft)
+for _ in $(seq "$RUNS"); do
+  for n in "${names[@]}"; do
+    rm -rf "$WORK/cp" "$WORK/out" "$WORK/lin"
+    warm
+    case $n in
+      cp) m=$(measure bash -c copy) ;;
+      cp_sync) m=$(measure bash -c copy_sync) ;;
+      graft) m=$(measure "$BIN" graft --vlm "$VLM" --lm "$LM" -o "$WORK/out" -q) ;;
+      linear) m=$(measure "$BIN" linear --models "$LM" -o "$WORK/out" -q) ;;
+      linear_into_vlm) m=$(measure "$BIN" linear --models "$LM" --into-vlm "$VLM" -o "$WORK/out" -q) ;;
+      linear_then_graft) m=$(measure bash -c linear_then_graft) ;;
+    esac
+    T[$n]+="${m% *} "
+    R[$n]+="${m#* } "
+  done
+done
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+printf 'cpu: %s; %s cores; load before: %s\n' "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
+  "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'VLM: %s shards, %.2f GB (language model %.2f GB); %s runs each, medians\n' "$SHARDS" \
+  "$(echo "$BYTES/1000000000" | bc -l)" "$(echo "$(cat "$LM"/*.safetensors | wc -c)/1000000000" | bc -l)" "$RUNS"
+cp_t=$(echo "${T[cp]}" | median)
+cps_t=$(echo "${T[cp_sync]}" | median)
+for n in "${names[@]}"; do
+  t=$(echo "${T[$n]}" | median)
+  rss=$(echo "${R[$n]}" | median)
+  printf '%-18s %7.3f s  %5.2f GB/s of the VLM  %5.2fx cp  %5.2fx cp+sync  peak RssAnon %7.1f MB   [runs: %s]\n' \
+    "$n" "$t" "$(echo "$BYTES/$t/1000000000" | bc -l)" "$(echo "$cp_t/$t" | bc -l)" \
+    "$(echo "$cps_t/$t" | bc -l)" "$(echo "$rss/1024" | bc -l)" "${T[$n]% }"
+done
