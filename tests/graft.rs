@@ -499,12 +499,15 @@ fn a_qk_norm_injection_goes_into_a_vlm_that_takes_any_text_class() {
 /// exactly the grafted bytes that transformers was checked on: each loads with its VLM class with
 /// no missing or unexpected keys, its text logits equal the merged LM's within 1e-5 and its
 /// vision outputs the original's bitwise (tests/fixtures/graft/README.md). `trace` of the grafted
-/// VLMs matches transformers' forward of them.
+/// VLMs matches transformers' forward of them. The same holds for the Qwen3 LM of `inject-qknorm`
+/// grafted into the Qwen2 InternVL (another text class).
 #[test]
 fn the_grafts_transformers_checked_are_rebuilt_byte_for_byte_and_trace_like_it() {
     let cases: Value = read_json(root().join("tests/fixtures/graft/cases.json"));
     let families = cases["families"].as_object().unwrap();
-    for family in [
+    let swap = ("text_class_swap", &cases["text_class_swap"]);
+    assert_eq!(swap.1["text_class"], "qwen3");
+    for (family, case) in [
         "qwen2_vl",
         "qwen2_5_vl",
         "qwen3_vl",
@@ -512,8 +515,11 @@ fn the_grafts_transformers_checked_are_rebuilt_byte_for_byte_and_trace_like_it()
         "llava_onevision",
         "idefics3",
         "internvl",
-    ] {
-        let case = &families[family];
+    ]
+    .map(|f| (f, &families[f]))
+    .into_iter()
+    .chain([swap])
+    {
         assert!(case["vision_bitwise_equal"].as_bool().unwrap(), "{family}");
         assert!(
             case["text_logits_max_abs"].as_f64().unwrap() <= 1e-5,

@@ -401,6 +401,48 @@ def check_family(binary, fam, tmp, golden_dir):
     return rec, failures
 
 
+# Another text class: Qwen3 with per-head QK-norm (inject-qknorm) grafted into the Qwen2 InternVL, whose class
+# builds its language model from text_config (AutoModel.from_config); `--into-vlm` is the same bytes (tests/graft.rs).
+SWAP_VLM = "tests/fixtures/vlm/internvl"
+SWAP_CHAIN = [
+    ["extract", "{VLM}", "-o", "{TMP}/lm"],
+    ["inject-qknorm", "{TMP}/lm", "-o", "{TMP}/merged"],
+    ["graft", "--vlm", "{VLM}", "--lm", "{TMP}/merged", "-o", "{TMP}/grafted"],
+]
+
+
+def check_text_class_swap(binary, tmp):
+    """The Qwen3 LM loads inside InternVL: no missing/unexpected keys, text logits equal the Qwen3 LM's, image
+    features bitwise the original VLM's."""
+    for step in SWAP_CHAIN:
+        args = [fill(a, SWAP_VLM, tmp) for a in step]
+        r = subprocess.run([binary, *args], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"sinkmerge {' '.join(args)} exited {r.returncode}: {r.stderr.strip()}")
+    grafted, failures = tmp / "grafted", []
+    model, info = load_vlm(InternVLForConditionalGeneration, grafted)
+    keys = {k: sorted(str(x) for x in info.get(k) or []) for k in ("missing_keys", "unexpected_keys",
+                                                                    "mismatched_keys")}
+    if any(keys.values()) or info.get("error_msgs"):
+        failures.append(f"loading info: {info}")
+    lm = AutoModelForCausalLM.from_pretrained(str(tmp / "merged"), attn_implementation="eager",
+                                              dtype=torch.float32).eval()
+    d_text = max((text_logits(model, ids) - text_logits(lm, ids)).abs().max().item() for ids in PROMPTS)
+    if not d_text <= TEXT_TOL:
+        failures.append(f"text logits max |Δ| {d_text:.3g} > {TEXT_TOL}")
+    orig, _ = load_vlm(InternVLForConditionalGeneration, ROOT / SWAP_VLM)
+    fa = image_features(model, "internvl", grafted, None)
+    fb = image_features(orig, "internvl", ROOT / SWAP_VLM, None)
+    same = len(fa) == len(fb) and all(ka == kb and torch.equal(a, b) for (ka, a), (kb, b) in zip(fa, fb))
+    if not same:
+        failures.append("image features differ from the original VLM's")
+    rec = {"vlm": SWAP_VLM, "class": InternVLForConditionalGeneration.__name__,
+           "text_class": model.config.text_config.model_type, "lm_class": type(lm).__name__, "chain": SWAP_CHAIN,
+           "loading": keys, "text_logits_max_abs": d_text, "vision_bitwise_equal": same,
+           "grafted_tensors_sha256": tensor_sha256(grafted / "model.safetensors")}
+    return rec, failures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--binary", default="target/debug/sinkmerge")
@@ -435,8 +477,18 @@ def main():
             if rec is not None:
                 rec["chain"] = CHAIN
                 families[fam[0]] = rec
+        swap = None
+        if not only:
+            (scratch / "swap").mkdir()
+            swap, fails = check_text_class_swap(binary, scratch / "swap")
+            if fails:
+                failures += 1
+                print("FAIL text class swap: " + "; ".join(fails))
+            else:
+                print(f"ok   text class swap ({swap['lm_class']} in {swap['class']}): no missing/unexpected keys; "
+                      f"max |Δ| logits {swap['text_logits_max_abs']:.3g}; vision outputs bitwise equal")
         doc = {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-               "text_tolerance": TEXT_TOL, "families": families}
+               "text_tolerance": TEXT_TOL, "families": families, "text_class_swap": swap}
         dest = None if failures or only else OUT
         if dest is not None:
             for fam in FAMILIES:
