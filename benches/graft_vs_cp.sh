@@ -9,8 +9,9 @@
 # with its merger. Its language model is extracted once, untimed. graft reads that LM (~3.1 GB)
 # and the VLM's vision tensors (~1.3 GB) and writes the whole VLM; cp reads and writes the VLM's
 # shards. Dropping the page cache needs root, so each run starts from a warm cache (the inputs are
-# read with `cat` first): the figures compare the tools' own costs, not the disk's read speed.
-# graft fsyncs what it writes, so it is also compared with `cp` followed by `sync`. Commands
+# read with `cat` first, after a `sync` that finishes the previous run's writeback): the figures
+# compare the tools' own costs, not the disk's read speed. `cp` copies inside the kernel
+# (copy_file_range); a user-space copy (`cat A > B`) is timed beside it. graft fsyncs what it writes, so it is also compared with `cp` followed by `sync`. Commands
 # alternate, RUNS times each (default 3), medians reported. Peak RssAnon is sampled from /proc
 # every 10 ms (the mmap'd inputs are page cache, not memory the tool allocates). The synthetic
 # data is deleted at exit.
@@ -29,11 +30,12 @@ trap 'rm -rf "$WORK"' EXIT
 mkdir -p "$WORK"
 target/release/examples/synth_checkpoint "$VLM" --layers 2 --hidden 3584 --intermediate 18944 \
   --heads 28 --kv-heads 4 --vocab 152064 --dtype bf16 --max-shard-size 1G --vision-depth 32 >/dev/null
-"$BIN" extract "$VLM" -o "$LM" -q --no-model-card
+"$BIN" extract "$VLM" -o "$LM" -q --no-model-card >/dev/null
 BYTES=$(cat "$VLM"/*.safetensors | wc -c)
 SHARDS=$(ls "$VLM"/*.safetensors | wc -l)
 
-warm() { cat "$VLM"/*.safetensors "$LM"/*.safetensors >/dev/null; }
+# The previous run's writeback is finished first (sync), so that no run pays for another's dirty pages.
+warm() { sync; sleep 1; cat "$VLM"/*.safetensors "$LM"/*.safetensors >/dev/null; }
 # Run "$@" and print "<seconds> <peak RssAnon kB>".
 measure() {
   local t0 t1 pid peak=0 v
@@ -51,14 +53,15 @@ measure() {
 }
 copy() { mkdir -p "$WORK/cp" && cp "$VLM"/*.safetensors "$WORK/cp/"; }
 copy_sync() { copy && sync "$WORK"/cp/*.safetensors; }
+cat_sync() { mkdir -p "$WORK/cp" && cat "$VLM"/*.safetensors > "$WORK/cp/all" && sync "$WORK/cp/all"; }
 linear_then_graft() {
   "$BIN" linear --models "$LM" -o "$WORK/lin" -q && "$BIN" graft --vlm "$VLM" --lm "$WORK/lin" -o "$WORK/out" -q
 }
-export -f copy copy_sync linear_then_graft
+export -f copy copy_sync cat_sync linear_then_graft
 export VLM LM WORK BIN
 
 declare -A T R
-names=(cp cp_sync graft linear linear_into_vlm linear_then_graft)
+names=(cp cp_sync cat_sync graft linear linear_into_vlm linear_then_graft)
 for _ in $(seq "$RUNS"); do
   for n in "${names[@]}"; do
     rm -rf "$WORK/cp" "$WORK/out" "$WORK/lin"
@@ -66,6 +69,7 @@ for _ in $(seq "$RUNS"); do
     case $n in
       cp) m=$(measure bash -c copy) ;;
       cp_sync) m=$(measure bash -c copy_sync) ;;
+      cat_sync) m=$(measure bash -c cat_sync) ;;
       graft) m=$(measure "$BIN" graft --vlm "$VLM" --lm "$LM" -o "$WORK/out" -q) ;;
       linear) m=$(measure "$BIN" linear --models "$LM" -o "$WORK/out" -q) ;;
       linear_into_vlm) m=$(measure "$BIN" linear --models "$LM" --into-vlm "$VLM" -o "$WORK/out" -q) ;;

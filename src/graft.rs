@@ -174,11 +174,6 @@ impl<'v> GraftPlan<'v> {
         })
     }
 
-    /// The LM tensors the graft takes, in the extraction plan's order.
-    pub fn lm_names(&self) -> impl Iterator<Item = &str> {
-        self.extract.outputs.iter().map(|t| t.name.as_str())
-    }
-
     /// Bytes of every stored tensor of the output.
     pub fn total_bytes(&self) -> u64 {
         self.tensors.iter().map(|t| t.byte_len() as u64).sum()
@@ -610,7 +605,7 @@ fn check_tensors(
 }
 
 /// The LM tensors of a checkpoint, as [`LmSide`] wants them.
-pub fn planned_tensors(ckpt: &Checkpoint) -> Vec<PlannedTensor> {
+fn planned_tensors(ckpt: &Checkpoint) -> Vec<PlannedTensor> {
     (ckpt.names().iter())
         .map(|n| {
             let info = ckpt.info(n).expect("listed");
@@ -796,9 +791,7 @@ impl IntoVlm {
     pub fn card_input(&self) -> model_card::Input {
         model_card::Input::new("vlm", true, &self.ckpt)
     }
-}
 
-impl IntoVlm {
     /// Name the VLM in a model card: a base of the output, a sentence on the layout, and (when
     /// the command line replays it, not a recorded config) `--into-vlm` in the replay.
     pub fn mark_card(&self, card: &mut ModelCard, replay_flag: bool) {

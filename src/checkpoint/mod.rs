@@ -3,6 +3,7 @@
 
 pub mod header;
 pub mod hub;
+pub mod mapped;
 pub mod output;
 mod residency;
 pub mod resolve;
@@ -35,6 +36,12 @@ pub struct Shard {
     pub header: header::Header,
 }
 
+impl Drop for Shard {
+    fn drop(&mut self) {
+        mapped::unregister(&self.mmap);
+    }
+}
+
 impl Shard {
     pub fn open(path: &Path) -> Result<Shard> {
         let file = File::open(path).map_err(|e| Error::read(path, e))?;
@@ -42,6 +49,7 @@ impl Shard {
         // writer from another process is outside what any mmap-based reader can guard against.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::read(path, e))?;
         let header = header::parse(path, &mmap)?;
+        mapped::register(&mmap, std::sync::Arc::new(file));
         Ok(Shard {
             path: path.to_path_buf(),
             mmap,

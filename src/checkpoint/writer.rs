@@ -17,6 +17,7 @@ use safetensors::Dtype;
 use serde_json::json;
 
 use super::header::{self, TensorInfo};
+use super::mapped;
 use super::output::OutputDir;
 use super::{INDEX_FILE, SINGLE_FILE};
 use crate::dtype;
@@ -31,6 +32,10 @@ type Window<'a> = (usize, Vec<Result<Cow<'a, [u8]>>>);
 
 /// Bytes of produced tensors held per window before they are written.
 const WINDOW_BYTES: usize = 256 << 20;
+
+/// Tensors borrowed from an input and at least this large are copied in the kernel
+/// ([`mapped`]); smaller ones are cheaper batched through the buffer.
+const KERNEL_COPY_MIN: usize = 1 << 20;
 
 /// A tensor to be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,7 +204,19 @@ where
                 ));
             }
             let (path, w) = &mut files[shard_of(i)];
-            w.write_all(&bytes).map_err(|e| Error::write(path, e))?;
+            let mut rest: &[u8] = &bytes;
+            // A tensor passed through from an input is copied file to file in the kernel.
+            if let Cow::Borrowed(b) = &bytes {
+                if let Some((src, offset)) =
+                    (b.len() >= KERNEL_COPY_MIN).then(|| mapped::file_range(b)).flatten()
+                {
+                    w.flush().map_err(|e| Error::write(path, e))?;
+                    let n = mapped::copy(&src, offset, w.get_ref(), b.len())
+                        .map_err(|e| Error::write(path, e))?;
+                    rest = &b[n..];
+                }
+            }
+            w.write_all(rest).map_err(|e| Error::write(path, e))?;
             if let Some((bar, unit)) = progress {
                 bar.inc(match unit {
                     Progress::Bytes => bytes.len() as u64,
