@@ -33,7 +33,10 @@ pub fn unregister(map: &[u8]) {
 
 /// The mapped file and offset that `bytes` are a view of, if they lie inside a registered map.
 pub fn file_range(bytes: &[u8]) -> Option<(Arc<File>, u64)> {
-    let (start, end) = (bytes.as_ptr() as usize, bytes.as_ptr() as usize + bytes.len());
+    let (start, end) = (
+        bytes.as_ptr() as usize,
+        bytes.as_ptr() as usize + bytes.len(),
+    );
     let all = MAPPINGS.read().unwrap_or_else(|e| e.into_inner());
     all.iter()
         .find(|m| m.start <= start && end <= m.start + m.len)

@@ -207,8 +207,9 @@ where
             let mut rest: &[u8] = &bytes;
             // A tensor passed through from an input is copied file to file in the kernel.
             if let Cow::Borrowed(b) = &bytes {
-                if let Some((src, offset)) =
-                    (b.len() >= KERNEL_COPY_MIN).then(|| mapped::file_range(b)).flatten()
+                if let Some((src, offset)) = (b.len() >= KERNEL_COPY_MIN)
+                    .then(|| mapped::file_range(b))
+                    .flatten()
                 {
                     w.flush().map_err(|e| Error::write(path, e))?;
                     let n = mapped::copy(&src, offset, w.get_ref(), b.len())
