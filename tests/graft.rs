@@ -144,7 +144,7 @@ fn an_edited_language_model_is_extracted_again_from_the_graft() {
         let t = |n: &str| tmp.path().join(name).join(n);
         let vlm = root().join("tests/fixtures/families").join(name);
         extract(&vlm, &t("lm"));
-        edit(&t("lm"), &t("edited"));
+        scaled(&t("lm"), &t("edited"), 1.5);
         graft(&vlm, &t("edited"), &t("vl"), &[]);
         extract(&t("vl"), &t("again"));
         let edited = load(&t("edited"));
@@ -169,25 +169,6 @@ fn changed(a: &BTreeMap<String, Stored>, b: &BTreeMap<String, Stored>) -> Vec<St
         .filter(|(n, t)| b[*n] != **t)
         .map(|(n, _)| n.clone())
         .collect()
-}
-
-/// `edited` = `lm` with every float tensor's values scaled by 1.5 (exact in f32 and bf16 for
-/// most values; the test compares what was written, not the arithmetic).
-fn edit(lm: &Path, edited: &Path) {
-    let tensors: BTreeMap<String, Stored> = load(lm)
-        .into_iter()
-        .map(|(n, t)| {
-            let v: Vec<f32> = t.f32().iter().map(|x| x * 1.5).collect();
-            let t = Stored::from_f32(t.dtype, t.shape.clone(), &v);
-            (n, t)
-        })
-        .collect();
-    write_model(
-        edited,
-        &read_json(lm.join("config.json")),
-        &tensors,
-        Some(lm),
-    );
 }
 
 #[test]

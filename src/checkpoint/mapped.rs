@@ -1,7 +1,7 @@
 //! Which input files are mapped where, so that the writer can copy a tensor that a command passes
 //! through unchanged (borrowed from an input's mmap) inside the kernel, file to file, with
-//! `copy_file_range(2)` as `cp` does, instead of through user space. On ext4 a user-space copy of
-//! a mapped page costs about twice the kernel's (docs/benchmarks.md#graft).
+//! `copy_file_range(2)` as `cp` does, instead of through user space. On the development VM a
+//! user-space copy takes about 1.6 times as long as the kernel's (docs/benchmarks.md#graft).
 
 use std::fs::File;
 use std::sync::{Arc, RwLock};
