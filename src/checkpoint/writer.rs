@@ -37,6 +37,14 @@ const WINDOW_BYTES: usize = 256 << 20;
 /// ([`mapped`]); smaller ones are cheaper batched through the buffer.
 const KERNEL_COPY_MIN: usize = 1 << 20;
 
+/// The input file and offset of `bytes` when they are a large tensor passed through unchanged
+/// from an input's map (bytes a command computed never lie inside one).
+fn kernel_source(bytes: &[u8]) -> Option<(std::sync::Arc<File>, u64)> {
+    (bytes.len() >= KERNEL_COPY_MIN)
+        .then(|| mapped::file_range(bytes))
+        .flatten()
+}
+
 /// A tensor to be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedTensor {
@@ -206,16 +214,11 @@ where
             let (path, w) = &mut files[shard_of(i)];
             let mut rest: &[u8] = &bytes;
             // A tensor passed through from an input is copied file to file in the kernel.
-            if let Cow::Borrowed(b) = &bytes {
-                if let Some((src, offset)) = (b.len() >= KERNEL_COPY_MIN)
-                    .then(|| mapped::file_range(b))
-                    .flatten()
-                {
-                    w.flush().map_err(|e| Error::write(path, e))?;
-                    let n = mapped::copy(&src, offset, w.get_ref(), b.len())
-                        .map_err(|e| Error::write(path, e))?;
-                    rest = &b[n..];
-                }
+            if let Some((src, offset)) = kernel_source(&bytes) {
+                w.flush().map_err(|e| Error::write(path, e))?;
+                let n = mapped::copy(&src, offset, w.get_ref(), bytes.len())
+                    .map_err(|e| Error::write(path, e))?;
+                rest = &bytes[n..];
             }
             w.write_all(rest).map_err(|e| Error::write(path, e))?;
             if let Some((bar, unit)) = progress {
@@ -359,5 +362,55 @@ mod tests {
         assert_eq!(plan_shards(&ts, 1 << 20), vec![0..4]);
         assert_eq!(shard_names(3)[1], "model-00002-of-00003.safetensors");
         assert_eq!(shard_names(1), vec!["model.safetensors"]);
+    }
+
+    /// A large tensor passed through from an input's map is copied in the kernel: the bytes
+    /// arrive whole, and a NaN in it still stops the output with the non-finite error, naming
+    /// where the tensor came from.
+    #[test]
+    fn a_passed_through_tensor_is_copied_whole_and_still_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = (KERNEL_COPY_MIN / 4) * 2 + 1000;
+        let values: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+        let write_input = |name: &str, values: &[f32]| {
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, vec![n], &bytes).unwrap();
+            let path = dir.path().join(name);
+            safetensors::tensor::serialize_to_file([("w", view)], None, &path).unwrap();
+            super::super::Shard::open(&path).unwrap()
+        };
+        let planned = [t("w", n)];
+        let run = |shard: &super::super::Shard, dest: &str| {
+            let out = OutputDir::create(&dir.path().join(dest), &[], false).unwrap();
+            let info = &shard.header.tensors[0];
+            let written = write_tensors(
+                &out,
+                &planned,
+                u64::MAX,
+                None,
+                |_| Some("input: tensor `w`".to_string()),
+                |_| Ok(Cow::Borrowed(shard.bytes(info))),
+            );
+            written.map(|_| out.commit().unwrap())
+        };
+
+        let clean = write_input("clean.safetensors", &values);
+        assert!(kernel_source(clean.bytes(&clean.header.tensors[0])).is_some());
+        let dest = run(&clean, "out").unwrap();
+        let back = super::super::Shard::open(&dest.join(SINGLE_FILE)).unwrap();
+        assert_eq!(
+            back.bytes(&back.header.tensors[0]),
+            clean.bytes(&clean.header.tensors[0])
+        );
+
+        let mut bad = values.clone();
+        bad[KERNEL_COPY_MIN / 4 + 5] = f32::NAN;
+        let bad = write_input("bad.safetensors", &bad);
+        let err = run(&bad, "bad-out").unwrap_err().to_string();
+        assert!(
+            err.contains("input: tensor `w`") && err.contains("NaN"),
+            "{err}"
+        );
+        assert!(!dir.path().join("bad-out").exists());
     }
 }
