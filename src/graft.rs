@@ -11,7 +11,7 @@
 //! disk speed with memory bounded by the writer's window.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
@@ -76,6 +76,8 @@ pub struct GraftPlan<'v> {
     /// The stored tensors of the output, in the VLM's order.
     pub tensors: Vec<PlannedTensor>,
     fills: Vec<Fill>,
+    /// For each LM tensor of the plan, its index on the LM side.
+    lm_index: Vec<usize>,
     adapt: Vec<Adapt>,
     /// The output's config.json when it is not the VLM's (another text class).
     config: Option<Value>,
@@ -94,7 +96,7 @@ impl<'v> GraftPlan<'v> {
         if config.is_some() {
             place_new_tensors(vlm, &mut extract, lm)?;
         }
-        let adapt = check_tensors(vlm, &extract, lm, &mut warnings)?;
+        let (lm_index, adapt) = check_tensors(vlm, &extract, lm, &mut warnings)?;
 
         let mut pieces: HashMap<&str, Vec<Scatter>> = HashMap::new();
         for (j, out) in extract.outputs.iter().enumerate() {
@@ -125,20 +127,15 @@ impl<'v> GraftPlan<'v> {
                 },
             });
         }
-        let mut tensors = Vec::with_capacity(vlm.names().len());
-        let mut fills = Vec::with_capacity(vlm.names().len());
-        for name in vlm.names() {
-            let info = vlm.info(name).expect("listed");
-            tensors.push(PlannedTensor {
-                name: name.clone(),
-                dtype: info.dtype,
-                shape: info.shape.clone(),
-            });
-            fills.push(match pieces.remove(name.as_str()) {
-                Some(s) => Fill::Lm(s),
-                None => Fill::Vlm,
-            });
-        }
+        let mut planned: Vec<(PlannedTensor, Fill)> = (vlm.planned_tensors().into_iter())
+            .map(|t| {
+                let fill = match pieces.remove(t.name.as_str()) {
+                    Some(s) => Fill::Lm(s),
+                    None => Fill::Vlm,
+                };
+                (t, fill)
+            })
+            .collect();
         // What is left are the tensors another text class adds (placed by `place_new_tensors`).
         for (name, scatters) in pieces {
             let Some(t) = (config.is_some())
@@ -151,23 +148,22 @@ impl<'v> GraftPlan<'v> {
                     vlm.label
                 ));
             };
-            tensors.push(PlannedTensor {
+            let added = PlannedTensor {
                 name: name.to_string(),
                 dtype: t.dtype,
                 shape: t.shape.clone(),
-            });
-            fills.push(Fill::Lm(scatters));
+            };
+            planned.push((added, Fill::Lm(scatters)));
         }
-        let mut order: Vec<usize> = (0..tensors.len()).collect();
-        order.sort_by(|&a, &b| natural_cmp(&tensors[a].name, &tensors[b].name));
-        let tensors = order.iter().map(|&i| tensors[i].clone()).collect();
-        let fills = order.iter().map(|&i| fills[i].clone()).collect();
+        planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
+        let (tensors, fills) = planned.into_iter().unzip();
         Ok(GraftPlan {
             vlm,
             family: family.name(),
             extract,
             tensors,
             fills,
+            lm_index,
             adapt,
             config,
             warnings,
@@ -187,17 +183,17 @@ impl<'v> GraftPlan<'v> {
         (from_lm, self.fills.len() - from_lm)
     }
 
-    /// Write the stored tensors into `out`. `lm_bytes(name)` gives an LM tensor's bytes as the LM
-    /// side declared it (dtype and shape); it is called in parallel, once for every stored
-    /// tensor the LM tensor goes into. `lm_origin(name)` names where an LM tensor comes from,
-    /// for the non-finite check's message.
+    /// Write the stored tensors into `out`. `lm_bytes(k)` gives the bytes of the LM side's tensor
+    /// `k` (the index in [`LmSide::tensors`]) as it declared them (dtype and shape); it is called
+    /// in parallel, once for every stored tensor the LM tensor goes into. `lm_origin(k)` names
+    /// where an LM tensor comes from, for the non-finite check's message.
     pub fn write_tensors<'a>(
         &'a self,
         out: &OutputDir,
         max_shard_size: u64,
         bar: &ProgressBar,
-        lm_origin: impl Fn(&str) -> Option<String> + Sync,
-        lm_bytes: impl Fn(&str) -> Result<Cow<'a, [u8]>> + Sync,
+        lm_origin: impl Fn(usize) -> Option<String> + Sync,
+        lm_bytes: impl Fn(usize) -> Result<Cow<'a, [u8]>> + Sync,
     ) -> Result<writer::Written>
     where
         'v: 'a,
@@ -209,7 +205,7 @@ impl<'v> GraftPlan<'v> {
             Some((bar, Progress::Bytes)),
             |i| match &self.fills[i] {
                 Fill::Vlm => Some(self.vlm.describe(&self.tensors[i].name)),
-                Fill::Lm(s) => lm_origin(&self.extract.outputs[s[0].lm].name),
+                Fill::Lm(s) => lm_origin(self.lm_index[s[0].lm]),
             },
             |i| match &self.fills[i] {
                 Fill::Vlm => Ok(Cow::Borrowed(self.vlm.bytes(&self.tensors[i].name)?)),
@@ -223,7 +219,7 @@ impl<'v> GraftPlan<'v> {
         &'a self,
         i: usize,
         scatters: &[Scatter],
-        lm_bytes: &impl Fn(&str) -> Result<Cow<'a, [u8]>>,
+        lm_bytes: &impl Fn(usize) -> Result<Cow<'a, [u8]>>,
     ) -> Result<Cow<'a, [u8]>>
     where
         'v: 'a,
@@ -276,13 +272,13 @@ impl<'v> GraftPlan<'v> {
     fn lm_tensor<'a>(
         &'a self,
         j: usize,
-        lm_bytes: &impl Fn(&str) -> Result<Cow<'a, [u8]>>,
+        lm_bytes: &impl Fn(usize) -> Result<Cow<'a, [u8]>>,
     ) -> Result<Cow<'a, [u8]>>
     where
         'v: 'a,
     {
         let t = &self.extract.outputs[j];
-        let bytes = lm_bytes(&t.name)?;
+        let bytes = lm_bytes(self.lm_index[j])?;
         let adapt = &self.adapt[j];
         if adapt.from_dtype.is_none() && adapt.from_rows.is_none() {
             return Ok(bytes);
@@ -507,23 +503,19 @@ fn place_new_tensors(vlm: &Checkpoint, extract: &mut ExtractPlan, lm: &LmSide) -
 }
 
 /// Every LM tensor the VLM's plan has, with its shape; vocabulary rows and float dtypes may
-/// differ and are adapted (with a warning). Returns the adaptation of each plan output.
+/// differ and are adapted (with a warning). Returns, for each plan output, its index on the LM
+/// side and its adaptation.
 fn check_tensors(
     vlm: &Checkpoint,
     extract: &ExtractPlan,
     lm: &LmSide,
     warnings: &mut Vec<String>,
-) -> Result<Vec<Adapt>> {
-    let given: BTreeMap<&str, &PlannedTensor> =
-        lm.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-    let wanted: HashMap<&str, ()> = (extract.outputs.iter())
-        .map(|t| (t.name.as_str(), ()))
+) -> Result<(Vec<usize>, Vec<Adapt>)> {
+    let given: HashMap<&str, usize> = (lm.tensors.iter().enumerate())
+        .map(|(k, t)| (t.name.as_str(), k))
         .collect();
-    if let Some(extra) = lm
-        .tensors
-        .iter()
-        .find(|t| !wanted.contains_key(t.name.as_str()))
-    {
+    let wanted: HashSet<&str> = extract.outputs.iter().map(|t| t.name.as_str()).collect();
+    if let Some(extra) = (lm.tensors.iter()).find(|t| !wanted.contains(t.name.as_str())) {
         bail!(
             "{}: tensor `{}` has no place in {} ({} family: its language model, {}, has no such tensor)",
             lm.label,
@@ -533,9 +525,12 @@ fn check_tensors(
             extract.target.architecture()
         );
     }
+    let mut index = Vec::with_capacity(extract.outputs.len());
     let mut adapt = Vec::with_capacity(extract.outputs.len());
+    // How many tensors are converted, and the first one's dtypes, for one warning.
+    let mut converted: Vec<(&str, Dtype, Dtype)> = Vec::new();
     for t in &extract.outputs {
-        let Some(g) = given.get(t.name.as_str()) else {
+        let Some(&k) = given.get(t.name.as_str()) else {
             bail!(
                 "{}: tensor `{}` is missing; {}'s language model stores it",
                 lm.label,
@@ -543,6 +538,7 @@ fn check_tensors(
                 vlm.label
             );
         };
+        let g = &lm.tensors[k];
         let mut a = Adapt::default();
         if g.shape != t.shape {
             let vocab = names::parse(&t.name).is_some_and(|n| n.module.is_vocab());
@@ -581,41 +577,18 @@ fn check_tensors(
                 );
             }
             a.from_dtype = Some(g.dtype);
+            converted.push((&t.name, g.dtype, t.dtype));
         }
+        index.push(k);
         adapt.push(a);
     }
-    let converted: Vec<&str> = (extract.outputs.iter().zip(&adapt))
-        .filter(|(_, a)| a.from_dtype.is_some())
-        .map(|(t, _)| t.name.as_str())
-        .collect();
-    if let Some(first) = converted.first() {
-        let from = given[first].dtype;
-        let to = extract
-            .outputs
-            .iter()
-            .find(|t| &t.name == first)
-            .expect("planned")
-            .dtype;
+    if let Some((first, from, to)) = converted.first() {
         warnings.push(format!(
             "{} LM tensor(s) are {from:?}, the VLM stores {to:?}: converted (round to nearest even), `{first}` first",
             converted.len()
         ));
     }
-    Ok(adapt)
-}
-
-/// The LM tensors of a checkpoint, as [`LmSide`] wants them.
-fn planned_tensors(ckpt: &Checkpoint) -> Vec<PlannedTensor> {
-    (ckpt.names().iter())
-        .map(|n| {
-            let info = ckpt.info(n).expect("listed");
-            PlannedTensor {
-                name: n.clone(),
-                dtype: info.dtype,
-                shape: info.shape.clone(),
-            }
-        })
-        .collect()
+    Ok((index, adapt))
 }
 
 /// How to run a graft.
@@ -660,7 +633,7 @@ pub fn run(
     opts: &Options,
 ) -> Result<Summary> {
     let started = Instant::now();
-    let tensors = planned_tensors(lm);
+    let tensors = lm.planned_tensors();
     let side = LmSide {
         label: &lm.label,
         tensors: &tensors,
@@ -673,8 +646,8 @@ pub fn run(
         &out,
         opts.max_shard_size,
         &bar,
-        |name| Some(lm.describe(name)),
-        |name| Ok(Cow::Borrowed(lm.bytes(name)?)),
+        |k| Some(lm.describe(&tensors[k].name)),
+        |k| Ok(Cow::Borrowed(lm.bytes(&tensors[k].name)?)),
     )?;
     bar.finish_and_clear();
     let files = plan.copy_files(&out, opts.model_card)?;

@@ -235,6 +235,21 @@ impl Checkpoint {
     }
 
     /// "file: tensor `name`" for messages.
+    /// Every stored tensor's name, dtype and shape, in the checkpoint's order, as a writer plans
+    /// them.
+    pub fn planned_tensors(&self) -> Vec<writer::PlannedTensor> {
+        (self.names().iter())
+            .map(|n| {
+                let info = self.info(n).expect("listed");
+                writer::PlannedTensor {
+                    name: n.clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                }
+            })
+            .collect()
+    }
+
     pub fn describe(&self, name: &str) -> String {
         match self.shard_of(name) {
             Some(shard) => format!("{}: tensor `{name}`", shard.path.display()),

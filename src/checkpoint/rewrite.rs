@@ -86,16 +86,8 @@ pub fn rewrite<R: Send>(
     edit: impl Fn(&str, &TensorInfo, &[u8]) -> Result<Edit<R>> + Sync,
 ) -> Result<Rewritten<R>> {
     // Each planned tensor, and the index of its bytes in `additions` when it is new.
-    let mut planned: Vec<(PlannedTensor, Option<usize>)> = (source.names().iter())
-        .map(|n| {
-            let info = source.info(n).expect("listed");
-            let t = PlannedTensor {
-                name: n.clone(),
-                dtype: info.dtype,
-                shape: info.shape.clone(),
-            };
-            (t, None)
-        })
+    let mut planned: Vec<(PlannedTensor, Option<usize>)> = (source.planned_tensors().into_iter())
+        .map(|t| (t, None))
         .chain((additions.tensors.iter().enumerate()).map(|(i, (t, _))| (t.clone(), Some(i))))
         .collect();
     planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
@@ -163,17 +155,8 @@ pub fn rewrite<R: Send>(
             for w in &g.warnings {
                 eprintln!("sinkmerge: warning: {w}");
             }
-            let index: std::collections::HashMap<&str, usize> = (planned.iter().enumerate())
-                .map(|(i, t)| (t.name.as_str(), i))
-                .collect();
             bar.set_length(g.total_bytes());
-            g.write_tensors(
-                &out,
-                to.max_shard_size,
-                bar,
-                |name| origin(index[name]),
-                |name| produce(index[name]),
-            )?;
+            g.write_tensors(&out, to.max_shard_size, bar, origin, produce)?;
             // The caller's files (a model card) come after, and replace the VLM's README.md.
             g.copy_files(&out, false)?;
         }

@@ -157,15 +157,8 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         }
         Some(g) => {
             warnings.extend(g.warnings.iter().cloned());
-            let index = tensors.index();
             let bar = crate::progress::bytes(g.total_bytes(), "merging", options.progress);
-            let written = g.write_tensors(
-                &out,
-                options.max_shard_size,
-                &bar,
-                |name| origin(index[name]),
-                |name| produce(index[name]),
-            )?;
+            let written = g.write_tensors(&out, options.max_shard_size, &bar, origin, produce)?;
             bar.finish_and_clear();
             g.copy_files(&out, options.model_card)?;
             written
@@ -425,15 +418,6 @@ struct TensorPlan<'a> {
     jobs: Vec<TensorJob<'a>>,
     /// Rows of the output embedding when they differ from the donor config's `vocab_size`.
     embed_rows: Option<usize>,
-}
-
-impl TensorPlan<'_> {
-    /// Each planned tensor's index, by name.
-    fn index(&self) -> std::collections::HashMap<&str, usize> {
-        (self.planned.iter().enumerate())
-            .map(|(i, t)| (t.name.as_str(), i))
-            .collect()
-    }
 }
 
 /// The stored tensor that input `ckpt` contributes for output tensor `name`.
