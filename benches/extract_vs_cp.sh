@@ -15,6 +15,8 @@
 #   benches/extract_vs_cp.sh            (WORK=/path RUNS=5 to change the scratch place or run count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benches/timing.sh
+source benches/timing.sh
 RUNS=${RUNS:-3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-extract}
 SRC=$WORK/vlm
@@ -29,21 +31,6 @@ BYTES=$(cat "$SRC"/*.safetensors | wc -c)
 SHARDS=$(ls "$SRC"/*.safetensors | wc -l)
 
 warm() { cat "$SRC"/*.safetensors >/dev/null; }
-# Run "$@" and print "<seconds> <peak RssAnon kB>".
-measure() {
-  local t0 t1 pid peak=0 v
-  t0=$(date +%s.%N)
-  "$@" >/dev/null 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    v=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-    if [ -n "$v" ] && [ "$v" -gt "$peak" ]; then peak=$v; fi
-    sleep 0.01
-  done
-  wait "$pid"
-  t1=$(date +%s.%N)
-  echo "$(echo "$t1 - $t0" | bc -l) $peak"
-}
 copy() { mkdir -p "$WORK/cp" && cp "$SRC"/*.safetensors "$WORK/cp/"; }
 copy_sync() { copy && sync "$WORK"/cp/*.safetensors; }
 export -f copy copy_sync
@@ -56,11 +43,11 @@ for _ in $(seq "$RUNS"); do
     rm -rf "$WORK/cp" "$WORK/out"
     warm
     case $n in
-      cp) m=$(measure bash -c copy) ;;
-      cp_sync) m=$(measure bash -c copy_sync) ;;
-      extract) m=$(measure "$BIN" extract "$SRC" -o "$WORK/out" -q) ;;
-      extract_noverify) m=$(measure "$BIN" extract "$SRC" -o "$WORK/out" -q --no-verify) ;;
-      extract_1thread) m=$(measure "$BIN" --threads 1 extract "$SRC" -o "$WORK/out" -q) ;;
+      cp) m=$(wall_and_anon bash -c copy) ;;
+      cp_sync) m=$(wall_and_anon bash -c copy_sync) ;;
+      extract) m=$(wall_and_anon "$BIN" extract "$SRC" -o "$WORK/out" -q) ;;
+      extract_noverify) m=$(wall_and_anon "$BIN" extract "$SRC" -o "$WORK/out" -q --no-verify) ;;
+      extract_1thread) m=$(wall_and_anon "$BIN" --threads 1 extract "$SRC" -o "$WORK/out" -q) ;;
     esac
     T[$n]+="${m% *} "
     R[$n]+="${m#* } "
@@ -71,14 +58,13 @@ warm
 MAXRSS=$( { /usr/bin/time -v "$BIN" extract "$SRC" -o "$WORK/out" -q >/dev/null; } 2>&1 | awk -F': ' '/Maximum resident/ {print $2}')
 WRITTEN=$(cat "$WORK"/out/*.safetensors | wc -c)
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 printf 'source: %s shards, %.2f GB (language model %.2f GB written by extract); %s runs each, medians\n' \
   "$SHARDS" "$(echo "$BYTES/1000000000" | bc -l)" "$(echo "$WRITTEN/1000000000" | bc -l)" "$RUNS"
-cp_t=$(echo "${T[cp]}" | median)
-cps_t=$(echo "${T[cp_sync]}" | median)
+cp_t=$(echo "${T[cp]}" | median_words)
+cps_t=$(echo "${T[cp_sync]}" | median_words)
 for n in "${names[@]}"; do
-  t=$(echo "${T[$n]}" | median)
-  rss=$(echo "${R[$n]}" | median)
+  t=$(echo "${T[$n]}" | median_words)
+  rss=$(echo "${R[$n]}" | median_words)
   printf '%-18s %7.3f s  %5.2f GB/s of source  %5.2fx cp  %5.2fx cp+sync' "$n" "$t" \
     "$(echo "$BYTES/$t/1000000000" | bc -l)" "$(echo "$cp_t/$t" | bc -l)" "$(echo "$cps_t/$t" | bc -l)"
   case $n in extract*) printf '  peak RssAnon %6.1f MB' "$(echo "$rss/1024" | bc -l)" ;; esac

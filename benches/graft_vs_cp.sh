@@ -19,6 +19,8 @@
 #   benches/graft_vs_cp.sh            (WORK=/path RUNS=5 to change the scratch place or run count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benches/timing.sh
+source benches/timing.sh
 RUNS=${RUNS:-3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-graft}
 VLM=$WORK/vlm
@@ -36,21 +38,6 @@ SHARDS=$(ls "$VLM"/*.safetensors | wc -l)
 
 # The previous run's writeback is finished first (sync), so that no run pays for another's dirty pages.
 warm() { sync; sleep 1; cat "$VLM"/*.safetensors "$LM"/*.safetensors >/dev/null; }
-# Run "$@" and print "<seconds> <peak RssAnon kB>".
-measure() {
-  local t0 t1 pid peak=0 v
-  t0=$(date +%s.%N)
-  "$@" >/dev/null 2>&1 &
-  pid=$!
-  while kill -0 "$pid" 2>/dev/null; do
-    v=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-    if [ -n "$v" ] && [ "$v" -gt "$peak" ]; then peak=$v; fi
-    sleep 0.01
-  done
-  wait "$pid"
-  t1=$(date +%s.%N)
-  echo "$(echo "$t1 - $t0" | bc -l) $peak"
-}
 copy() { mkdir -p "$WORK/cp" && cp "$VLM"/*.safetensors "$WORK/cp/"; }
 copy_sync() { copy && sync "$WORK"/cp/*.safetensors; }
 cat_sync() { mkdir -p "$WORK/cp" && cat "$VLM"/*.safetensors > "$WORK/cp/all" && sync "$WORK/cp/all"; }
@@ -67,29 +54,28 @@ for _ in $(seq "$RUNS"); do
     rm -rf "$WORK/cp" "$WORK/out" "$WORK/lin"
     warm
     case $n in
-      cp) m=$(measure bash -c copy) ;;
-      cp_sync) m=$(measure bash -c copy_sync) ;;
-      cat_sync) m=$(measure bash -c cat_sync) ;;
-      graft) m=$(measure "$BIN" graft --vlm "$VLM" --lm "$LM" -o "$WORK/out" -q) ;;
-      linear) m=$(measure "$BIN" linear --models "$LM" -o "$WORK/out" -q) ;;
-      linear_into_vlm) m=$(measure "$BIN" linear --models "$LM" --into-vlm "$VLM" -o "$WORK/out" -q) ;;
-      linear_then_graft) m=$(measure bash -c linear_then_graft) ;;
+      cp) m=$(wall_and_anon bash -c copy) ;;
+      cp_sync) m=$(wall_and_anon bash -c copy_sync) ;;
+      cat_sync) m=$(wall_and_anon bash -c cat_sync) ;;
+      graft) m=$(wall_and_anon "$BIN" graft --vlm "$VLM" --lm "$LM" -o "$WORK/out" -q) ;;
+      linear) m=$(wall_and_anon "$BIN" linear --models "$LM" -o "$WORK/out" -q) ;;
+      linear_into_vlm) m=$(wall_and_anon "$BIN" linear --models "$LM" --into-vlm "$VLM" -o "$WORK/out" -q) ;;
+      linear_then_graft) m=$(wall_and_anon bash -c linear_then_graft) ;;
     esac
     T[$n]+="${m% *} "
     R[$n]+="${m#* } "
   done
 done
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 printf 'cpu: %s; %s cores; load before: %s\n' "$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)" \
   "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)"
 printf 'VLM: %s shards, %.2f GB (language model %.2f GB); %s runs each, medians\n' "$SHARDS" \
   "$(echo "$BYTES/1000000000" | bc -l)" "$(echo "$(cat "$LM"/*.safetensors | wc -c)/1000000000" | bc -l)" "$RUNS"
-cp_t=$(echo "${T[cp]}" | median)
-cps_t=$(echo "${T[cp_sync]}" | median)
+cp_t=$(echo "${T[cp]}" | median_words)
+cps_t=$(echo "${T[cp_sync]}" | median_words)
 for n in "${names[@]}"; do
-  t=$(echo "${T[$n]}" | median)
-  rss=$(echo "${R[$n]}" | median)
+  t=$(echo "${T[$n]}" | median_words)
+  rss=$(echo "${R[$n]}" | median_words)
   printf '%-18s %7.3f s  %5.2f GB/s of the VLM  %5.2fx cp  %5.2fx cp+sync  peak RssAnon %7.1f MB   [runs: %s]\n' \
     "$n" "$t" "$(echo "$BYTES/$t/1000000000" | bc -l)" "$(echo "$cp_t/$t" | bc -l)" \
     "$(echo "$cps_t/$t" | bc -l)" "$(echo "$rss/1024" | bc -l)" "${T[$n]% }"

@@ -26,3 +26,24 @@ summary() {
   r=$(awk -v l="$label" '$1==l {print $4}' "$WORK/results.txt" | median)
   echo "$w $c $r"
 }
+
+# wall_and_anon CMD...: prints "<wall seconds> <peak RssAnon kB>". RssAnon is sampled from /proc
+# every 10 ms: the memory the tool allocates, without the file-backed pages of mmap'd inputs that
+# /usr/bin/time's maximum RSS also counts.
+wall_and_anon() {
+  local t0 t1 pid peak=0 v
+  t0=$(date +%s.%N)
+  "$@" >/dev/null 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+    if [ -n "$v" ] && [ "$v" -gt "$peak" ]; then peak=$v; fi
+    sleep 0.01
+  done
+  wait "$pid"
+  t1=$(date +%s.%N)
+  echo "$(echo "$t1 - $t0" | bc -l) $peak"
+}
+
+# median_words: the median of the space-separated numbers on standard input
+median_words() { tr ' ' '\n' | grep -v '^$' | median; }
