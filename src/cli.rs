@@ -94,6 +94,10 @@ pub enum Command {
     Tsv(commands::methods::TsvArgs),
     Star(commands::methods::StarArgs),
     Merge(commands::merge::Args),
+    /// The paper's whole analysis of one VLM-LLM pair (or a panel of pairs), resumable, with an
+    /// HTML report
+    #[command(long_about = commands::reproduce::LONG_ABOUT, after_help = commands::reproduce::AFTER_HELP)]
+    Reproduce(commands::reproduce::Args),
 }
 
 /// Where and how a command writes a model directory.

@@ -40,6 +40,7 @@ pub mod linalg;
 pub mod merge;
 pub mod progress;
 pub mod report;
+pub mod reproduce;
 pub mod sink;
 pub mod tensor;
 

@@ -25,6 +25,7 @@ mod non_finite_outputs;
 mod norms;
 mod perturb;
 mod predict;
+mod reproduce;
 mod resolve;
 mod score_cli;
 mod score_metrics;

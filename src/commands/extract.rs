@@ -88,9 +88,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
     let summary = extract::run(&ckpt, &plan, &dest, &opts)?;
     if args.json {
-        print!("{}", crate::report::json_text(&summary)?);
+        super::emit(&crate::report::json_text(&summary)?);
     } else {
-        print!("{}", render(&summary));
+        super::emit(&render(&summary));
     }
     Ok(())
 }

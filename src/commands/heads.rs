@@ -172,7 +172,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let (Some(path), Some(svg)) = (&args.heatmap, svg) {
         write_file_atomic(path, svg.as_bytes())?;
     }
-    print!("{out}");
+    super::emit(&out);
     Ok(())
 }
 

@@ -27,9 +27,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     if args.json {
-        print!("{}", crate::report::json_text(&report)?);
+        super::emit(&crate::report::json_text(&report)?);
     } else {
-        print!("{}", render(&report));
+        super::emit(&render(&report));
     }
     match &report.non_finite {
         Some(bad) if !bad.is_empty() => Err(Error::NonFinite(format!(

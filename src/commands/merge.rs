@@ -72,12 +72,9 @@ pub fn execute(
         eprintln!("sinkmerge: warning: {w}");
     }
     if common.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).expect("summaries serialize")
-        );
+        super::emit(&crate::report::json_text(&summary)?);
     } else {
-        print!("{}", text_report(&summary));
+        super::emit(&text_report(&summary));
     }
     Ok(())
 }

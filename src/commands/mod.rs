@@ -16,13 +16,41 @@ pub mod parity;
 pub mod perturb;
 pub mod predict;
 pub mod repair_heads;
+pub mod reproduce;
 pub mod score;
 pub mod scoring_args;
 pub mod trace;
 pub mod visual_sinks;
 
+use std::cell::RefCell;
+
 use crate::cli::{Cli, Command};
 use crate::error::Result;
+
+thread_local! {
+    /// Where [`emit`] sends a command's report on this thread: stdout, or the buffer of a
+    /// [`dispatch_captured`] call (a `reproduce` step keeps each command's own report).
+    static CAPTURE: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Print a command's report: to stdout, or into the capture of the step that runs it.
+pub fn emit(text: &str) {
+    CAPTURE.with(|capture| match capture.borrow_mut().as_mut() {
+        Some(buffer) => buffer.push_str(text),
+        None => print!("{text}"),
+    })
+}
+
+/// Run one parsed subcommand as its library call and return what it would have printed: the
+/// steps of `reproduce` are the commands themselves, so their reports are the commands' own.
+pub fn dispatch_captured(command: Command, progress: bool) -> Result<String> {
+    let previous = CAPTURE.with(|capture| capture.replace(Some(String::new())));
+    let result = dispatch(command, progress);
+    let text = CAPTURE
+        .with(|capture| capture.replace(previous))
+        .unwrap_or_default();
+    result.map(|()| text)
+}
 
 /// Run the parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
@@ -35,7 +63,11 @@ pub fn run(cli: Cli) -> Result<()> {
     crate::checkpoint::output::handle_signals()?;
     let progress = crate::progress::enabled(cli.quiet);
     crate::checkpoint::resolve::allow_downloads(!cli.no_download, progress);
-    match cli.command {
+    dispatch(cli.command, progress)
+}
+
+fn dispatch(command: Command, progress: bool) -> Result<()> {
+    match command {
         Command::Inspect(args) => inspect::run(args, progress),
         Command::Aliases(args) => aliases::run(args),
         Command::Fetch(args) => fetch::run(args),
@@ -59,5 +91,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tsv(args) => methods::run_tsv(args, progress),
         Command::Star(args) => methods::run_star(args, progress),
         Command::Merge(args) => merge::run(args, progress),
+        Command::Reproduce(args) => reproduce::run(args, progress),
     }
 }

@@ -158,9 +158,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     if args.json {
         let value = json_value(&report, args.tol);
-        print!("{}", crate::report::json_text(&value)?);
+        super::emit(&crate::report::json_text(&value)?);
     } else {
-        print!("{}", render_text(&report, args.tol));
+        super::emit(&render_text(&report, args.tol));
     }
     for w in &report.warnings {
         eprintln!("sinkmerge: warning: {w}");

@@ -142,6 +142,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let (Some(path), Some(svg)) = (&args.plot, svg) {
         write_file_atomic(path, svg.as_bytes())?;
     }
-    print!("{out}");
+    super::emit(&out);
     Ok(())
 }

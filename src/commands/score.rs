@@ -312,6 +312,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             write_file_atomic(path, svg.as_bytes())?;
         }
     }
-    print!("{out}");
+    super::emit(&out);
     Ok(())
 }

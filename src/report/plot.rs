@@ -27,6 +27,17 @@ pub struct Scatter {
     pub y_label: String,
     pub points: Vec<(f64, f64, String)>,
     pub line: Option<(f64, f64)>,
+    /// One more point, drawn apart in another colour (a new backbone placed on a panel).
+    pub highlight: Option<(f64, f64, String)>,
+}
+
+/// One bar per labelled value, in groups of the same labels (e.g. S and the margin of each
+/// model): one chart per group, stacked.
+#[derive(Debug, Clone)]
+pub struct BarChart {
+    pub title: String,
+    pub y_label: String,
+    pub bars: Vec<(String, f64)>,
 }
 
 const SIZE: (u32, u32) = (900, 560);
@@ -174,8 +185,9 @@ impl Scatter {
         {
             let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
             root.fill(&WHITE).map_err(err)?;
-            let xs = padded_range(self.points.iter().map(|p| p.0));
-            let ys = padded_range(self.points.iter().map(|p| p.1));
+            let all = || self.points.iter().chain(&self.highlight);
+            let xs = padded_range(all().map(|p| p.0));
+            let ys = padded_range(all().map(|p| p.1));
             let mut chart = ChartBuilder::on(&root)
                 .caption(&self.title, ("sans-serif", 20))
                 .margin(12)
@@ -210,6 +222,16 @@ impl Scatter {
                         + Text::new(label.clone(), (6, -12), ("sans-serif", 12))
                 }))
                 .map_err(err)?;
+            if let Some((x, y, label)) = &self.highlight {
+                let c = colour(1);
+                chart
+                    .draw_series(std::iter::once(
+                        EmptyElement::at((*x, *y))
+                            + Circle::new((0, 0), 7, c.filled())
+                            + Text::new(label.clone(), (10, -16), ("sans-serif", 15)),
+                    ))
+                    .map_err(err)?;
+            }
             if self.line.is_some() {
                 chart
                     .configure_series_labels()
@@ -222,6 +244,64 @@ impl Scatter {
         }
         Ok(svg)
     }
+}
+
+impl BarChart {
+    /// Draw the bars into `area`, from zero, labelled under each bar.
+    pub fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String> {
+        let n = self.bars.len().max(1);
+        let ys = padded_range(self.bars.iter().map(|b| b.1).chain([0.0]));
+        let mut chart = ChartBuilder::on(area)
+            .caption(&self.title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..n as f64, ys)
+            .map_err(err)?;
+        let labels: Vec<String> = self.bars.iter().map(|b| b.0.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_desc(&self.y_label)
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&|x| {
+                // Ticks fall on bar centres (i + 0.5) and edges; only centres are named.
+                let i = x - 0.5;
+                if (i - i.round()).abs() < 1e-6 && i >= 0.0 {
+                    labels.get(i.round() as usize).cloned().unwrap_or_default()
+                } else {
+                    String::new()
+                }
+            })
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(self.bars.iter().enumerate().map(|(i, (_, v))| {
+                let x = i as f64;
+                Rectangle::new([(x + 0.15, 0.0), (x + 0.85, *v)], colour(i).filled())
+            }))
+            .map_err(err)?;
+        Ok(())
+    }
+}
+
+/// Several bar charts stacked vertically in one SVG.
+pub fn stacked_bars_svg(charts: &[BarChart]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let size = (SIZE.0, 420 * charts.len().max(1) as u32);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        for (area, chart) in root
+            .split_evenly((charts.len().max(1), 1))
+            .iter()
+            .zip(charts)
+        {
+            chart.draw_on(area)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
 }
 
 #[cfg(test)]
@@ -250,8 +330,16 @@ mod tests {
                 (2.36, -5.4, "Qwen3-VL".into()),
             ],
             line: Some((-12.0, 3.0)),
+            highlight: Some((0.5, -20.0, "new".into())),
         };
         let svg = scatter.to_svg().unwrap();
-        assert!(svg.contains("Qwen3-VL") && svg.contains("fit"));
+        assert!(svg.contains("Qwen3-VL") && svg.contains("fit") && svg.contains("new"));
+        let bars = BarChart {
+            title: "S per model".into(),
+            y_label: "S".into(),
+            bars: vec![("ref".into(), -1.9), ("vlm_lm".into(), -2.2)],
+        };
+        let svg = stacked_bars_svg(&[bars]).unwrap();
+        assert!(svg.contains("vlm_lm") && svg.contains("<rect"));
     }
 }

@@ -41,6 +41,7 @@ pub fn scatter_svg(r: &PredictReport) -> Result<String> {
             .map(|p| (p.sink_strength, p.delta, p.pair.clone()))
             .collect(),
         line: Some((r.analysis.intercept, r.analysis.slope)),
+        highlight: None,
     };
     chart.to_svg().map_err(Error::Internal)
 }

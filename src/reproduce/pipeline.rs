@@ -1,0 +1,622 @@
+//! Running `reproduce`'s steps: every check before the first step, a manifest per finished
+//! step, and a rerun that redoes only what changed (docs/commands/reproduce.md, "Resuming").
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::hash::{HashCache, Identity};
+use super::plan::{self, PlanInput, Read, Role, Step};
+use crate::arch::config::{check_compatible, TextConfig};
+use crate::checkpoint::output::{check_cancelled, refuse_inputs, write_file_atomic};
+use crate::checkpoint::Checkpoint;
+use crate::cli::Cli;
+use crate::error::Result;
+use crate::report::human_bytes;
+use crate::{bad, bail};
+
+/// The bundled text of the perplexity column, used when `--text` is not given.
+pub const SAMPLE_TEXT: &str = include_str!("../../assets/text/sample.txt");
+
+/// What `reproduce` is asked to do for one pair.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub reference: String,
+    pub vlm: String,
+    pub base: Option<String>,
+    pub dir: PathBuf,
+    /// The perplexity text; `None`: the bundled sample, copied to `DIR/inputs/sample.txt`.
+    pub text: Option<PathBuf>,
+    /// `cpu`, `cuda` or `cuda:N`, passed to the scoring steps.
+    pub device: String,
+    pub merges: Vec<&'static str>,
+    /// Steps not to run (with the steps that need them).
+    pub skip: Vec<String>,
+    /// Steps to redo even if their manifest matches.
+    pub force: Vec<String>,
+    pub keep_models: bool,
+    pub progress: bool,
+}
+
+/// What happened to a step in this run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Run now.
+    Ran,
+    /// Its manifest matched: not rerun.
+    Reused,
+    /// Not run: `--skip`, or a step it needs was skipped.
+    Skipped,
+}
+
+/// `steps/NAME/manifest.json`, written after everything else the step writes: a step is done
+/// when its manifest exists and its key is the key of the step as planned now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub step: String,
+    /// The command line that replays the step (its report is its stdout).
+    pub command: String,
+    pub argv: Vec<String>,
+    pub sinkmerge_version: String,
+    pub inputs: Vec<Identity>,
+    /// The keys of the steps it read from.
+    pub after: BTreeMap<String, String>,
+    /// SHA-256 of the version, the command line, the inputs and the upstream keys.
+    pub key: String,
+    pub seconds: f64,
+}
+
+/// The plan of a pair after every check, ready to run or to print.
+pub struct Prepared {
+    pub options: Options,
+    pub steps: Vec<Step>,
+    pub skipped: Vec<(String, String)>,
+    pub keys: BTreeMap<String, String>,
+    pub identities: BTreeMap<String, Vec<Identity>>,
+    pub text: PathBuf,
+    /// Bytes the plan writes at its peak, and bytes free where it writes.
+    pub disk_needed: u64,
+    pub disk_free: u64,
+    pub estimate_seconds: f64,
+    pub models: PairModels,
+    /// The content hashes learned while preparing, saved once DIR exists.
+    pub cache: HashCache,
+}
+
+/// The pair's models as opened, for the summary.
+pub struct PairModels {
+    pub reference: Checkpoint,
+    pub vlm: Checkpoint,
+    pub base: Option<Checkpoint>,
+    pub family: &'static str,
+}
+
+/// Every check that needs no step: the models open, the VLM's language model has the
+/// reference's architecture (and the base's), DIR is no input, the disk holds the plan.
+pub fn prepare(options: Options) -> Result<Prepared> {
+    let reference = Checkpoint::open_ref(&options.reference)?;
+    let vlm = Checkpoint::open_ref(&options.vlm)?;
+    let base = options
+        .base
+        .as_deref()
+        .map(Checkpoint::open_ref)
+        .transpose()?;
+    let family = crate::extract::detect_family(&vlm).map_err(|e| {
+        bad!(
+            "--vlm {}: not a vision-language model sinkmerge can extract a language model from: {e}",
+            options.vlm
+        )
+    })?;
+    let lm_plan = family.plan(&vlm)?;
+    let ref_config = TextConfig::from_model_config(&reference.config)
+        .map_err(|e| bad!("--ref {}: {e}", options.reference))?;
+    let lm_config = TextConfig::from_model_config(&lm_plan.config)
+        .map_err(|e| bad!("--vlm {}: its language model: {e}", options.vlm))?;
+    let ref_name = format!(
+        "--ref {} ({})",
+        options.reference,
+        architecture(&reference.config)
+    );
+    let lm_name = format!(
+        "the language model of --vlm {} ({}, family {})",
+        options.vlm,
+        architecture(&lm_plan.config),
+        family.name()
+    );
+    check_compatible(&ref_config, &lm_config, &ref_name, &lm_name)?;
+    if ref_config.vocab_size != lm_config.vocab_size {
+        bail!(
+            "{ref_name} and {lm_name} have different vocabularies: vocab_size is {} vs {}; the \
+             merges and the margin need the same token rows",
+            ref_config.vocab_size,
+            lm_config.vocab_size
+        );
+    }
+    if let Some(base) = &base {
+        let base_config = TextConfig::from_model_config(&base.config)
+            .map_err(|e| bad!("--base {}: {e}", base.label))?;
+        let base_name = format!("--base {} ({})", base.label, architecture(&base.config));
+        check_compatible(&ref_config, &base_config, &ref_name, &base_name)?;
+    }
+    let dir = options.dir.clone();
+    let mut inputs: Vec<&Path> = vec![&reference.dir, &vlm.dir];
+    inputs.extend(base.iter().map(|b| b.dir.as_path()));
+    inputs.extend(options.text.as_deref());
+    refuse_inputs(&dir, &inputs).map_err(|e| bad!("-o: {e}"))?;
+    if dir.exists() && !dir.is_dir() {
+        bail!("-o {}: is a file; give a directory", dir.display());
+    }
+    let text = options
+        .text
+        .clone()
+        .unwrap_or_else(|| dir.join("inputs").join("sample.txt"));
+    if let Some(t) = &options.text {
+        if !t.is_file() {
+            bail!("--text {}: not a readable file", t.display());
+        }
+    }
+
+    let steps = plan::steps(&PlanInput {
+        reference: &options.reference,
+        vlm: &options.vlm,
+        base: options.base.as_deref(),
+        dir: &dir,
+        text: &text,
+        device: &options.device,
+        merges: &options.merges,
+    });
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    for name in options.skip.iter().chain(&options.force) {
+        if !names.contains(&name.as_str()) && name != "merges" {
+            bail!(
+                "no step `{name}` in this plan; its steps: {} (and `merges`, every merge)",
+                names.join(", ")
+            );
+        }
+    }
+    let skipped = skipped_steps(&steps, &options.skip)?;
+    let steps: Vec<Step> = steps
+        .into_iter()
+        .filter(|s| !skipped.iter().any(|(n, _)| *n == s.name))
+        .collect();
+
+    // Peak disk use: the language model, and one merged model at a time (all of them with
+    // --keep-models), each as large as the reference in its own dtype; less what is there.
+    let lm_bytes = reference.total_bytes();
+    let merges = steps.iter().filter(|s| s.role == Role::Merge).count() as u64;
+    let kept = if options.keep_models {
+        merges
+    } else {
+        merges.min(1)
+    };
+    let present = dir_bytes(&dir.join("models"));
+    let disk_needed = (lm_bytes + kept * lm_bytes).saturating_sub(present);
+    let disk_free = free_bytes(&dir)?;
+    if disk_needed > disk_free {
+        bail!(
+            "-o {}: the plan needs {} of disk (the language model and {} merged model{} of {} \
+             each) and its filesystem has {} free; free space, choose another -o, or trim the \
+             run with --merges",
+            dir.display(),
+            human_bytes(disk_needed),
+            kept,
+            if kept == 1 { "" } else { "s" },
+            human_bytes(lm_bytes),
+            human_bytes(disk_free)
+        );
+    }
+
+    // The models' identities: Hub commits, or content hashes (cached under DIR).
+    let mut cache = HashCache::load(&dir.join(".hash-cache.json"));
+    let mut model_ids = BTreeMap::new();
+    for (input, ckpt) in [(&options.reference, &reference), (&options.vlm, &vlm)]
+        .into_iter()
+        .chain(options.base.iter().zip(base.iter()))
+    {
+        model_ids.insert(
+            input.clone(),
+            cache.model(input, &ckpt.dir, ckpt.hub.as_ref())?,
+        );
+    }
+    let text_id = match &options.text {
+        Some(t) => cache.file_identity(&t.to_string_lossy(), t)?,
+        None => Identity {
+            input: text.to_string_lossy().into_owned(),
+            kind: "xxh3-128".into(),
+            value: format!(
+                "{:032x}",
+                xxhash_rust::xxh3::xxh3_128(SAMPLE_TEXT.as_bytes())
+            ),
+        },
+    };
+    let mut keys = BTreeMap::new();
+    let mut identities = BTreeMap::new();
+    for step in &steps {
+        let mut ids = Vec::new();
+        for read in &step.reads {
+            ids.push(match read {
+                Read::Model { input } => model_ids[input].clone(),
+                Read::File { path } if *path == text => text_id.clone(),
+                Read::File { path } => Identity {
+                    input: path.to_string_lossy().into_owned(),
+                    kind: "xxh3-128".into(),
+                    // A merge config is written by the step itself, from the plan.
+                    value: format!(
+                        "{:032x}",
+                        xxhash_rust::xxh3::xxh3_128(
+                            step.config.as_deref().unwrap_or_default().as_bytes()
+                        )
+                    ),
+                },
+            });
+        }
+        let after: BTreeMap<String, String> = step
+            .after
+            .iter()
+            .map(|a| (a.clone(), keys.get(a).cloned().unwrap_or_default()))
+            .collect();
+        keys.insert(step.name.clone(), step_key(&step.argv, &ids, &after));
+        identities.insert(step.name.clone(), ids);
+    }
+    let estimate_seconds = estimate(&reference, &steps);
+    Ok(Prepared {
+        options,
+        steps,
+        skipped,
+        keys,
+        identities,
+        text,
+        disk_needed,
+        disk_free,
+        estimate_seconds,
+        models: PairModels {
+            reference,
+            vlm,
+            base,
+            family: family.name(),
+        },
+        cache,
+    })
+}
+
+fn architecture(config: &serde_json::Value) -> String {
+    config["architectures"][0]
+        .as_str()
+        .map(str::to_string)
+        .or_else(|| config["model_type"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown architecture".into())
+}
+
+/// The steps `--skip` leaves out, each with why: named, or needing a step that is left out.
+fn skipped_steps(steps: &[Step], skip: &[String]) -> Result<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for step in steps {
+        let named = skip.contains(&step.name)
+            || (step.role == Role::Merge && skip.iter().any(|s| s == "merges"));
+        if named {
+            if step.role == Role::Extract {
+                bail!("--skip extract: every other step reads the extracted language model");
+            }
+            out.push((step.name.clone(), "--skip".into()));
+        } else if let Some(needed) = step.after.iter().find(|a| out.iter().any(|(n, _)| n == *a)) {
+            out.push((
+                step.name.clone(),
+                format!("needs {needed}, which is skipped"),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A step's key: the same version, command line, inputs and upstream keys give the same key.
+fn step_key(argv: &[String], inputs: &[Identity], after: &BTreeMap<String, String>) -> String {
+    let value = serde_json::json!({
+        "sinkmerge_version": env!("CARGO_PKG_VERSION"),
+        "argv": argv,
+        "inputs": inputs,
+        "after": after,
+    });
+    let digest = Sha256::digest(value.to_string().as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The file holding a step's report (the command's own `--json` output).
+pub const REPORT: &str = "report.json";
+/// The file a step writes last.
+pub const MANIFEST: &str = "manifest.json";
+/// Beside a merge step's manifest once its model was deleted after scoring: the bytes freed.
+pub const REMOVED: &str = "removed.json";
+
+/// Run the plan's steps in order, reusing every step whose manifest matches; returns what
+/// happened to each step.
+pub fn execute(prepared: &mut Prepared) -> Result<BTreeMap<String, Outcome>> {
+    let dir = prepared.options.dir.clone();
+    fs::create_dir_all(&dir).map_err(|e| crate::error::Error::write(&dir, e))?;
+    prepared.cache.save()?;
+    if prepared.options.text.is_none() {
+        let current = fs::read(&prepared.text).unwrap_or_default();
+        if current != SAMPLE_TEXT.as_bytes() {
+            write_file_atomic(&prepared.text, SAMPLE_TEXT.as_bytes())?;
+        }
+    }
+    let steps = prepared.steps.clone();
+    let force = &prepared.options.force;
+    let mut done: Vec<&str> = steps
+        .iter()
+        .filter(|s| !forced(force, s))
+        .filter(|s| read_manifest(&dir, &s.name).is_some_and(|m| m.key == prepared.keys[&s.name]))
+        .filter(|s| {
+            // A model the next steps read must still be there; a merged model deleted after
+            // its score is needed again only if that score is to be redone.
+            s.model.as_ref().is_none_or(|m| m.is_dir()) || s.role == Role::Merge
+        })
+        .map(|s| s.name.as_str())
+        .collect();
+    let rescored: Vec<String> = steps
+        .iter()
+        .filter(|s| s.role == Role::Merge)
+        .filter(|s| {
+            let score = plan::score_step(s.setting.as_deref().unwrap_or_default());
+            !done.contains(&score.as_str()) && !s.model.as_ref().is_some_and(|m| m.is_dir())
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    done.retain(|name| !rescored.iter().any(|r| r == name));
+
+    let mut outcomes = BTreeMap::new();
+    for (name, _) in &prepared.skipped {
+        outcomes.insert(name.clone(), Outcome::Skipped);
+    }
+    let total = steps.len();
+    for (i, step) in steps.iter().enumerate() {
+        check_cancelled()?;
+        let tag = format!("[{:>2}/{total}] {}", i + 1, step.name);
+        if done.contains(&step.name.as_str()) {
+            if prepared.options.progress {
+                eprintln!("{tag}: done earlier (its manifest matches)");
+            }
+            outcomes.insert(step.name.clone(), Outcome::Reused);
+        } else {
+            if prepared.options.progress {
+                eprintln!("{tag}: sinkmerge {}", command_line(&step.argv));
+            }
+            let seconds = run_step(prepared, step)?;
+            if prepared.options.progress {
+                eprintln!("{tag}: done in {seconds:.1} s");
+            }
+            outcomes.insert(step.name.clone(), Outcome::Ran);
+        }
+        if step.role == Role::Score && !prepared.options.keep_models {
+            if let Some(setting) = &step.setting {
+                remove_merged_model(&dir, &steps, setting)?;
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// Whether `--force` names the step (or `merges`, and it is a merge).
+fn forced(force: &[String], step: &Step) -> bool {
+    force.contains(&step.name) || (step.role == Role::Merge && force.iter().any(|f| f == "merges"))
+}
+
+/// Delete a merged model once it is scored, recording the bytes freed beside its manifest.
+fn remove_merged_model(dir: &Path, steps: &[Step], setting: &str) -> Result<()> {
+    let Some(merge) = steps
+        .iter()
+        .find(|s| s.role == Role::Merge && s.setting.as_deref() == Some(setting))
+    else {
+        return Ok(());
+    };
+    let Some(model) = merge.model.as_ref().filter(|m| m.is_dir()) else {
+        return Ok(());
+    };
+    let bytes = dir_bytes(model);
+    fs::remove_dir_all(model).map_err(|e| crate::error::Error::write(model, e))?;
+    let record = serde_json::json!({ "model": model, "bytes": bytes });
+    write_file_atomic(
+        &plan::step_dir(dir, &merge.name).join(REMOVED),
+        crate::report::json_text(&record)?.as_bytes(),
+    )
+}
+
+/// The manifest of step `name`, if it exists and parses.
+pub fn read_manifest(dir: &Path, name: &str) -> Option<Manifest> {
+    let bytes = fs::read(plan::step_dir(dir, name).join(MANIFEST)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// The command line of a step with the values only known once earlier steps ran: the
+/// predictor's S is the reference's, from its score step.
+fn resolved_argv(dir: &Path, step: &Step) -> Result<Vec<String>> {
+    if step.role != Role::Predict {
+        return Ok(step.argv.clone());
+    }
+    let report = read_report(dir, "score-ref")?;
+    let s = report["models"][0]["sink_strength"]
+        .as_f64()
+        .ok_or_else(|| crate::internal!("score-ref's report has no sink_strength"))?;
+    Ok(step
+        .argv
+        .iter()
+        .map(|a| if a == "S" { format!("{s}") } else { a.clone() })
+        .collect())
+}
+
+/// A finished step's report.
+pub fn read_report(dir: &Path, name: &str) -> Result<serde_json::Value> {
+    let path = plan::step_dir(dir, name).join(REPORT);
+    let bytes = fs::read(&path).map_err(|source| crate::error::Error::Read {
+        path: path.clone(),
+        source,
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| bad!("{}: {e}", path.display()))
+}
+
+/// Run one step as its command's library call; its report, then its manifest, are written
+/// atomically. Returns the seconds it took.
+fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
+    let dir = &prepared.options.dir;
+    let folder = plan::step_dir(dir, &step.name);
+    fs::create_dir_all(&folder).map_err(|e| crate::error::Error::write(&folder, e))?;
+    // An earlier manifest never outlives a step that runs again.
+    for stale in [MANIFEST, REMOVED] {
+        let path = folder.join(stale);
+        if path.exists() {
+            fs::remove_file(&path).map_err(|e| crate::error::Error::write(&path, e))?;
+        }
+    }
+    if let Some(config) = &step.config {
+        write_file_atomic(&folder.join("config.yml"), config.as_bytes())?;
+    }
+    let argv = resolved_argv(dir, step)?;
+    let cli = Cli::try_parse_from(std::iter::once("sinkmerge".to_string()).chain(argv.clone()))
+        .map_err(|e| {
+            crate::internal!("step {}: its command line does not parse: {e}", step.name)
+        })?;
+    let started = Instant::now();
+    let report = crate::commands::dispatch_captured(cli.command, prepared.options.progress)
+        .map_err(|e| e.context(format!("step {}", step.name)))?;
+    let seconds = started.elapsed().as_secs_f64();
+    write_file_atomic(&folder.join(REPORT), report.as_bytes())?;
+    let manifest = Manifest {
+        step: step.name.clone(),
+        command: format!("sinkmerge {}", command_line(&argv)),
+        argv,
+        sinkmerge_version: env!("CARGO_PKG_VERSION").into(),
+        inputs: prepared.identities[&step.name].clone(),
+        after: (step.after.iter())
+            .map(|a| (a.clone(), prepared.keys.get(a).cloned().unwrap_or_default()))
+            .collect(),
+        key: prepared.keys[&step.name].clone(),
+        seconds,
+    };
+    write_file_atomic(
+        &folder.join(MANIFEST),
+        crate::report::json_text(&manifest)?.as_bytes(),
+    )?;
+    Ok(seconds)
+}
+
+/// `argv` as one shell command line: words with anything but safe characters single-quoted.
+pub fn command_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let safe = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c));
+            if safe {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Bytes of the regular files under `path` (0 if it does not exist).
+pub fn dir_bytes(path: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(path) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Bytes free to an unprivileged writer on the filesystem that holds (or will hold) `path`.
+fn free_bytes(path: &Path) -> Result<u64> {
+    let mut existing = crate::checkpoint::output::absolute(path)?;
+    while !existing.exists() {
+        if !existing.pop() {
+            break;
+        }
+    }
+    let stat = rustix::fs::statvfs(&existing).map_err(|e| {
+        bad!(
+            "{}: cannot read its filesystem's free space: {e}",
+            existing.display()
+        )
+    })?;
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+/// A rough wall time of the plan, from sizes alone (docs/commands/reproduce.md, "--dry-run"):
+/// every model byte read or written at 1 GB/s, and each scoring pass at 2 FLOPs per parameter
+/// per token, about 2000 tokens per model, at 50 GFLOP/s on a CPU (1000 on a GPU).
+fn estimate(reference: &Checkpoint, steps: &[Step]) -> f64 {
+    let bytes = reference.total_bytes() as f64;
+    let params = bytes / 2.0;
+    let pass = 2.0 * params * 2000.0;
+    steps
+        .iter()
+        .map(|s| {
+            let gpu = s.argv.iter().any(|a| a.starts_with("cuda"));
+            let flops = if gpu { 1e12 } else { 5e10 };
+            match s.role {
+                Role::Inspect | Role::Predict => 0.1,
+                Role::Extract => 2.0 * bytes / 1e9,
+                Role::Norms => 2.0 * bytes / 1e9 + 10.0 * pass / 2000.0 / flops,
+                Role::Merge => 4.0 * bytes / 1e9,
+                Role::Score | Role::Heads => 2.0 * pass / flops + 2.0 * bytes / 1e9,
+            }
+        })
+        .sum()
+}
+
+/// `--dry-run --json`: the plan as data.
+pub fn plan_json(p: &Prepared) -> serde_json::Value {
+    serde_json::json!({
+        "steps": p.steps.iter().map(|s| serde_json::json!({
+            "name": s.name,
+            "role": s.role,
+            "command": format!("sinkmerge {}", command_line(&s.argv)),
+            "after": s.after,
+            "done": read_manifest(&p.options.dir, &s.name)
+                .is_some_and(|m| m.key == p.keys[&s.name]),
+        })).collect::<Vec<_>>(),
+        "skipped": p.skipped.iter().map(|(n, why)| serde_json::json!({"name": n, "reason": why}))
+            .collect::<Vec<_>>(),
+        "disk_needed_bytes": p.disk_needed,
+        "disk_free_bytes": p.disk_free,
+        "estimate_seconds": p.estimate_seconds,
+    })
+}
+
+/// `--dry-run`: the plan as text.
+pub fn plan_text(p: &Prepared) -> String {
+    let mut out = String::new();
+    for (i, s) in p.steps.iter().enumerate() {
+        let done = read_manifest(&p.options.dir, &s.name).is_some_and(|m| m.key == p.keys[&s.name]);
+        out += &format!(
+            "{:>2}. {:<22} {}sinkmerge {}\n",
+            i + 1,
+            s.name,
+            if done { "(done) " } else { "" },
+            command_line(&s.argv)
+        );
+    }
+    for (name, why) in &p.skipped {
+        out += &format!("    {name:<22} skipped: {why}\n");
+    }
+    out += &format!(
+        "disk: {} needed at the peak, {} free\ntime: about {:.0} s (a rough estimate from the \
+         model's size: 1 GB/s of disk, 50 GFLOP/s on a CPU)\n",
+        human_bytes(p.disk_needed),
+        human_bytes(p.disk_free),
+        p.estimate_seconds
+    );
+    out
+}

@@ -1,0 +1,490 @@
+//! `sinkmerge reproduce`: the pipeline on the bundled pair, its numbers against the standalone
+//! commands, resuming after a kill, redoing exactly what an input change reaches, and the checks
+//! before any step.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::util::{read_json, root, sinkmerge};
+
+const REF: &str = "assets/models/tiny-qwen3/ref";
+const VLM: &str = "assets/models/tiny-qwen3/vlm";
+/// Two settings keep the tests short: one linear, one spectral.
+const MERGES: &str = "average,tsv";
+
+fn reproduce(dir: &Path, extra: &[&str]) -> Value {
+    let mut args: Vec<String> = ["reproduce", "--ref", REF, "--vlm", VLM, "--merges", MERGES]
+        .map(String::from)
+        .to_vec();
+    args.extend([
+        "-o".into(),
+        dir.to_string_lossy().into_owned(),
+        "--json".into(),
+    ]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    sinkmerge(args).json()
+}
+
+/// Every step's manifest as bytes: a step that ran again rewrote its manifest (with its new
+/// duration), one that was reused did not touch it.
+fn manifests(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir.join("steps")).unwrap().flatten() {
+        if let Ok(bytes) = fs::read(entry.path().join("manifest.json")) {
+            out.insert(entry.file_name().to_string_lossy().into_owned(), bytes);
+        }
+    }
+    out
+}
+
+/// The steps whose manifests differ between two snapshots.
+fn redone(before: &BTreeMap<String, Vec<u8>>, after: &BTreeMap<String, Vec<u8>>) -> Vec<String> {
+    after
+        .iter()
+        .filter(|(name, bytes)| before.get(*name) != Some(bytes))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// A summary with the run's directory written as `DIR`, to compare runs in two directories.
+fn relative(summary: &Value, dir: &Path) -> String {
+    summary.to_string().replace(&*dir.to_string_lossy(), "DIR")
+}
+
+#[test]
+fn the_summary_holds_the_standalone_commands_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let summary = reproduce(&dir, &["--keep-models"]);
+    assert_eq!(summary, read_json::<Value>(dir.join("summary.json")));
+    let html = fs::read_to_string(dir.join("report.html")).unwrap();
+    for section in [
+        "models",
+        "drift",
+        "merges",
+        "curves",
+        "heads",
+        "predictor",
+        "steps",
+    ] {
+        assert!(
+            html.contains(&format!("<section id=\"{section}\">")),
+            "{section}"
+        );
+    }
+    // Self-contained: no script, and no address but the SVG namespace.
+    assert!(!html.contains("<script"));
+    let addresses = html.matches("http").count();
+    assert_eq!(
+        addresses,
+        html.matches("xmlns=\"http://www.w3.org/2000/svg\"").count()
+    );
+
+    let lm = dir.join("models/vlm-lm");
+    let text = dir.join("inputs/sample.txt");
+    assert_eq!(
+        fs::read(&text).unwrap(),
+        fs::read(root().join("assets/text/sample.txt")).unwrap()
+    );
+    let score = |model: &Path| -> Value {
+        sinkmerge(["score", "--ref", REF])
+            .args([
+                model,
+                Path::new("--bands"),
+                Path::new("thirds"),
+                Path::new("--text"),
+                &text,
+            ])
+            .arg_json()
+    };
+    let rows = summary["scores"].as_array().unwrap();
+    let row = |name: &str| rows.iter().find(|r| r["model"] == name).unwrap().clone();
+    let direct = score(&lm);
+    let vlm_lm = row("vlm_lm");
+    for (key, value) in [
+        ("sink_strength", &direct["models"][1]["sink_strength"]),
+        ("pos0_trailing", &direct["models"][1]["pos0_trailing"]),
+        ("pos0_trailing_ci", &direct["models"][1]["pos0_trailing_ci"]),
+        (
+            "sink_strength_bands",
+            &direct["models"][1]["sink_strength_bands"],
+        ),
+        ("perplexity", &direct["models"][1]["text"]["perplexity"]),
+        ("margin", &direct["pairs"][0]["margin"]),
+        ("b_gap_median", &direct["pairs"][0]["b_gap_median"]),
+    ] {
+        assert_eq!(&vlm_lm[key], value, "vlm_lm {key}");
+    }
+    let reference = sinkmerge(["score", REF, "--bands", "thirds", "--text"])
+        .args([&text])
+        .arg_json();
+    assert_eq!(
+        row("ref")["sink_strength"],
+        reference["models"][0]["sink_strength"]
+    );
+    assert_eq!(
+        row("ref")["perplexity"],
+        reference["models"][0]["text"]["perplexity"]
+    );
+    for setting in ["average", "tsv"] {
+        let model = dir.join("models").join(setting);
+        let direct = score(&model);
+        let r = row(setting);
+        assert_eq!(
+            r["sink_strength"], direct["models"][1]["sink_strength"],
+            "{setting}"
+        );
+        assert_eq!(r["margin"], direct["pairs"][0]["margin"], "{setting}");
+        let delta =
+            r["sink_strength"].as_f64().unwrap() - vlm_lm["sink_strength"].as_f64().unwrap();
+        assert_eq!(
+            r["delta_vs_vlm_lm"]["sink_strength"].as_f64().unwrap(),
+            delta
+        );
+        // The merge step is `sinkmerge merge` of the config beside its manifest: replayed by
+        // hand, it writes the same tensors.
+        let replay = tmp.path().join(format!("replay-{setting}"));
+        sinkmerge(["merge"])
+            .args([
+                dir.join(format!("steps/merge-{setting}/config.yml")),
+                "-o".into(),
+                replay.clone(),
+            ])
+            .ok();
+        assert_eq!(
+            fs::read(replay.join("model.safetensors")).unwrap(),
+            fs::read(model.join("model.safetensors")).unwrap(),
+            "{setting}"
+        );
+    }
+
+    let norms = sinkmerge(["norms", REF]).args([&lm]).arg_json();
+    for module in ["q_proj", "down_proj", "input_layernorm"] {
+        assert_eq!(
+            summary["drift"]["summary"][module], norms["summary"][module]["all"],
+            "{module}"
+        );
+    }
+    let q = norms["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["module"] == "q_proj" && r["layer"] == 3)
+        .unwrap();
+    assert_eq!(summary["drift"]["layers"][3]["op"]["q_proj"], q["op"]);
+    assert_eq!(
+        summary["drift"]["layers"][3]["stable_rank"]["q_proj"],
+        q["stable_rank"]
+    );
+
+    let heads = sinkmerge(["heads", REF])
+        .args([&lm])
+        .args(["--json"])
+        .json();
+    let first = &heads["heads"][heads["ranking"][0].as_u64().unwrap() as usize];
+    let top = &summary["heads"]["top"][0];
+    assert_eq!(
+        (&top["layer"], &top["head"], &top["delta_g"]),
+        (&first["layer"], &first["head"], &first["delta_g"])
+    );
+    assert_eq!(summary["heads"]["top"].as_array().unwrap().len(), 10);
+
+    let s = row("ref")["sink_strength"].as_f64().unwrap();
+    let predict = sinkmerge(["predict", "--s", &format!("{s}"), "--json"]).json();
+    assert_eq!(
+        summary["predictor"]["predicted"],
+        predict["query"]["predicted"]
+    );
+    assert_eq!(summary["predictor"]["spearman"], predict["spearman"]);
+
+    // Without --base, TIES and DARE are not run, and the report says why.
+    for setting in ["ties", "dare"] {
+        assert!(!summary["merges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["setting"] == setting));
+    }
+}
+
+/// `args` then `--json`, parsed.
+trait ArgJson {
+    fn arg_json(self) -> Value;
+}
+
+impl ArgJson for crate::util::Sinkmerge {
+    fn arg_json(self) -> Value {
+        self.args(["--json"]).json()
+    }
+}
+
+#[test]
+fn a_killed_run_redoes_only_the_step_it_was_in_and_those_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Runs in directories whose names have the same length: the merged models' cards name
+    // their paths, so the bytes freed by deleting them depend on it.
+    let whole = tmp.path().join("run-whole");
+    let expected = reproduce(&whole, &[]);
+
+    // A merge step writes its config first: stop the run the moment the second merge starts,
+    // and kill it if that merge has not finished yet (else try again: the step is short).
+    let dir = (0..20)
+        .find_map(|attempt| {
+            let dir = tmp.path().join(format!("run-{attempt:05}"));
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+                .current_dir(root())
+                .args([
+                    "reproduce",
+                    "--ref",
+                    REF,
+                    "--vlm",
+                    VLM,
+                    "--merges",
+                    MERGES,
+                    "-o",
+                ])
+                .arg(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let started = Instant::now();
+            let config = dir.join("steps/merge-tsv/config.yml");
+            while !config.exists() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(300),
+                    "the merge never started"
+                );
+                assert!(
+                    child.try_wait().unwrap().is_none(),
+                    "the run ended before the merge"
+                );
+            }
+            let pid = child.id() as i32;
+            // SAFETY: kill(2) on our own child, which has not been waited for.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+            let in_merge = !dir.join("steps/merge-tsv/manifest.json").exists();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            in_merge.then_some(dir)
+        })
+        .expect("20 runs were all past the merge before they could be stopped");
+    let before = manifests(&dir);
+    assert!(
+        !before.contains_key("merge-tsv") && !before.contains_key("score-tsv"),
+        "{:?}",
+        before.keys()
+    );
+    assert!(before.contains_key("score-average") && before.contains_key("extract"));
+
+    let resumed = reproduce(&dir, &[]);
+    let after = manifests(&dir);
+    assert_eq!(redone(&before, &after), ["merge-tsv", "score-tsv"]);
+    assert_eq!(relative(&resumed, &dir), relative(&expected, &whole));
+}
+
+#[test]
+fn changing_one_input_redoes_exactly_the_steps_downstream_of_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = tmp.path().join("text.txt");
+    fs::copy(root().join("assets/text/sample.txt"), &text).unwrap();
+    let dir = tmp.path().join("run");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--text", text.to_str().unwrap()];
+        args.extend(extra);
+        reproduce(&dir, &args)
+    };
+    run(&[]);
+    let first = manifests(&dir);
+    let again = run(&[]);
+    assert!(
+        redone(&first, &manifests(&dir)).is_empty(),
+        "a rerun with nothing changed redid steps"
+    );
+
+    // The text feeds the score steps only, and the predictor reads the reference's score.
+    fs::write(
+        &text,
+        "A different text, short but long enough to be scored in one window.\n",
+    )
+    .unwrap();
+    let changed = run(&[]);
+    // The merged models were deleted once scored, so scoring them again merges them again.
+    let mut expected = vec![
+        "merge-average",
+        "merge-tsv",
+        "predict",
+        "score-average",
+        "score-ref",
+        "score-tsv",
+        "score-vlm-lm",
+    ];
+    expected.sort();
+    let after_text = manifests(&dir);
+    assert_eq!(redone(&first, &after_text), expected);
+    assert_ne!(
+        changed["scores"][0]["perplexity"],
+        again["scores"][0]["perplexity"]
+    );
+
+    // --force redoes the one step named.
+    run(&["--force", "norms"]);
+    assert_eq!(redone(&after_text, &manifests(&dir)), ["norms"]);
+}
+
+#[test]
+fn a_changed_model_redoes_the_steps_that_read_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vlm = tmp.path().join("vlm");
+    fs::create_dir(&vlm).unwrap();
+    for entry in fs::read_dir(root().join(VLM)).unwrap().flatten() {
+        fs::copy(entry.path(), vlm.join(entry.file_name())).unwrap();
+    }
+    let dir = tmp.path().join("run");
+    let run = || {
+        sinkmerge([
+            "reproduce",
+            "--ref",
+            REF,
+            "--merges",
+            "average",
+            "--skip",
+            "heads",
+        ])
+        .args([
+            Path::new("--vlm"),
+            &vlm,
+            Path::new("-o"),
+            &dir,
+            Path::new("--json"),
+        ])
+        .json()
+    };
+    run();
+    let first = manifests(&dir);
+    // A new file in the VLM's folder changes its content hash: everything downstream of the
+    // extraction is redone, and nothing that reads the reference alone.
+    fs::write(vlm.join("notes.txt"), "touched\n").unwrap();
+    run();
+    let mut expected = vec![
+        "extract",
+        "inspect-vlm",
+        "merge-average",
+        "norms",
+        "score-average",
+        "score-vlm-lm",
+    ];
+    expected.sort();
+    assert_eq!(redone(&first, &manifests(&dir)), expected);
+}
+
+#[test]
+fn bad_input_is_refused_before_any_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let out = |d: &Path| -> Vec<PathBuf> { vec!["-o".into(), d.to_path_buf()] };
+    // A VLM whose language model is not the reference's architecture.
+    sinkmerge([
+        "reproduce",
+        "--ref",
+        "assets/models/tiny-qwen2/ref",
+        "--vlm",
+        VLM,
+    ])
+    .args(out(&dir))
+    .refused(&[
+        "tiny-qwen2/ref",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "model_type",
+    ]);
+    // A reference LLM given as the VLM.
+    sinkmerge(["reproduce", "--ref", REF, "--vlm", REF])
+        .args(out(&dir))
+        .refused(&["--vlm", "not a vision-language model"]);
+    // DIR inside an input.
+    let inside = root().join(REF).join("run");
+    sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM])
+        .args(out(&inside))
+        .refused(&["lies inside", "tiny-qwen3/ref"]);
+    assert!(!inside.exists());
+    sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--merges", "mean"])
+        .args(out(&dir))
+        .refused_with_usage(&["mean", "average"]);
+    sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--skip", "extract"])
+        .args(out(&dir))
+        .refused(&["--skip extract"]);
+    assert!(!dir.exists(), "a refused run wrote {}", dir.display());
+}
+
+#[test]
+fn a_filesystem_too_small_for_the_plan_is_refused_with_the_space_it_needs() {
+    // A 1 MiB tmpfs in a private mount namespace (unshare -rm: no privileges needed where user
+    // namespaces are allowed, as on the CI machines).
+    let tmp = tempfile::tempdir().unwrap();
+    let mount = tmp.path().join("small");
+    fs::create_dir(&mount).unwrap();
+    let script = format!(
+        "mount -t tmpfs -o size=1m tmpfs '{m}' && cd '{root}' && exec '{bin}' reproduce --ref {REF} --vlm {VLM} -o '{m}/run'",
+        m = mount.display(),
+        root = root().display(),
+        bin = env!("CARGO_BIN_EXE_sinkmerge"),
+    );
+    let output = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", &script])
+        .output()
+        .expect("unshare (util-linux) runs");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("needs") && err.contains("MiB") && err.contains("free"),
+        "{err}"
+    );
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let plan = sinkmerge([
+        "reproduce",
+        "--ref",
+        REF,
+        "--vlm",
+        VLM,
+        "--dry-run",
+        "--json",
+    ])
+    .args([Path::new("-o"), &dir])
+    .json();
+    let names: Vec<&str> = plan["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names[..4],
+        ["inspect-ref", "inspect-vlm", "extract", "norms"]
+    );
+    for setting in ["mix95", "average", "task-arithmetic", "tsv", "star"] {
+        assert!(
+            names.contains(&format!("merge-{setting}").as_str()),
+            "{setting}"
+        );
+        assert!(
+            names.contains(&format!("score-{setting}").as_str()),
+            "{setting}"
+        );
+    }
+    assert!(!names
+        .iter()
+        .any(|n| n.contains("ties") || n.contains("dare")));
+    assert!(plan["disk_needed_bytes"].as_u64().unwrap() > 0);
+    assert!(plan["estimate_seconds"].as_f64().unwrap() > 0.0);
+    assert!(!dir.exists());
+}
