@@ -62,15 +62,7 @@ fn the_summary_holds_the_standalone_commands_numbers() {
     let summary = reproduce(&dir, &["--keep-models"]);
     assert_eq!(summary, read_json::<Value>(dir.join("summary.json")));
     let html = fs::read_to_string(dir.join("report.html")).unwrap();
-    for section in [
-        "models",
-        "drift",
-        "merges",
-        "curves",
-        "heads",
-        "predictor",
-        "steps",
-    ] {
+    for section in crate::browser::SECTIONS {
         assert!(
             html.contains(&format!("<section id=\"{section}\">")),
             "{section}"
@@ -487,4 +479,197 @@ fn dry_run_prints_the_plan_and_writes_nothing() {
     assert!(plan["disk_needed_bytes"].as_u64().unwrap() > 0);
     assert!(plan["estimate_seconds"].as_f64().unwrap() > 0.0);
     assert!(!dir.exists());
+}
+
+/// The panel of the Slurm test: the bundled pair twice, the second with a base so that the
+/// settings that need one run too.
+fn two_pair_panel(dir: &Path) -> PathBuf {
+    let csv = dir.join("pairs.csv");
+    fs::write(
+        &csv,
+        format!(
+            "name,ref,vlm,base\nplain,{REF},{VLM},\nbased,{REF},{VLM},assets/models/tiny-qwen3/vl\n"
+        ),
+    )
+    .unwrap();
+    csv
+}
+
+/// `--status --json` until no step and no report job is queued or running (or `limit`
+/// passes); returns the last status.
+fn wait_for_slurm(dir: &Path, limit: Duration) -> Value {
+    let started = Instant::now();
+    loop {
+        let status = sinkmerge(["reproduce", "--json", "--status"])
+            .args([dir])
+            .json();
+        let pairs = status["pairs"].as_array().unwrap();
+        let busy = |s: &Value| s["status"] == "queued" || s["status"] == "running";
+        let steps_busy = pairs
+            .iter()
+            .flat_map(|p| p["steps"].as_array().unwrap())
+            .any(busy);
+        let reports_busy =
+            pairs.iter().any(|p| busy(&p["report_job"])) || busy(&status["report_job"]);
+        if !steps_busy && !reports_busy {
+            return status;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "Slurm jobs still busy after {limit:?}: {status}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+#[ignore = "needs a live Slurm: .ci/run starts one (.ci/system-deps.sh) and runs the ignored slurm tests"]
+fn slurm_runs_the_panel_as_the_local_executor_does_and_resubmits_a_cancelled_job() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = two_pair_panel(tmp.path());
+    let panel = |dir: &Path, executor: &str| -> Value {
+        sinkmerge([
+            "reproduce",
+            "--merges",
+            "average,ties",
+            "--executor",
+            executor,
+            "--json",
+        ])
+        .args([Path::new("--panel"), &csv, Path::new("-o"), dir])
+        .json()
+    };
+    let local = tmp.path().join("run-local");
+    panel(&local, "local");
+
+    let dir = tmp.path().join("run-slurm");
+    let first = panel(&dir, "slurm");
+    assert!(first["step_jobs"].as_u64().unwrap() >= 20, "{first}");
+    // Cancel one merge while it waits on its extraction: it and the score after it never run.
+    let record: Value = read_json(dir.join("plain/steps/merge-average/slurm.json"));
+    let cancelled = record["job"].as_str().unwrap().to_string();
+    let scancel = std::process::Command::new("scancel")
+        .arg(&cancelled)
+        .status()
+        .unwrap();
+    assert!(scancel.success());
+    let status = wait_for_slurm(&dir, Duration::from_secs(600));
+    let plain = &status["pairs"][0]["steps"];
+    let state = |name: &str| {
+        plain
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap()["status"]
+            .clone()
+    };
+    assert_eq!(state("merge-average"), "failed", "{status}");
+    assert_eq!(state("extract"), "done", "{status}");
+    assert!(!dir.join("report.html").exists());
+
+    // The next run submits exactly the cancelled step, what follows it, and the reports.
+    let before = manifests(&dir.join("plain"));
+    let second = panel(&dir, "slurm");
+    assert_eq!(second["step_jobs"], 2, "{second}");
+    let record: Value = read_json(dir.join("plain/steps/merge-average/slurm.json"));
+    assert_ne!(record["job"].as_str().unwrap(), cancelled);
+    wait_for_slurm(&dir, Duration::from_secs(600));
+    assert_eq!(
+        redone(&before, &manifests(&dir.join("plain"))),
+        ["merge-average", "score-average"]
+    );
+    for file in ["summary.json", "plain/summary.json", "based/summary.json"] {
+        let slurm: Value = read_json(dir.join(file));
+        let here: Value = read_json(local.join(file));
+        assert_eq!(relative(&slurm, &dir), relative(&here, &local), "{file}");
+    }
+    // Nothing is left to do: a third run submits nothing.
+    let third = panel(&dir, "slurm");
+    assert_eq!(third["step_jobs"], 0, "{third}");
+    assert_eq!(third["report_jobs"], serde_json::json!([]), "{third}");
+}
+
+#[test]
+fn a_panel_runs_every_pair_and_fits_the_predictor_on_its_deltas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("pairs.csv");
+    // The bundled pair three times (the fit needs three), with made-up deltas.
+    let rows: String = [("one", "-9.5"), ("two", "-4.0"), ("three", "-7.25")]
+        .iter()
+        .map(|(name, delta)| format!("{name},{REF},{VLM},{delta}\n"))
+        .collect();
+    fs::write(&csv, format!("name,ref,vlm,delta\n{rows}")).unwrap();
+    let dir = tmp.path().join("panel");
+    let summary = sinkmerge(["reproduce", "--merges", "none", "--skip", "heads", "--json"])
+        .args([Path::new("--panel"), &csv, Path::new("-o"), &dir])
+        .json();
+    let pairs = summary["pairs"].as_array().unwrap();
+    assert_eq!(pairs.len(), 3);
+    for pair in pairs {
+        let name = pair["name"].as_str().unwrap();
+        let own: Value = read_json(dir.join(name).join("summary.json"));
+        assert_eq!(
+            pair["sink_strength"], own["scores"][0]["sink_strength"],
+            "{name}"
+        );
+        assert_eq!(pair["margin"], own["scores"][1]["margin"], "{name}");
+        assert!(pair["drift"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(dir.join(name).join("report.html").is_file());
+    }
+    // Equal S for every pair: the fit cannot be made, and the summary says why.
+    assert!(
+        summary["fit"]["error"].as_str().is_some(),
+        "{}",
+        summary["fit"]
+    );
+    // The template escapes `/` in text and attributes as `&#x2f;`.
+    let html = fs::read_to_string(dir.join("report.html"))
+        .unwrap()
+        .replace("&#x2f;", "/");
+    assert!(html.contains("href=\"one/report.html\"") && html.contains("<section id=\"fit\">"));
+    let status = sinkmerge(["reproduce", "--json", "--status"])
+        .args([&dir])
+        .json();
+    let states: Vec<&str> = (status["pairs"].as_array().unwrap().iter())
+        .flat_map(|p| p["steps"].as_array().unwrap())
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert!(
+        states.iter().all(|s| *s == "done" || *s == "skipped"),
+        "{states:?}"
+    );
+    assert_eq!(states.iter().filter(|s| **s == "skipped").count(), 3);
+}
+
+#[test]
+fn a_bad_panel_is_refused_before_any_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("panel");
+    let refused = |text: &str, needles: &[&str]| {
+        let csv = tmp.path().join("pairs.csv");
+        fs::write(&csv, text).unwrap();
+        sinkmerge(["reproduce"])
+            .args([Path::new("--panel"), &csv, Path::new("-o"), &dir])
+            .refused(needles);
+        assert!(!dir.exists());
+    };
+    refused("name,ref\na,x\n", &["pairs.csv", "name, ref and vlm"]);
+    refused(
+        &format!("name,ref,vlm\na,{REF},{VLM}\na,{REF},{VLM}\n"),
+        &["pairs.csv:3", "`a` appears twice"],
+    );
+    refused(
+        &format!("name,ref,vlm\nsummary.json,{REF},{VLM}\n"),
+        &["pairs.csv:2", "summary.json", "the panel writes"],
+    );
+    refused(
+        &format!("name,ref,vlm\n../up,{REF},{VLM}\n"),
+        &["`../up`", "folder name"],
+    );
+    // The second pair's VLM is a plain LLM: refused before the first pair runs.
+    refused(
+        &format!("name,ref,vlm\ngood,{REF},{VLM}\nbad,{REF},{REF}\n"),
+        &["pair bad", "not a vision-language model"],
+    );
 }

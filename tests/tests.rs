@@ -8,6 +8,7 @@ mod util;
 mod ablate;
 mod bad_flags;
 mod bad_input;
+mod browser;
 mod cuda_loading;
 mod exit_codes;
 mod extract;

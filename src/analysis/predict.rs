@@ -254,7 +254,7 @@ pub fn margin_correlation(panel: &Panel, task: usize) -> Result<Option<MarginCor
 }
 
 /// Split one CSV line (RFC 4180 quoting: `"a, b"` and `""` inside quotes).
-fn split_csv(line: &str, source: &str, line_no: usize) -> Result<Vec<String>> {
+pub(crate) fn split_csv(line: &str, source: &str, line_no: usize) -> Result<Vec<String>> {
     let mut cells = Vec::new();
     let mut cell = String::new();
     let mut chars = line.chars().peekable();
@@ -282,7 +282,7 @@ fn split_csv(line: &str, source: &str, line_no: usize) -> Result<Vec<String>> {
 }
 
 /// A finite number, or `None` for an empty cell.
-fn number(cell: &str, source: &str, line: usize, column: &str) -> Result<Option<f64>> {
+pub(crate) fn number(cell: &str, source: &str, line: usize, column: &str) -> Result<Option<f64>> {
     let t = cell.trim();
     if t.is_empty() {
         return Ok(None);

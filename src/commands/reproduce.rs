@@ -7,6 +7,7 @@ use crate::bail;
 use crate::error::Result;
 use crate::forward::device::ComputeDevice;
 use crate::reproduce::plan::setting_names;
+use crate::reproduce::slurm::Slurm;
 use crate::reproduce::{self, pipeline};
 
 /// `sinkmerge reproduce --help`: what the command runs.
@@ -35,27 +36,63 @@ sinkmerge reproduce --ref assets/models/tiny-qwen3/ref --vlm assets/models/tiny-
 sinkmerge reproduce --ref qwen3-vl:ref --vlm qwen3-vl --base Qwen/Qwen3-8B-Base -o qwen3-vl-repro --device cuda\n  \
 sinkmerge reproduce --ref REF --vlm VLM -o DIR --merges average,tsv --skip heads --dry-run";
 
+/// Where the steps run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Executor {
+    /// Here, one step at a time in dependency order, each on every thread of --threads
+    Local,
+    /// As Slurm jobs, one per step, submitted with sbatch (then watch with --status)
+    Slurm,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// The reference LLM the VLM was adapted from: a directory, an HF repo id or an alias
-    #[arg(long = "ref", value_name = "REF")]
-    pub reference: String,
+    #[arg(long = "ref", value_name = "REF", required_unless_present_any = ["panel", "status"],
+          conflicts_with = "panel")]
+    pub reference: Option<String>,
 
     /// The VLM
-    #[arg(long, value_name = "VLM")]
-    pub vlm: String,
+    #[arg(long, value_name = "VLM", required_unless_present_any = ["panel", "status"],
+          conflicts_with = "panel")]
+    pub vlm: Option<String>,
 
     /// The pretrained base both descend from: the task-vector settings (task arithmetic, TSV,
     /// STAR, TIES, DARE) take their task vectors from it, as in the paper; without it TIES and
     /// DARE are skipped and the others use REF as the base
-    #[arg(long, value_name = "BASE")]
+    #[arg(long, value_name = "BASE", conflicts_with = "panel")]
     pub base: Option<String>,
 
-    /// The run's directory: steps/, models/, summary.json, report.html
-    #[arg(short = 'o', long = "output", value_name = "DIR")]
-    pub output: PathBuf,
+    /// Many pairs: a CSV with the columns name, ref, vlm and optionally base and delta (the
+    /// observed task change, for the predictor's fit); each pair runs into DIR/NAME/, and DIR
+    /// gets the panel's report
+    #[arg(long, value_name = "PAIRS.csv")]
+    pub panel: Option<PathBuf>,
 
-    /// Where the scoring steps compute: `cpu`, `cuda` or `cuda:N`
+    /// The run's directory: steps/, models/, summary.json, report.html
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "DIR",
+        required_unless_present = "status"
+    )]
+    pub output: Option<PathBuf>,
+
+    /// Show every step of the run in DIR (done, queued, running, failed, skipped, not run) with
+    /// its Slurm job and log, and run nothing
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["reference", "vlm", "panel", "output"])]
+    pub status: Option<PathBuf>,
+
+    /// Where the steps run
+    #[arg(long, value_enum, default_value_t = Executor::Local)]
+    pub executor: Executor,
+
+    /// Arguments for every sbatch of --executor slurm, e.g. "--partition=gpu --account=lab"
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub slurm_args: Option<String>,
+
+    /// Where the scoring steps compute: `cpu`, `cuda` or `cuda:N` (with --executor slurm, their
+    /// jobs ask for --gres=gpu:1)
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: String,
 
@@ -83,47 +120,264 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
 
-    /// Print summary.json instead of the text summary (with --dry-run: the plan as JSON)
+    /// Print summary.json instead of the text summary (with --dry-run: the plan; with
+    /// --status: the states)
     #[arg(long)]
     pub json: bool,
+
+    /// Run one step of the plan (or `report`, `panel-report`): what each Slurm job runs
+    #[arg(long, value_name = "STEP", hide = true)]
+    pub step: Option<String>,
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
+    if let Some(dir) = &args.status {
+        let status = reproduce::status::collect(dir)?;
+        super::emit(&if args.json {
+            crate::report::json_text(&status)?
+        } else {
+            reproduce::status::text(&status)
+        });
+        return Ok(());
+    }
     args.device
         .parse::<ComputeDevice>()
         .map_err(|e| crate::bad!("--device {}: {e}", args.device))?;
     let merges = merges(args.merges.as_deref())?;
-    let options = pipeline::Options {
-        reference: args.reference,
-        vlm: args.vlm,
-        base: args.base,
-        dir: args.output,
-        text: args.text,
-        device: args.device,
-        merges,
-        skip: args.skip,
-        force: args.force,
-        keep_models: args.keep_models,
-        progress: progress && !args.json,
+    let dir = args
+        .output
+        .clone()
+        .expect("clap requires -o without --status");
+    let slurm = Slurm {
+        args: split_words(args.slurm_args.as_deref().unwrap_or(""))?,
+        gpu: args.device.starts_with("cuda"),
     };
-    let mut prepared = pipeline::prepare(options)?;
-    if args.dry_run {
-        super::emit(&if args.json {
-            crate::report::json_text(&pipeline::plan_json(&prepared))?
-        } else {
-            pipeline::plan_text(&prepared)
-        });
-        return Ok(());
+    let options =
+        |reference: &str, vlm: &str, base: Option<&str>, dir: PathBuf| pipeline::Options {
+            reference: reference.into(),
+            vlm: vlm.into(),
+            base: base.map(str::to_string),
+            dir,
+            text: args.text.clone(),
+            device: args.device.clone(),
+            merges: merges.clone(),
+            skip: args.skip.clone(),
+            force: args.force.clone(),
+            keep_models: args.keep_models,
+            progress: progress && !args.json,
+        };
+
+    let Some(panel_csv) = &args.panel else {
+        let reference = args.reference.as_deref().expect("clap requires --ref");
+        let vlm = args.vlm.as_deref().expect("clap requires --vlm");
+        let mut prepared =
+            pipeline::prepare(options(reference, vlm, args.base.as_deref(), dir.clone()))?;
+        return match (args.dry_run, &args.step, args.executor) {
+            (true, ..) => dry_run(&[("", &prepared)], false, args.json),
+            (_, Some(step), _) if step == "report" => reproduce::report(&mut prepared).map(|_| ()),
+            (_, Some(step), _) => pipeline::execute_one(&mut prepared, step),
+            (_, None, Executor::Local) => {
+                let summary = reproduce::run(&mut prepared)?;
+                finished(&summary, &dir, args.json)
+            }
+            (_, None, Executor::Slurm) => {
+                let reinvoke = pair_argv(&args, reference, vlm, args.base.as_deref(), &dir);
+                let s = reproduce::slurm::submit(&mut prepared, &reinvoke, &slurm)?;
+                submitted(&dir, s.submitted, s.report.into_iter().collect(), args.json)
+            }
+        };
+    };
+
+    // A panel: every pair is checked before any step of any pair runs.
+    let pairs = reproduce::panel::load(panel_csv)?;
+    match args.step.as_deref() {
+        Some("panel-report") => return reproduce::panel_report(&pairs, &dir).map(|_| ()),
+        Some(step) => bail!("--step {step} with --panel: a panel runs only `panel-report`"),
+        None => {}
     }
-    let summary = reproduce::run(&mut prepared)?;
-    super::emit(&if args.json {
-        crate::report::json_text(&summary)?
+    let mut prepared: Vec<(String, pipeline::Prepared)> = Vec::new();
+    for pair in &pairs {
+        let p = pipeline::prepare(options(
+            &pair.reference,
+            &pair.vlm,
+            pair.base.as_deref(),
+            dir.join(&pair.name),
+        ))
+        .map_err(|e| e.context(format!("{}: pair {}", panel_csv.display(), pair.name)))?;
+        prepared.push((pair.name.clone(), p));
+    }
+    if args.dry_run {
+        let views: Vec<(&str, &pipeline::Prepared)> =
+            prepared.iter().map(|(n, p)| (n.as_str(), p)).collect();
+        return dry_run(&views, true, args.json);
+    }
+    reproduce::write_panel(&dir, &pairs)?;
+    match args.executor {
+        Executor::Local => {
+            for (_, p) in &mut prepared {
+                reproduce::run(p)?;
+            }
+            let summary = reproduce::panel_report(&pairs, &dir)?;
+            super::emit(&if args.json {
+                crate::report::json_text(&summary)?
+            } else {
+                reproduce::panel::text(&summary, &dir)
+            });
+            Ok(())
+        }
+        Executor::Slurm => {
+            let (mut jobs, mut count) = (Vec::new(), 0);
+            for (pair, (_, p)) in pairs.iter().zip(&mut prepared) {
+                let reinvoke = pair_argv(
+                    &args,
+                    &pair.reference,
+                    &pair.vlm,
+                    pair.base.as_deref(),
+                    &dir.join(&pair.name),
+                );
+                let s = reproduce::slurm::submit(p, &reinvoke, &slurm)?;
+                count += s.submitted;
+                jobs.extend(s.report);
+            }
+            if count == 0 && jobs.is_empty() && dir.join("report.html").is_file() {
+                return submitted(&dir, 0, jobs, args.json);
+            }
+            let mut reinvoke: Vec<String> = vec!["reproduce".into(), "--panel".into()];
+            reinvoke.push(panel_csv.to_string_lossy().into_owned());
+            reinvoke.extend(["-o".into(), dir.to_string_lossy().into_owned()]);
+            reinvoke.extend(common_argv(&args));
+            let panel_job = reproduce::slurm::submit_panel_report(&dir, &reinvoke, &slurm, &jobs)?;
+            jobs.push(panel_job);
+            submitted(&dir, count, jobs, args.json)
+        }
+    }
+}
+
+/// The `reproduce` command line of one pair, as each of its Slurm jobs reruns it.
+fn pair_argv(
+    args: &Args,
+    reference: &str,
+    vlm: &str,
+    base: Option<&str>,
+    dir: &std::path::Path,
+) -> Vec<String> {
+    let mut argv: Vec<String> = vec![
+        "reproduce".into(),
+        "--ref".into(),
+        reference.into(),
+        "--vlm".into(),
+        vlm.into(),
+    ];
+    if let Some(b) = base {
+        argv.extend(["--base".into(), b.into()]);
+    }
+    argv.extend(["-o".into(), dir.to_string_lossy().into_owned()]);
+    argv.extend(common_argv(args));
+    argv
+}
+
+/// The options every pair's jobs share (never --force: a job runs its step regardless).
+fn common_argv(args: &Args) -> Vec<String> {
+    let mut argv: Vec<String> = vec!["--device".into(), args.device.clone()];
+    if let Some(m) = &args.merges {
+        argv.extend(["--merges".into(), m.join(",")]);
+    }
+    for s in &args.skip {
+        argv.extend(["--skip".into(), s.clone()]);
+    }
+    if let Some(t) = &args.text {
+        argv.extend(["--text".into(), t.to_string_lossy().into_owned()]);
+    }
+    if args.keep_models {
+        argv.push("--keep-models".into());
+    }
+    argv
+}
+
+fn dry_run(plans: &[(&str, &pipeline::Prepared)], panel: bool, json: bool) -> Result<()> {
+    let text = if json {
+        let value: Vec<serde_json::Value> = (plans.iter())
+            .map(|(name, p)| {
+                let mut v = pipeline::plan_json(p);
+                v["pair"] = serde_json::json!(name);
+                v
+            })
+            .collect();
+        crate::report::json_text(&match (panel, value.as_slice()) {
+            (false, [one]) => one.clone(),
+            _ => serde_json::json!({ "pairs": value }),
+        })?
     } else {
-        reproduce::summary::text(&summary, &prepared.options.dir)
+        (plans.iter())
+            .map(|(name, p)| {
+                let head = if name.is_empty() {
+                    String::new()
+                } else {
+                    format!("pair {name}\n")
+                };
+                head + &pipeline::plan_text(p)
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    super::emit(&text);
+    Ok(())
+}
+
+fn finished(summary: &serde_json::Value, dir: &std::path::Path, json: bool) -> Result<()> {
+    super::emit(&if json {
+        crate::report::json_text(summary)?
+    } else {
+        reproduce::summary::text(summary, dir)
     });
     Ok(())
 }
 
+/// What the Slurm executor prints: how many step jobs it submitted and the report jobs.
+fn submitted(dir: &std::path::Path, steps: usize, reports: Vec<String>, json: bool) -> Result<()> {
+    super::emit(&if json {
+        crate::report::json_text(
+            &serde_json::json!({ "step_jobs": steps, "report_jobs": reports }),
+        )?
+    } else if reports.is_empty() {
+        format!(
+            "every step is done; report: {}\n",
+            dir.join("report.html").display()
+        )
+    } else {
+        format!(
+            "submitted {steps} step job(s); report job(s) {}; follow them with: sinkmerge \
+             reproduce --status {}\n",
+            reports.join(", "),
+            dir.display()
+        )
+    });
+    Ok(())
+}
+
+/// `--slurm-args`: words split as a shell splits them, with single and double quotes.
+fn split_words(text: &str) -> Result<Vec<String>> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_default().push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_default();
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_default().push(c),
+        }
+    }
+    if quote.is_some() {
+        bail!("--slurm-args: unterminated quote in `{text}`");
+    }
+    words.extend(word);
+    Ok(words)
+}
 /// `--merges`: setting names, checked, in the paper's order.
 fn merges(list: Option<&[String]>) -> Result<Vec<&'static str>> {
     let all = setting_names();

@@ -31,13 +31,13 @@ pub struct Scatter {
     pub highlight: Option<(f64, f64, String)>,
 }
 
-/// One bar per labelled value, in groups of the same labels (e.g. S and the margin of each
-/// model): one chart per group, stacked.
+/// One bar per labelled value; a label without a value keeps its slot (and every bar its
+/// colour), so stacked charts of the same labels line up.
 #[derive(Debug, Clone)]
 pub struct BarChart {
     pub title: String,
     pub y_label: String,
-    pub bars: Vec<(String, f64)>,
+    pub bars: Vec<(String, Option<f64>)>,
 }
 
 const SIZE: (u32, u32) = (900, 560);
@@ -160,11 +160,28 @@ impl LineChart {
     }
 }
 
-/// Several line charts stacked vertically in one SVG.
-pub fn stacked_svg(charts: &[LineChart]) -> Result<String, String> {
+/// A chart that draws into part of a larger figure.
+pub trait Chart {
+    fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String>;
+}
+
+impl Chart for LineChart {
+    fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String> {
+        LineChart::draw_on(self, area)
+    }
+}
+
+impl Chart for BarChart {
+    fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String> {
+        BarChart::draw_on(self, area)
+    }
+}
+
+/// Charts stacked vertically in one SVG, each `height` pixels tall.
+fn stacked<C: Chart>(charts: &[C], height: u32) -> Result<String, String> {
     let mut svg = String::new();
     {
-        let size = (SIZE.0, SIZE.1 * charts.len().max(1) as u32);
+        let size = (SIZE.0, height * charts.len().max(1) as u32);
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         for (area, chart) in root
@@ -177,6 +194,16 @@ pub fn stacked_svg(charts: &[LineChart]) -> Result<String, String> {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// Several line charts stacked vertically in one SVG.
+pub fn stacked_svg(charts: &[LineChart]) -> Result<String, String> {
+    stacked(charts, SIZE.1)
+}
+
+/// Several bar charts stacked vertically in one SVG (lower than line charts: bars need less).
+pub fn stacked_bars_svg(charts: &[BarChart]) -> Result<String, String> {
+    stacked(charts, 420)
 }
 
 impl Scatter {
@@ -250,7 +277,7 @@ impl BarChart {
     /// Draw the bars into `area`, from zero, labelled under each bar.
     pub fn draw_on(&self, area: &DrawingArea<SVGBackend<'_>, Shift>) -> Result<(), String> {
         let n = self.bars.len().max(1);
-        let ys = padded_range(self.bars.iter().map(|b| b.1).chain([0.0]));
+        let ys = padded_range(self.bars.iter().filter_map(|b| b.1).chain([0.0]));
         let mut chart = ChartBuilder::on(area)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
@@ -276,32 +303,16 @@ impl BarChart {
             .draw()
             .map_err(err)?;
         chart
-            .draw_series(self.bars.iter().enumerate().map(|(i, (_, v))| {
+            .draw_series(self.bars.iter().enumerate().filter_map(|(i, (_, v))| {
                 let x = i as f64;
-                Rectangle::new([(x + 0.15, 0.0), (x + 0.85, *v)], colour(i).filled())
+                Some(Rectangle::new(
+                    [(x + 0.15, 0.0), (x + 0.85, (*v)?)],
+                    colour(i).filled(),
+                ))
             }))
             .map_err(err)?;
         Ok(())
     }
-}
-
-/// Several bar charts stacked vertically in one SVG.
-pub fn stacked_bars_svg(charts: &[BarChart]) -> Result<String, String> {
-    let mut svg = String::new();
-    {
-        let size = (SIZE.0, 420 * charts.len().max(1) as u32);
-        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        for (area, chart) in root
-            .split_evenly((charts.len().max(1), 1))
-            .iter()
-            .zip(charts)
-        {
-            chart.draw_on(area)?;
-        }
-        root.present().map_err(err)?;
-    }
-    Ok(svg)
 }
 
 #[cfg(test)]
@@ -337,7 +348,7 @@ mod tests {
         let bars = BarChart {
             title: "S per model".into(),
             y_label: "S".into(),
-            bars: vec![("ref".into(), -1.9), ("vlm_lm".into(), -2.2)],
+            bars: vec![("ref".into(), None), ("vlm_lm".into(), Some(-2.2))],
         };
         let svg = stacked_bars_svg(&[bars]).unwrap();
         assert!(svg.contains("vlm_lm") && svg.contains("<rect"));

@@ -92,8 +92,9 @@ impl HashCache {
         })
     }
 
-    /// The hash of a directory: its regular files (links followed, hidden files and folders
-    /// left out), by name in byte order, each as its name and its contents' hash.
+    /// The hash of a directory: its top-level regular files (links followed, hidden files and
+    /// subfolders left out: a model folder is flat), by name in byte order, each as its name
+    /// and its contents' hash.
     pub fn dir(&mut self, dir: &Path) -> Result<String> {
         let mut names: Vec<String> = fs::read_dir(dir)
             .map_err(|e| crate::bad!("{}: {e}", dir.display()))?

@@ -14,6 +14,17 @@ use crate::report::plot::{stacked_bars_svg, stacked_svg, BarChart, LineChart, Sc
 use crate::report::{fmt_num, human_bytes};
 
 const TEMPLATE: &str = include_str!("report.html.j2");
+/// The style both pages share.
+const CSS: &str = include_str!("report.css");
+
+/// A template environment holding the page `name` and the shared style.
+pub fn environment(name: &'static str, template: &'static str) -> Result<Environment<'static>> {
+    let mut env = Environment::new();
+    env.add_template("report.css", CSS)
+        .and_then(|()| env.add_template(name, template))
+        .map_err(|e| crate::internal!("report template {name}: {e}"))?;
+    Ok(env)
+}
 
 /// How a number is written, as the text reports write it.
 #[derive(Clone, Copy)]
@@ -104,8 +115,8 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
             input => str_at("/models/vlm_lm/path"),
             identity => "extracted by the extract step",
             architecture => str_at("/models/vlm_lm/architecture"),
-            parameters => cell(s, "/models/vlm_lm/tensors", Format::Integer),
-            layers => cell(s, "/models/ref/inspect/layers", Format::Integer),
+            parameters => Jinja::from_safe_string("<td>–</td>".into()),
+            layers => cell(s, "/models/vlm/inspect/layers", Format::Integer),
         },
     ];
     if s["models"]["base"].is_object() {
@@ -113,9 +124,9 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
             role => "base LLM",
             input => str_at("/models/base/input"),
             identity => identity("/models/base/identity"),
-            architecture => "",
-            parameters => cell(s, "/models/base/parameters", Format::Integer),
-            layers => cell(s, "/models/base/layers", Format::Integer),
+            architecture => str_at("/models/base/architecture"),
+            parameters => Jinja::from_safe_string("<td>–</td>".into()),
+            layers => Jinja::from_safe_string("<td>–</td>".into()),
         });
     }
 
@@ -165,17 +176,21 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
         .collect();
     let bars = (!scores.is_empty())
         .then(|| {
-            let chart = |key: &str, title: &str| BarChart {
+            let chart = |key: &str, title: &str, y_label: &str| BarChart {
                 title: title.into(),
-                y_label: key.into(),
+                y_label: y_label.into(),
                 bars: (labels.iter().zip(&scores))
-                    .filter_map(|(l, r)| Some((l.clone(), r[key].as_f64()?)))
+                    .map(|(l, r)| (l.clone(), r[key].as_f64()))
                     .collect(),
             };
             stacked_bars_svg(&[
-                chart("sink_strength", "Sink Strength S"),
-                chart("margin", "margin G_base - B_gap against the reference"),
-                chart("perplexity", "perplexity on the text"),
+                chart("sink_strength", "Sink Strength S", "S"),
+                chart(
+                    "margin",
+                    "Margin G_base - B_gap against the reference",
+                    "margin",
+                ),
+                chart("perplexity", "Perplexity on the text", "perplexity"),
             ])
             .map(|svg| inline_svg(&svg))
         })
@@ -321,21 +336,9 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
         str_at("/models/vlm/input"),
         str_at("/models/ref/input")
     );
-    let text = (scores.first())
-        .and_then(|r| r["step"].as_str())
-        .and_then(|step| {
-            (s["steps"].as_array().into_iter().flatten())
-                .find(|st| st["name"] == step)
-                .and_then(|st| st["command"].as_str())
-                .and_then(|c| c.split(" --text ").nth(1))
-                .and_then(|rest| rest.split(' ').next())
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
+    let text = str_at("/text");
 
-    let mut env = Environment::new();
-    env.add_template("report.html", TEMPLATE)
-        .map_err(|e| crate::internal!("report template: {e}"))?;
+    let env = environment("report.html", TEMPLATE)?;
     env.get_template("report.html")
         .and_then(|t| {
             t.render(context! {

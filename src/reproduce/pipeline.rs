@@ -43,18 +43,6 @@ pub struct Options {
     pub progress: bool,
 }
 
-/// What happened to a step in this run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Run now.
-    Ran,
-    /// Its manifest matched: not rerun.
-    Reused,
-    /// Not run: `--skip`, or a step it needs was skipped.
-    Skipped,
-}
-
 /// `steps/NAME/manifest.json`, written after everything else the step writes: a step is done
 /// when its manifest exists and its key is the key of the step as planned now.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -333,9 +321,12 @@ pub const MANIFEST: &str = "manifest.json";
 /// Beside a merge step's manifest once its model was deleted after scoring: the bytes freed.
 pub const REMOVED: &str = "removed.json";
 
-/// Run the plan's steps in order, reusing every step whose manifest matches; returns what
-/// happened to each step.
-pub fn execute(prepared: &mut Prepared) -> Result<BTreeMap<String, Outcome>> {
+/// Where a step's plan is kept for `--status` and for the jobs of the Slurm executor.
+pub const PLAN: &str = "plan.json";
+
+/// Make the run's directory ready: the hash cache, the bundled text, the plan. Every
+/// executor calls it before running or submitting a step.
+pub fn begin(prepared: &mut Prepared) -> Result<()> {
     let dir = prepared.options.dir.clone();
     fs::create_dir_all(&dir).map_err(|e| crate::error::Error::write(&dir, e))?;
     prepared.cache.save()?;
@@ -345,43 +336,60 @@ pub fn execute(prepared: &mut Prepared) -> Result<BTreeMap<String, Outcome>> {
             write_file_atomic(&prepared.text, SAMPLE_TEXT.as_bytes())?;
         }
     }
-    let steps = prepared.steps.clone();
-    let force = &prepared.options.force;
-    let mut done: Vec<&str> = steps
+    let plan = crate::report::json_text(&stored_plan(prepared))?;
+    if fs::read(dir.join(PLAN)).ok().as_deref() != Some(plan.as_bytes()) {
+        write_file_atomic(&dir.join(PLAN), plan.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// The steps that need not run: their manifest matches, they are not forced, and what they
+/// wrote is still there (a merged model deleted after its score is needed again only when that
+/// score is to be redone).
+pub fn done_steps(prepared: &Prepared) -> Vec<String> {
+    finished_steps(prepared, &prepared.options.force)
+}
+
+/// The steps whose outputs are complete and current, `force` aside (see [`done_steps`]).
+pub fn finished_steps(prepared: &Prepared, force: &[String]) -> Vec<String> {
+    let dir = &prepared.options.dir;
+    let steps = &prepared.steps;
+    let mut done: Vec<String> = steps
         .iter()
         .filter(|s| !forced(force, s))
-        .filter(|s| read_manifest(&dir, &s.name).is_some_and(|m| m.key == prepared.keys[&s.name]))
+        .filter(|s| read_manifest(dir, &s.name).is_some_and(|m| m.key == prepared.keys[&s.name]))
         .filter(|s| {
-            // A model the next steps read must still be there; a merged model deleted after
-            // its score is needed again only if that score is to be redone.
-            s.model.as_ref().is_none_or(|m| m.is_dir()) || s.role == Role::Merge
+            s.model.as_ref().is_none_or(|m| m.is_dir())
+                || (s.role == Role::Merge && !prepared.options.keep_models)
         })
-        .map(|s| s.name.as_str())
+        .map(|s| s.name.clone())
         .collect();
     let rescored: Vec<String> = steps
         .iter()
         .filter(|s| s.role == Role::Merge)
         .filter(|s| {
             let score = plan::score_step(s.setting.as_deref().unwrap_or_default());
-            !done.contains(&score.as_str()) && !s.model.as_ref().is_some_and(|m| m.is_dir())
+            !done.contains(&score) && !s.model.as_ref().is_some_and(|m| m.is_dir())
         })
         .map(|s| s.name.clone())
         .collect();
-    done.retain(|name| !rescored.iter().any(|r| r == name));
+    done.retain(|name| !rescored.contains(name));
+    done
+}
 
-    let mut outcomes = BTreeMap::new();
-    for (name, _) in &prepared.skipped {
-        outcomes.insert(name.clone(), Outcome::Skipped);
-    }
-    let total = steps.len();
-    for (i, step) in steps.iter().enumerate() {
+/// The local executor: run the plan's steps in order, one at a time (each command uses every
+/// thread of the pool), reusing every step that is done.
+pub fn execute(prepared: &mut Prepared) -> Result<()> {
+    begin(prepared)?;
+    let done = done_steps(prepared);
+    let total = prepared.steps.len();
+    for (i, step) in prepared.steps.iter().enumerate() {
         check_cancelled()?;
         let tag = format!("[{:>2}/{total}] {}", i + 1, step.name);
-        if done.contains(&step.name.as_str()) {
+        if done.contains(&step.name) {
             if prepared.options.progress {
                 eprintln!("{tag}: done earlier (its manifest matches)");
             }
-            outcomes.insert(step.name.clone(), Outcome::Reused);
         } else {
             if prepared.options.progress {
                 eprintln!("{tag}: sinkmerge {}", command_line(&step.argv));
@@ -390,15 +398,39 @@ pub fn execute(prepared: &mut Prepared) -> Result<BTreeMap<String, Outcome>> {
             if prepared.options.progress {
                 eprintln!("{tag}: done in {seconds:.1} s");
             }
-            outcomes.insert(step.name.clone(), Outcome::Ran);
         }
-        if step.role == Role::Score && !prepared.options.keep_models {
-            if let Some(setting) = &step.setting {
-                remove_merged_model(&dir, &steps, setting)?;
-            }
-        }
+        finish_step(prepared, step)?;
     }
-    Ok(outcomes)
+    Ok(())
+}
+
+/// Run the one step `name` (a job of the Slurm executor, which submits only steps to redo):
+/// the steps it reads must be done.
+pub fn execute_one(prepared: &mut Prepared, name: &str) -> Result<()> {
+    begin(prepared)?;
+    let done = done_steps(prepared);
+    let step = (prepared.steps.iter())
+        .find(|s| s.name == name)
+        .ok_or_else(|| bad!("--step {name}: no such step in this plan"))?;
+    if let Some(missing) = step.after.iter().find(|a| !done.contains(a)) {
+        bail!("step {name} reads step {missing}, which is not done");
+    }
+    run_step(prepared, step)?;
+    finish_step(prepared, step)
+}
+
+/// What follows a step, done now or earlier: a merged model is deleted once scored.
+fn finish_step(prepared: &Prepared, step: &Step) -> Result<()> {
+    match (
+        &step.setting,
+        step.role == Role::Score,
+        prepared.options.keep_models,
+    ) {
+        (Some(setting), true, false) => {
+            remove_merged_model(&prepared.options.dir, &prepared.steps, setting)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Whether `--force` names the step (or `merges`, and it is a merge).
@@ -554,12 +586,11 @@ fn free_bytes(path: &Path) -> Result<u64> {
 }
 
 /// A rough wall time of the plan, from sizes alone (docs/commands/reproduce.md, "--dry-run"):
-/// every model byte read or written at 1 GB/s, and each scoring pass at 2 FLOPs per parameter
-/// per token, about 2000 tokens per model, at 50 GFLOP/s on a CPU (1000 on a GPU).
+/// every model byte read or written at 1 GB/s, and each model's scoring pass at 2 FLOPs per
+/// parameter per token, about 2000 tokens, at 50 GFLOP/s on a CPU (1000 on a GPU).
 fn estimate(reference: &Checkpoint, steps: &[Step]) -> f64 {
     let bytes = reference.total_bytes() as f64;
-    let params = bytes / 2.0;
-    let pass = 2.0 * params * 2000.0;
+    let pass = 2.0 * reference.num_parameters() as f64 * 2000.0;
     steps
         .iter()
         .map(|s| {
@@ -570,22 +601,38 @@ fn estimate(reference: &Checkpoint, steps: &[Step]) -> f64 {
                 Role::Extract => 2.0 * bytes / 1e9,
                 Role::Norms => 2.0 * bytes / 1e9 + 10.0 * pass / 2000.0 / flops,
                 Role::Merge => 4.0 * bytes / 1e9,
+                // A score against the reference runs both models; the reference's own, one.
+                Role::Score if !s.argv.iter().any(|a| a == "--ref") => pass / flops + bytes / 1e9,
                 Role::Score | Role::Heads => 2.0 * pass / flops + 2.0 * bytes / 1e9,
             }
         })
         .sum()
 }
 
+/// `DIR/plan.json`: each step's name, key, command and the steps it reads, for `--status`.
+fn stored_plan(p: &Prepared) -> serde_json::Value {
+    serde_json::json!({
+        "steps": p.steps.iter().map(|s| serde_json::json!({
+            "name": s.name,
+            "key": p.keys[&s.name],
+            "command": format!("sinkmerge {}", command_line(&s.argv)),
+            "after": s.after,
+        })).collect::<Vec<_>>(),
+        "skipped": p.skipped.iter().map(|(n, why)| serde_json::json!({"name": n, "reason": why}))
+            .collect::<Vec<_>>(),
+    })
+}
+
 /// `--dry-run --json`: the plan as data.
 pub fn plan_json(p: &Prepared) -> serde_json::Value {
+    let done = done_steps(p);
     serde_json::json!({
         "steps": p.steps.iter().map(|s| serde_json::json!({
             "name": s.name,
             "role": s.role,
             "command": format!("sinkmerge {}", command_line(&s.argv)),
             "after": s.after,
-            "done": read_manifest(&p.options.dir, &s.name)
-                .is_some_and(|m| m.key == p.keys[&s.name]),
+            "done": done.contains(&s.name),
         })).collect::<Vec<_>>(),
         "skipped": p.skipped.iter().map(|(n, why)| serde_json::json!({"name": n, "reason": why}))
             .collect::<Vec<_>>(),
@@ -598,8 +645,9 @@ pub fn plan_json(p: &Prepared) -> serde_json::Value {
 /// `--dry-run`: the plan as text.
 pub fn plan_text(p: &Prepared) -> String {
     let mut out = String::new();
+    let done_steps = done_steps(p);
     for (i, s) in p.steps.iter().enumerate() {
-        let done = read_manifest(&p.options.dir, &s.name).is_some_and(|m| m.key == p.keys[&s.name]);
+        let done = done_steps.contains(&s.name);
         out += &format!(
             "{:>2}. {:<22} {}sinkmerge {}\n",
             i + 1,
@@ -611,12 +659,18 @@ pub fn plan_text(p: &Prepared) -> String {
     for (name, why) in &p.skipped {
         out += &format!("    {name:<22} skipped: {why}\n");
     }
+    let gflops = if p.options.device.starts_with("cuda") {
+        1000
+    } else {
+        50
+    };
     out += &format!(
         "disk: {} needed at the peak, {} free\ntime: about {:.0} s (a rough estimate from the \
-         model's size: 1 GB/s of disk, 50 GFLOP/s on a CPU)\n",
+         model's size: 1 GB/s of disk, {gflops} GFLOP/s on the {})\n",
         human_bytes(p.disk_needed),
         human_bytes(p.disk_free),
-        p.estimate_seconds
+        p.estimate_seconds,
+        if gflops == 50 { "CPU" } else { "GPU" },
     );
     out
 }

@@ -351,7 +351,12 @@ pub fn steps(p: &PlanInput) -> Vec<Step> {
                 path: config_path.clone(),
             },
         ];
-        reads.extend(p.base.map(model));
+        // Only the task-vector settings read the base.
+        reads.extend(
+            p.base
+                .filter(|_| setting.yaml.contains("base_model"))
+                .map(model),
+        );
         steps.push(Step {
             model: Some(out.clone()),
             config: Some(merge_config(setting, p.reference, &s(&vlm_lm), p.base)),
@@ -386,8 +391,13 @@ mod tests {
     fn every_setting_becomes_a_config_of_the_pair() {
         for setting in &SETTINGS {
             let yaml = merge_config(setting, "REF", "DIR/models/vlm-lm", Some("BASE"));
-            assert!(!yaml.contains("qwen3-vl"), "{}: {yaml}", setting.name);
-            assert!(yaml.contains("DIR/models/vlm-lm") && yaml.contains("REF"));
+            let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+            let models: Vec<&str> = (v["models"].as_sequence().unwrap().iter())
+                .map(|m| m["model"].as_str().unwrap())
+                .collect();
+            assert_eq!(models.len(), 2, "{}: {yaml}", setting.name);
+            assert!(models.contains(&"REF") && models.contains(&"DIR/models/vlm-lm"));
+            assert_eq!(v["tokenizer_source"].as_str(), Some("REF"));
             assert_eq!(
                 yaml.contains("base_model: BASE"),
                 setting.yaml.contains("base_model")

@@ -86,6 +86,7 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         "heads": report("heads")?.map(|h| heads(&h)),
         "predictor": report("predict")?.map(|p| predictor(&p)),
         "steps": steps,
+        "text": prepared.text,
         "keep_models": prepared.options.keep_models,
         "space_saved_bytes": space_saved,
     }))
@@ -118,12 +119,17 @@ fn models(prepared: &Prepared, report: &ReportOf) -> Result<Value> {
         "ref": { "input": o.reference, "identity": identity(&o.reference), "inspect": inspected("inspect-ref")? },
         "vlm": { "input": o.vlm, "identity": identity(&o.vlm), "family": prepared.models.family, "inspect": inspected("inspect-vlm")? },
         "vlm_lm": {
-            "path": extract["output"],
+            // As the plan names it (relative where DIR is), not the absolute path extract prints.
+            "path": prepared.steps.iter().find_map(|s| s.model.as_ref().filter(|_| s.name == "extract")),
             "architecture": extract["architecture"],
             "tensors": extract["tensors_written"],
             "bytes": extract["bytes_written"],
         },
-        "base": o.base.as_ref().map(|b| json!({ "input": b, "identity": identity(b) })),
+        "base": (o.base.as_ref().zip(prepared.models.base.as_ref())).map(|(b, ckpt)| json!({
+            "input": b,
+            "identity": identity(b),
+            "architecture": ckpt.config["architectures"][0],
+        })),
     }))
 }
 
