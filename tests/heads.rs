@@ -385,6 +385,9 @@ fn golden_differences(golden: &str) -> (f64, f64, f64) {
             (&w["layer"], &w["head"], &w["kv_head"])
         );
         assert_eq!(g["n_observations"], w["n_observations"], "{golden}");
+        assert_eq!(g["n_observations_target"], w["n_observations"], "{golden}");
+        // The reference (Python) counts B over the reference head's observations: one B each.
+        assert_eq!(g["n_observations_base"], w["n_b_observations"], "{golden}");
         for key in [
             "g_base_median",
             "g_target_median",

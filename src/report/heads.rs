@@ -187,7 +187,7 @@ fn heatmap(d: &Diagnosis, settings: &HeadsReportSettings) -> Heatmap {
 pub fn render_csv(rows: &[HeadRow]) -> String {
     let mut out = String::from(
         "layer,head,kv_head,g_base_median,g_target_median,delta_g,b_gap_median,margin,\
-         pos0_before,pos0_after,n_observations",
+         pos0_before,pos0_after,n_observations,n_observations_base,n_observations_target",
     );
     let slices = ["q", "k", "v", "o"];
     for p in slices {
@@ -215,6 +215,8 @@ pub fn render_csv(rows: &[HeadRow]) -> String {
             cell(s.pos0_before),
             cell(s.pos0_after),
             s.n_observations.to_string(),
+            s.n_observations_base.to_string(),
+            s.n_observations_target.to_string(),
         ];
         for d in [&r.drift.q, &r.drift.k, &r.drift.v, &r.drift.o] {
             cells.extend([

@@ -567,8 +567,13 @@ pub struct HeadPairStatistics {
     pub pos0_before: Option<f64>,
     /// The same for the target's head.
     pub pos0_after: Option<f64>,
-    /// G observations of the target's head.
+    /// G observations of the target's head: the key earlier reports had, kept as
+    /// `n_observations_target`.
     pub n_observations: usize,
+    /// G observations of the reference's head (as `score` reports each model's).
+    pub n_observations_base: usize,
+    /// G observations of the target's head.
+    pub n_observations_target: usize,
 }
 
 impl Observations {
@@ -590,6 +595,7 @@ impl Observations {
             let heads = model.layers[layer].g.first().map_or(0, Vec::len);
             for head in 0..heads {
                 let mut g_base = gather_head(&base.layers[layer], head, |l| &l.g);
+                let g_base_len = g_base.len();
                 let mut g = gather_head(&model.layers[layer], head, |l| &l.g);
                 let mut b = gather_head(&model.layers[layer], head, |l| &l.b);
                 let (g_base, g_target) = (finite(median(&mut g_base)), finite(median(&mut g)));
@@ -605,6 +611,8 @@ impl Observations {
                     pos0_before: pos0(base, layer, head),
                     pos0_after: pos0(model, layer, head),
                     n_observations: g.len(),
+                    n_observations_base: g_base_len,
+                    n_observations_target: g.len(),
                 });
             }
         }
