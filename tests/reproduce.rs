@@ -217,16 +217,14 @@ impl ArgJson for crate::util::Sinkmerge {
 #[test]
 fn a_killed_run_redoes_only_the_step_it_was_in_and_those_after_it() {
     let tmp = tempfile::tempdir().unwrap();
-    // Runs in directories whose names have the same length: the merged models' cards name
-    // their paths, so the bytes freed by deleting them depend on it.
-    let whole = tmp.path().join("run-whole");
+    let whole = tmp.path().join("whole");
     let expected = reproduce(&whole, &[]);
 
     // A merge step writes its config first: stop the run the moment the second merge starts,
     // and kill it if that merge has not finished yet (else try again: the step is short).
     let dir = (0..20)
         .find_map(|attempt| {
-            let dir = tmp.path().join(format!("run-{attempt:05}"));
+            let dir = tmp.path().join(format!("killed-{attempt}"));
             let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
                 .current_dir(root())
                 .args([

@@ -438,7 +438,8 @@ fn forced(force: &[String], step: &Step) -> bool {
     force.contains(&step.name) || (step.role == Role::Merge && force.iter().any(|f| f == "merges"))
 }
 
-/// Delete a merged model once it is scored, recording the bytes freed beside its manifest.
+/// Delete a merged model once it is scored, recording the weights' bytes freed beside its
+/// manifest.
 fn remove_merged_model(dir: &Path, steps: &[Step], setting: &str) -> Result<()> {
     let Some(merge) = steps
         .iter()
@@ -449,7 +450,14 @@ fn remove_merged_model(dir: &Path, steps: &[Step], setting: &str) -> Result<()> 
     let Some(model) = merge.model.as_ref().filter(|m| m.is_dir()) else {
         return Ok(());
     };
-    let bytes = dir_bytes(model);
+    // The weights' bytes: the rest (model card, recorded config) is a few KB that name the
+    // inputs by absolute path, and would make the summary depend on where the run was made.
+    let bytes: u64 = fs::read_dir(model)
+        .map_err(|e| crate::error::Error::write(model, e))?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .map(|e| e.metadata().map_or(0, |m| m.len()))
+        .sum();
     fs::remove_dir_all(model).map_err(|e| crate::error::Error::write(model, e))?;
     let record = serde_json::json!({ "model": model, "bytes": bytes });
     write_file_atomic(
