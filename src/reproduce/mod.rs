@@ -22,8 +22,8 @@ pub mod summary;
 
 use std::path::Path;
 
+use crate::bail;
 use crate::error::Result;
-use crate::{bad, bail};
 use pipeline::Prepared;
 
 /// Run the prepared plan here, then write `summary.json` and `report.html`; returns the
@@ -80,14 +80,7 @@ pub fn panel_names(dir: &Path) -> Result<Option<Vec<String>>> {
     if !path.is_file() {
         return Ok(None);
     }
-    let value: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).map_err(|source| {
-            crate::error::Error::Read {
-                path: path.clone(),
-                source,
-            }
-        })?)
-        .map_err(|e| bad!("{}: {e}", path.display()))?;
+    let value = crate::checkpoint::read_json(&path)?;
     Ok(Some(
         (value["pairs"].as_array().into_iter().flatten())
             .filter_map(|n| n.as_str().map(str::to_string))

@@ -111,13 +111,7 @@ pub fn gather(pairs: &[Pair], dir: &Path) -> Result<Value> {
     let mut points = Vec::new();
     for pair in pairs {
         let path = dir.join(&pair.name).join("summary.json");
-        let summary: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|source| {
-            crate::error::Error::Read {
-                path: path.clone(),
-                source,
-            }
-        })?)
-        .map_err(|e| bad!("{}: {e}", path.display()))?;
+        let summary = crate::checkpoint::read_json(&path)?;
         let score = |model: &str, key: &str| {
             (summary["scores"].as_array().into_iter().flatten())
                 .find(|r| r["model"] == model)

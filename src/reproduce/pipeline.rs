@@ -491,12 +491,7 @@ fn resolved_argv(dir: &Path, step: &Step) -> Result<Vec<String>> {
 
 /// A finished step's report.
 pub fn read_report(dir: &Path, name: &str) -> Result<serde_json::Value> {
-    let path = plan::step_dir(dir, name).join(REPORT);
-    let bytes = fs::read(&path).map_err(|source| crate::error::Error::Read {
-        path: path.clone(),
-        source,
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| bad!("{}: {e}", path.display()))
+    crate::checkpoint::read_json(&plan::step_dir(dir, name).join(REPORT))
 }
 
 /// Run one step as its command's library call; its report, then its manifest, are written
