@@ -2,7 +2,8 @@
 //! benchmarks that need gigabytes of real-looking safetensors without downloading a model.
 //!
 //! cargo run --release --example synth_checkpoint -- OUT --layers 4 --hidden 3584 \
-//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0 [--tie 1]
+//!     --intermediate 18944 --heads 28 --kv-heads 4 --vocab 32000 --dtype bf16 --seed 0 [--tie 1] \
+//!     [--std 0.02]
 //!
 //! `--vision-depth N` (N > 0) makes it a Qwen2.5-VL in the Hub layout instead: the same language
 //! model plus N vision blocks of Qwen2.5-VL's widths under `visual.*`, with a flat Qwen2.5-VL config.
@@ -31,6 +32,9 @@ struct Opts {
     /// Tied embeddings: no `lm_head.weight` on disk (Qwen2.5-0.5B/1.5B/3B).
     tie: bool,
     vision_depth: usize,
+    /// Standard deviation of the matrices' normal init (0.02, the usual init, keeps the
+    /// activations in range; larger values make them grow layer by layer).
+    std: f32,
 }
 
 fn parse() -> Opts {
@@ -51,6 +55,7 @@ fn parse() -> Opts {
         shard: writer::DEFAULT_MAX_SHARD_SIZE,
         tie: false,
         vision_depth: 0,
+        std: 0.02,
     };
     while let Some(flag) = args.next() {
         let value = args
@@ -74,6 +79,7 @@ fn parse() -> Opts {
             "--dtype" => {
                 o.dtype = dtype::parse_float_dtype(&value).expect("dtype: bf16, f16 or f32")
             }
+            "--std" => o.std = value.parse().expect("--std: a number"),
             "--max-shard-size" => o.shard = writer::parse_size(&value).expect("size"),
             _ => panic!("unknown flag {flag}"),
         }
@@ -172,7 +178,7 @@ fn main() {
         config
     };
     out.write_json("config.json", &config).unwrap();
-    let normal = Normal::new(0.0f32, 0.02).unwrap();
+    let normal = Normal::new(0.0f32, o.std).expect("--std: positive and finite");
     writer::write_tensors(
         &out,
         &planned,

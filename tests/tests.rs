@@ -28,6 +28,7 @@ mod perturb;
 mod predict;
 mod reproduce;
 mod resolve;
+mod score_bytes;
 mod score_cli;
 mod score_metrics;
 mod score_paper;

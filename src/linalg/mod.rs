@@ -7,7 +7,7 @@ pub mod gemm;
 mod gram;
 mod gram_evd;
 pub mod rows;
-mod simd;
+pub(crate) mod simd;
 pub mod spectral;
 pub mod svd;
 #[cfg(test)]

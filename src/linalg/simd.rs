@@ -82,3 +82,26 @@ pub fn axpy<const FMA: bool>(alpha: f64, x: &[f64], y: &mut [f64]) {
         *yi = madd::<FMA, f64>(alpha, xi, *yi);
     }
 }
+
+/// Clears the upper halves of the vector registers (`vzeroupper`). Call it after a faer matrix
+/// product, on the thread that ran it: faer's x86 kernels (the generated assembly of
+/// `private-gemm-x86`) return with the upper halves of the ZMM registers dirty, and while they are,
+/// every legacy-SSE instruction pays a state penalty. This crate is compiled for baseline x86-64,
+/// so most of its code is SSE; on a Sapphire Rapids VM that penalty made libm's `expf` 50x slower
+/// (docs/benchmarks.md, "Why the scorer was slow"). Results are unchanged: no SSE value lives in
+/// the cleared bits.
+#[inline]
+pub fn clear_upper_state() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX. `clobber_abi("C")` marks every vector register as clobbered
+        // (all are caller-saved in the SysV ABI), so no live value is held in one across this.
+        unsafe {
+            std::arch::asm!(
+                "vzeroupper",
+                clobber_abi("C"),
+                options(nomem, nostack, preserves_flags)
+            )
+        };
+    }
+}

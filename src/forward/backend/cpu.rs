@@ -18,6 +18,9 @@ use super::{Activation, Attended, AttentionShape, Backend, Bf16Style, Precision,
 use crate::error::Result;
 use crate::forward::decoder::{first_key, HeadView, Model};
 use crate::forward::rope::RopeTable;
+use crate::linalg::simd::clear_upper_state;
+
+mod exp;
 
 /// Output features per parallel GEMM block. Fixed (see the module docs); 128 keeps a block's
 /// weights (128 x 4096 f32 = 2 MiB) near the cache while giving 2-cores-to-many enough blocks.
@@ -49,6 +52,7 @@ pub fn linear(x: &[f32], rows: usize, w: &[f32], n_out: usize, n_in: usize) -> V
                 1.0f32,
                 Par::Seq,
             );
+            clear_upper_state();
         });
     y
 }
@@ -117,19 +121,28 @@ fn rms_norm_rows(
     }
 }
 
-/// SiLU, `x * sigmoid(x)`, in f32.
+/// SiLU, `x * sigmoid(x)`, in f32, as `x / (1 + exp(-x))` (transformers' formula and rounding).
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp::exp(-x))
 }
 
-/// `gate = silu(gate) * up`, elementwise, in place in `gate`.
+/// `gate = silu(gate) * up`, elementwise, in place in `gate`: [`silu`]'s operations, with the
+/// exponentials computed a vector at a time.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    /// Elements per exponential batch: small enough to stay in L1 beside `gate` and `up`.
+    const BATCH: usize = 1024;
     gate.par_chunks_mut(1 << 14)
         .zip(up.par_chunks(1 << 14))
         .for_each(|(g, u)| {
-            for (a, &b) in g.iter_mut().zip(u) {
-                *a = silu(*a) * b;
+            let mut e = [0f32; BATCH];
+            for (g, u) in g.chunks_mut(BATCH).zip(u.chunks(BATCH)) {
+                let e = &mut e[..g.len()];
+                e.iter_mut().zip(g.iter()).for_each(|(e, &x)| *e = -x);
+                exp::exp_in_place(e);
+                for ((a, &b), &e) in g.iter_mut().zip(u).zip(e.iter()) {
+                    *a = *a / (1.0 + e) * b;
+                }
             }
         });
 }
@@ -148,11 +161,10 @@ fn softmax_masked(scores: &[f32], len: usize, causal: bool, window: Option<usize
         let row = &scores[q * len + lo..q * len + hi];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let out = &mut probs[q * len + lo..q * len + hi];
-        let mut sum = 0f32;
-        for (o, &s) in out.iter_mut().zip(row) {
-            *o = (s - max).exp();
-            sum += *o;
-        }
+        out.iter_mut().zip(row).for_each(|(o, &s)| *o = s - max);
+        exp::exp_in_place(out);
+        // Summed in key order, one key at a time, as before vectorising the exponentials.
+        let sum = out.iter().fold(0f32, |sum, &o| sum + o);
         for o in out.iter_mut() {
             *o /= sum;
         }
@@ -187,6 +199,7 @@ pub fn attend_head<R>(
         if bf16 { 1.0 } else { scale },
         Par::Seq,
     );
+    clear_upper_state();
     if bf16 {
         // torch: `matmul(q, kᵀ) * scaling`, each result rounded.
         for s in &mut scores {
@@ -218,6 +231,7 @@ pub fn attend_head<R>(
         1.0f32,
         Par::Seq,
     );
+    clear_upper_state();
     if bf16 {
         ctx.iter_mut().for_each(|c| *c = precision.round(*c));
     }
