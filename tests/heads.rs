@@ -448,3 +448,45 @@ fn heads_agree_with_the_independent_python_reference() {
         assert!(rho < 1e-9, "{golden}: Spearman differs by {rho:e}");
     }
 }
+
+/// `heads --json` and `--csv` on `reference` and `target` (every layer) with `threads` workers.
+fn heads_bytes(reference: &str, target: &str, threads: &str) -> (String, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("heads.csv");
+    let json = sinkmerge([
+        "heads",
+        reference,
+        target,
+        "--last",
+        "10",
+        "--permutations",
+        "200",
+        "--json",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--threads",
+        threads,
+    ])
+    .ok();
+    (json, std::fs::read(csv).unwrap())
+}
+
+#[test]
+fn heads_reports_are_byte_identical_at_any_thread_count() {
+    // Per-head drift runs one task per slice on the pool, each slice's Gram sequential inside;
+    // the scoring pass is thread-count independent on its own (score_cli.rs). Both bundled
+    // pairs: QK-norm (qwen3) and plain (qwen2), GQA in each.
+    for model in ["tiny-qwen3", "tiny-qwen2"] {
+        let s = |p: PathBuf| p.display().to_string();
+        let (r, t) = (s(asset(model).join("ref")), s(asset(model).join("vl")));
+        let (json, csv) = heads_bytes(&r, &t, "1");
+        let v: Value = serde_json::from_str(&json).unwrap();
+        assert!(!v["heads"].as_array().unwrap().is_empty(), "{model}");
+        assert!(v["heads"][0]["drift"]["q"]["op"].as_f64().unwrap() > 0.0);
+        for threads in ["2", "3"] {
+            let (j, c) = heads_bytes(&r, &t, threads);
+            assert!(j == json, "{model}: --json differs at {threads} threads");
+            assert!(c == csv, "{model}: --csv differs at {threads} threads");
+        }
+    }
+}

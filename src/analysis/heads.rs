@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use faer::linalg::matmul::matmul;
-use faer::{Accum, Mat, MatRef, Par, Side};
+use faer::{Accum, Mat, Par, Side};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -76,14 +76,27 @@ impl Projection {
         }
     }
 
+    /// How many distinct slices `p` has: one per query head for q and o, one per KV head for k
+    /// and v (the heads of a GQA group read the same k and v rows).
+    fn units(self, spec: &DecoderSpec) -> usize {
+        match self {
+            Projection::Q | Projection::O => spec.num_heads,
+            Projection::K | Projection::V => spec.num_kv_heads,
+        }
+    }
+
+    /// Which of the [`Projection::units`] slices query head `head` reads.
+    fn unit(self, spec: &DecoderSpec, head: usize) -> usize {
+        match self {
+            Projection::Q | Projection::O => head,
+            Projection::K | Projection::V => head / spec.group(),
+        }
+    }
+
     /// The indices, along the sliced axis, of query head `head`'s slice: its own rows of q and
     /// columns of o, its KV group's rows of k and v.
     pub fn slice(self, spec: &DecoderSpec, head: usize) -> Range<usize> {
-        let d = spec.head_dim;
-        let unit = match self {
-            Projection::Q | Projection::O => head,
-            Projection::K | Projection::V => head / spec.group(),
-        };
+        let (d, unit) = (spec.head_dim, self.unit(spec, head));
         unit * d..(unit + 1) * d
     }
 }
@@ -137,14 +150,15 @@ impl HeadDrift {
 /// `||A||_F` and `||A||_2` in f64. The spectral norm is the square root of the top eigenvalue
 /// of the Gram matrix of A's smaller side (a head slice is `head_dim` by `hidden`, so that
 /// Gram is `head_dim` square); every product runs sequentially, so the result does not depend
-/// on the thread count.
-fn norms(a: MatRef<'_, f64>) -> Result<(f64, f64)> {
+/// on the thread count. A is scaled in place: a scaled copy would cost an allocation the size
+/// of the slice for every norm.
+fn norms(mut a: Mat<f64>) -> Result<(f64, f64)> {
     let fro = a.norm_l2();
     if fro == 0.0 {
         return Ok((0.0, 0.0));
     }
     // Scaling by ||A||_F keeps the Gram's entries near 1 whatever the weights' magnitude.
-    let a = a * faer::Scale(1.0 / fro);
+    a *= faer::Scale(1.0 / fro);
     let small = a.nrows().min(a.ncols());
     let mut gram = Mat::<f64>::zeros(small, small);
     if a.nrows() <= a.ncols() {
@@ -179,40 +193,60 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
     (b != 0.0).then(|| a / b)
 }
 
-/// The drift of every head's slice of one projection of one layer, head order.
-fn projection_drift(
+/// Slice `unit` of `p` (see [`Projection::units`]) as the two f64 matrices [`norms`] reads,
+/// `TARGET - REF` and `REF`, in the slice's own orientation. The stored weights are row-major
+/// and faer's matrices column-major, so the copy walks bands of 64 rows column by column: the
+/// band's source rows stay in cache while each column's writes are contiguous, whichever axis
+/// is sliced. The values are those of any other fill order.
+fn slice_pair(
     spec: &DecoderSpec,
     p: Projection,
+    unit: usize,
     reference: &[f32],
     target: &[f32],
-) -> Result<Vec<SliceDrift>> {
+) -> (Mat<f64>, Mat<f64>) {
+    const TILE: usize = 64;
     let [rows, cols] = p.shape(spec);
-    // Head `head`'s slice of the matrix whose entry at flat index i is `value(i)`.
-    let slice = |head: usize, value: &dyn Fn(usize) -> f64| {
-        let range = p.slice(spec, head);
-        if p.slices_rows() {
-            Mat::from_fn(range.len(), cols, |r, c| {
-                value((range.start + r) * cols + c)
-            })
-        } else {
-            Mat::from_fn(rows, range.len(), |r, c| value(r * cols + range.start + c))
-        }
+    let d = spec.head_dim;
+    // The slice is `n` by `m` and starts at row `row0`, column `col0` of the stored matrix.
+    let (n, m, row0, col0) = if p.slices_rows() {
+        (d, cols, unit * d, 0)
+    } else {
+        (rows, d, 0, unit * d)
     };
-    let diff = |i: usize| target[i] as f64 - reference[i] as f64;
-    let base = |i: usize| reference[i] as f64;
-    (0..spec.num_heads)
-        .into_par_iter()
-        .map(|head| {
-            let (fro, op) = norms(slice(head, &diff).as_ref())?;
-            let (ref_fro, ref_op) = norms(slice(head, &base).as_ref())?;
-            Ok(SliceDrift {
-                fro,
-                op,
-                rel_fro: ratio(fro, ref_fro),
-                rel_op: ratio(op, ref_op),
-            })
-        })
-        .collect()
+    let (mut diff, mut base) = (Mat::<f64>::zeros(n, m), Mat::<f64>::zeros(n, m));
+    for i0 in (0..n).step_by(TILE) {
+        let tile_rows = i0..(i0 + TILE).min(n);
+        for j in 0..m {
+            let (dc, bc) = (diff.col_as_slice_mut(j), base.col_as_slice_mut(j));
+            for i in tile_rows.clone() {
+                let k = (row0 + i) * cols + col0 + j;
+                let r = reference[k] as f64;
+                dc[i] = target[k] as f64 - r;
+                bc[i] = r;
+            }
+        }
+    }
+    (diff, base)
+}
+
+/// The drift of slice `unit` of projection `p` of one layer.
+fn slice_drift(
+    spec: &DecoderSpec,
+    p: Projection,
+    unit: usize,
+    reference: &[f32],
+    target: &[f32],
+) -> Result<SliceDrift> {
+    let (diff, base) = slice_pair(spec, p, unit, reference, target);
+    let (fro, op) = norms(diff)?;
+    let (ref_fro, ref_op) = norms(base)?;
+    Ok(SliceDrift {
+        fro,
+        op,
+        rel_fro: ratio(fro, ref_fro),
+        rel_op: ratio(op, ref_op),
+    })
 }
 
 /// The drift of one head's part of a QK-norm scale: the whole vector for per-head norms (one
@@ -240,14 +274,35 @@ pub fn head_drift(reference: &Model, target: &Model, layers: &[usize]) -> Result
     let spec = &reference.spec;
     let mut out = Vec::with_capacity(layers.len() * spec.num_heads);
     for &layer in layers {
-        let mut per_projection = Vec::with_capacity(4);
+        let mut weights = Vec::with_capacity(4);
         for p in Projection::ALL {
             let name = layer_name(layer, p.module(), Param::Weight);
             let shape = p.shape(spec);
-            let r = reference.tensor(&name, &shape)?;
-            let t = target.tensor(&name, &shape)?;
-            per_projection.push(projection_drift(spec, p, &r, &t)?);
+            weights.push((
+                reference.tensor(&name, &shape)?,
+                target.tensor(&name, &shape)?,
+            ));
         }
+        // Every distinct slice of the layer is one task: a head's Gram runs sequentially inside
+        // its task (`norms`), so the values do not depend on the thread count, and k and v are
+        // measured once per KV head rather than once per query head that reads them.
+        let tasks: Vec<(usize, usize)> = (0..Projection::ALL.len())
+            .flat_map(|pi| (0..Projection::ALL[pi].units(spec)).map(move |unit| (pi, unit)))
+            .collect();
+        let drifts = tasks
+            .par_iter()
+            .map(|&(pi, unit)| {
+                let (r, t) = &weights[pi];
+                slice_drift(spec, Projection::ALL[pi], unit, r, t)
+            })
+            .collect::<Result<Vec<SliceDrift>>>()?;
+        drop(weights);
+        // The drift of query head `head`'s slice of projection `pi`: the tasks are in
+        // projection order, then unit order.
+        let of = |pi: usize, head: usize| {
+            let first: usize = Projection::ALL[..pi].iter().map(|p| p.units(spec)).sum();
+            drifts[first + Projection::ALL[pi].unit(spec, head)]
+        };
         let norm = |module: Module, kv: bool| -> Result<Option<Vec<NormDrift>>> {
             let name = layer_name(layer, module, Param::Weight);
             let d = spec.head_dim;
@@ -282,10 +337,10 @@ pub fn head_drift(reference: &Model, target: &Model, layers: &[usize]) -> Result
         let k_norm = norm(Module::KNorm, true)?;
         for head in 0..spec.num_heads {
             out.push(HeadDrift {
-                q: per_projection[0][head],
-                k: per_projection[1][head],
-                v: per_projection[2][head],
-                o: per_projection[3][head],
+                q: of(0, head),
+                k: of(1, head),
+                v: of(2, head),
+                o: of(3, head),
                 q_norm: q_norm.as_ref().map(|v| v[head]),
                 k_norm: k_norm.as_ref().map(|v| v[head]),
             });
@@ -641,10 +696,10 @@ mod tests {
     fn spectral_norm_of_a_slice_matches_a_known_matrix() {
         // [[3, 0], [4, 5]] has singular values sqrt(45) and sqrt(5).
         let a = Mat::from_fn(2, 2, |r, c| [[3.0, 0.0], [4.0, 5.0]][r][c]);
-        let (fro, op) = norms(a.as_ref()).unwrap();
+        let (fro, op) = norms(a).unwrap();
         assert!((fro - 50f64.sqrt()).abs() < 1e-14);
         assert!((op - 45f64.sqrt()).abs() < 1e-13, "{op}");
         let wide = Mat::from_fn(1, 3, |_, c| [1.0, 2.0, 2.0][c]);
-        assert!((norms(wide.as_ref()).unwrap().1 - 3.0).abs() < 1e-14);
+        assert!((norms(wide).unwrap().1 - 3.0).abs() < 1e-14);
     }
 }
