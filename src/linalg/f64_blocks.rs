@@ -4,6 +4,8 @@
 use faer::linalg::matmul::matmul as faer_matmul;
 use faer::{Accum, Mat, MatRef, Par};
 
+use super::simd::clear_upper_state;
+
 /// Rows of the f64 block [`for_each_f64_block`] converts at a time (59 MB at 3584 columns).
 pub(super) const F64_BLOCK_ROWS: usize = 2048;
 
@@ -52,7 +54,9 @@ pub(super) fn long_side_product(a: MatRef<'_, f32>, w: MatRef<'_, f64>) -> Mat<f
             w,
             1.0,
             Par::Seq,
-        )
+        );
+        // The next block's conversion is SSE code (see `clear_upper_state`).
+        clear_upper_state();
     });
     out
 }

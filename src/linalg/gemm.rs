@@ -5,6 +5,8 @@ use faer::linalg::matmul::matmul as faer_matmul;
 use faer::{Accum, Mat, MatRef, Par};
 use rayon::prelude::*;
 
+use super::simd::clear_upper_state;
+
 /// Rows per block of [`matmul`]: fixed, so the rounding does not depend on the thread count.
 const MATMUL_ROWS: usize = 256;
 
@@ -26,6 +28,7 @@ pub fn matmul(lhs: MatRef<'_, f32>, rhs: MatRef<'_, f32>) -> Mat<f32> {
                 1.0,
                 Par::Seq,
             );
+            clear_upper_state();
             out
         })
         .collect();

@@ -30,6 +30,7 @@ use faer::{Accum, Mat, MatRef, Par};
 use super::f64_blocks::long_side_product;
 use super::gemm::matmul;
 use super::gram_evd::{Gram, GramEvd, Wanted, KEPT_VECTORS};
+use super::simd::clear_upper_state;
 
 /// Singular triplets: `A ~ U diag(s) V^T`, `u` is m x r, `v` is n x r, `s` non-increasing.
 #[derive(Debug, Clone)]
@@ -239,6 +240,7 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
             1.0,
             Par::Seq,
         );
+        clear_upper_state();
         return Ok(matmul(a, to_f32(&inv_sqrt).as_ref()));
     }
     let svd = thin_svd(a)?;

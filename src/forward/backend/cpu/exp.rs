@@ -197,9 +197,12 @@ mod x86 {
 mod tests {
     use super::*;
 
+    /// An implementation of [`exp_in_place`], by name.
+    type Implementation = (&'static str, fn(&mut [f32]));
+
     /// Every implementation this CPU can run: the scalar one and each vector build.
-    fn implementations() -> Vec<(&'static str, fn(&mut [f32]))> {
-        let mut all: Vec<(&'static str, fn(&mut [f32]))> =
+    fn implementations() -> Vec<Implementation> {
+        let mut all: Vec<Implementation> =
             vec![("scalar", |xs| xs.iter_mut().for_each(|x| *x = exp(*x)))];
         #[cfg(target_arch = "x86_64")]
         {
