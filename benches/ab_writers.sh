@@ -10,6 +10,7 @@
 #   benches/ab_writers.sh OLD_BINARY [NEW_BINARY]     (WORK=/path RUNS=N to change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 OLD=$(realpath "$1")
 NEW=$(realpath "${2:-target/release/sinkmerge}")
 RUNS=${RUNS:-5}

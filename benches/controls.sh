@@ -11,6 +11,7 @@
 #   benches/controls.sh            (LAYERS=2 RUNS=3 by default; needs ~6 GB free in $TMPDIR)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 RUNS=${RUNS:-3}
 LAYERS=${LAYERS:-2}
 DIR=${TMPDIR:-/tmp}/sinkmerge-bench-controls

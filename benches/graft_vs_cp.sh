@@ -19,6 +19,7 @@
 #   benches/graft_vs_cp.sh            (WORK=/path RUNS=5 to change the scratch place or run count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 # shellcheck source=benches/timing.sh
 source benches/timing.sh
 RUNS=${RUNS:-3}

@@ -9,6 +9,7 @@
 #   benches/heads_vs_separate.sh            # Environment: LAYERS, RUNS, WORK (default $TMPDIR/sinkmerge-bench-heads)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 LAYERS=${LAYERS:-4}
 RUNS=${RUNS:-3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-heads}

@@ -27,6 +27,7 @@
 # $TMPDIR/sinkmerge-bench-merge-SPECTRUM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 RUNS=${RUNS:-3}
 PY=${PYTHON:-python3}
 SPECTRUM=${SPECTRUM:-lowrank}

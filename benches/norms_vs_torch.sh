@@ -18,6 +18,7 @@
 # only), so they read from disk; "warm" runs read from the page cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 PY=${PYTHON:-python3}
 SPECTRUM=${SPECTRUM:-lowrank}
 DTYPE=${DTYPE:-bf16}

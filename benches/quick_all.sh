@@ -25,6 +25,7 @@
 # (its timings mean nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 PY=${PYTHON:-python3}
 RUNS=${RUNS:-3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-quick-all}
@@ -60,7 +61,6 @@ mkdir -p "$WORK"
 source benches/timing.sh
 : >"$WORK/results.txt"
 : >"$WORK/notes.txt"
-echo "machine: $(nproc) cores; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
 
 # interleave LABEL_A "CMD A" LABEL_B "CMD B": RUNS alternating runs of the two commands.

@@ -9,6 +9,7 @@
 #   benches/read_vs_cat.sh [DIR]   (DIR defaults to a ~2.3 GB synthetic 7B-shaped checkpoint)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 RUNS=${RUNS:-5}
 DIR=${1:-${TMPDIR:-/tmp}/sinkmerge-bench-read}
 cargo build -q --release --bin sinkmerge --example synth_checkpoint

@@ -8,6 +8,7 @@
 #   benches/repair_heads_tiny.sh [tiny-qwen3 tiny-qwen2]     # release build
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 cargo build -q --release --bin sinkmerge
 SM=target/release/sinkmerge
 TEXT=assets/text/sample.txt

@@ -3,8 +3,9 @@
 
 Loads MODEL with transformers (eager attention, float32), tokenizes the prompt file with AutoTokenizer and runs
 each prompt through the model with output_attentions=True (no cache, batch of one), keeping each layer's
-attention on the sink column only (P[..., 0]) so memory stays bounded. It does not compute the metrics, so its
-time is a lower bound for a transformers-based scorer.
+attention on the sink column only (P[..., 0]) so memory stays bounded. It loads the decoder without its LM head
+(AutoModel), as the scorer needs no logits, and it does not compute the metrics, so its time is a lower bound for
+a transformers-based scorer.
 
     "${PYTHON:-python3}" benches/score_transformers.py MODEL PROMPTS [--threads N]
 Prints one line: load seconds, forward seconds, tokens.
@@ -14,7 +15,7 @@ import time
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer
 
 transformers.logging.set_verbosity_error()
 
@@ -29,7 +30,7 @@ def main():
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, attn_implementation="eager", dtype=torch.float32).eval()
+    model = AutoModel.from_pretrained(a.model, attn_implementation="eager", dtype=torch.float32).eval()
     t1 = time.perf_counter()
     prompts = [line for line in open(a.prompts, encoding="utf-8").read().splitlines() if line.strip()]
     tokens = 0

@@ -15,6 +15,7 @@
 # WORK (default $TMPDIR/sinkmerge-bench-score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 MODE=${1:-small}
 PY=${PYTHON:-python3}
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-bench-score}

@@ -3,6 +3,7 @@
 # builds: checks that a change to the forward pass left text-only scoring as it was.
 old=${1:?usage: benches/text_only_unchanged.sh OLD_BINARY NEW_BINARY}; new=${2:?NEW_BINARY}
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 n=0; bad=0
 run() { "$@" --json 2>&1; }
 for pair in tiny-qwen3 tiny-qwen2; do

@@ -13,6 +13,7 @@
 # RUNS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-vision}
 RUNS=${RUNS:-3}
 PY=${PY:-tools/.venv/bin/python}

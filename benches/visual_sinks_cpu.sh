@@ -17,6 +17,7 @@
 # $TMPDIR/sinkmerge-visual-sinks), RUNS, PY (for the image only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/machine.sh
 WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-visual-sinks}
 RUNS=${RUNS:-3}
 PY=${PY:-tools/.venv/bin/python}
