@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU scorer's checks on a GPU machine, in one run (about 5-8 minutes on an H200):
-#   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture, the bundled pairs and
+#   1. GPU-vs-CPU parity (`sinkmerge parity`) on every architecture fixture (f32, and bf16 through
+#      the tensor-core GEMMs), the bundled pairs and
 #      the VLM fixtures' vision towers, and `visual-sinks` with its key edit on the planted model;
 #   2. a synthetic Qwen2.5-7B-shaped bf16 checkpoint (28 layers, hidden 3584, 15 GB), written by the
 #      project's own generator;
-#   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm;
+#   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm,
+#      in f32 (SGEMM, TF32 off) and in bf16 (cublasGemmEx on tensor cores);
 #   3b. `trace` of a Qwen2.5-VL-7B-shaped vision tower on a 1024x1024 image, GPU and CPU;
-#   4. one table.
+#   4. one table, with both precisions' medians side by side.
 # It needs no Python, no cargo and no network on the GPU machine: only the repository and two
 # stripped release binaries, made beforehand on any Linux x86_64 machine:
 #
@@ -70,6 +72,7 @@ parity() {  # parity LABEL ARGS...
 for dir in tests/fixtures/models/{qwen2,qwen2-sharded,qwen3,llama31-tied,mistral,olmo3,qwen3_vl} \
   tests/fixtures/score/models/*; do
   parity "$(basename "$dir")" "$dir"
+  parity "$(basename "$dir") (bf16)" --precision bf16 "$dir"
 done
 for family in tiny-qwen3 tiny-qwen2; do
   parity "$family (pair)" --ref "assets/models/$family/ref" "assets/models/$family/vl"
@@ -167,9 +170,23 @@ printf '%s\n' "${parity_rows[@]}"
 echo
 echo "Qwen2.5-7B shapes, bf16 on disk, 15 default prompts; f32 (TF32 off) unless labelled bf16:"
 cat "$WORK/results.txt"
-median_of() {  # median_of PATTERN: median wall time of the runs whose label matches
-  awk -v p="$1" '$1 ~ p {for (i=2;i<=NF;i++) if ($i ~ /^wall_s=/) {sub("wall_s=","",$i); print $i}}' "$WORK/results.txt" \
-    | sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'
+median_of() {  # median_of PATTERN [FIELD]: median of FIELD (default wall_s) over the runs whose label matches
+  local field=${2:-wall_s}
+  awk -v p="$1" -v f="$field=" '$1 ~ p {for (i=2;i<=NF;i++) if (index($i, f) == 1) {sub(f,"",$i); print $i}}' "$WORK/results.txt" \
+    | sort -g | awk '{a[NR]=$1} END {if (NR) printf "%.6g\n", (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2); else print "-"}'
 }
-echo "warm wall median: f32 $(median_of '^warm') s, bf16 $(median_of '^bf16-warm') s"
+echo
+echo "Warm medians of $RUNS runs (seconds; peak in GiB):"
+printf '%-10s %9s %9s %9s %9s %9s\n' precision wall score load compute peak
+for p in f32 bf16; do
+  pat='^warm'; [ "$p" = bf16 ] && pat='^bf16-warm'
+  peak=$(median_of "$pat" peak_memory_bytes)
+  [ "$peak" != - ] && peak=$(awk -v b="$peak" 'BEGIN {printf "%.2f", b / 1073741824}')
+  printf '%-10s %9s %9s %9s %9s %9s\n' "$p" "$(median_of "$pat")" "$(median_of "$pat" score_s)" \
+    "$(median_of "$pat" load_s)" "$(median_of "$pat" compute_s)" "$peak"
+done
+f32_wall=$(median_of '^warm'); bf16_wall=$(median_of '^bf16-warm')
+if [ "$f32_wall" != - ] && [ "$bf16_wall" != - ]; then
+  echo "bf16 / f32 warm wall: $(awk -v b="$bf16_wall" -v f="$f32_wall" 'BEGIN {printf "%.3f", b / f}')"
+fi
 exit $failed

@@ -11,6 +11,7 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     RoundBf16,
+    NarrowBf16,
     WidenBf16,
     WidenF16,
     RmsNormRows,
@@ -29,8 +30,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::RoundBf16,
+        Kernel::NarrowBf16,
         Kernel::WidenBf16,
         Kernel::WidenF16,
         Kernel::RmsNormRows,
@@ -52,6 +54,7 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::RoundBf16 => "round_values_bf16",
+            Kernel::NarrowBf16 => "narrow_bf16",
             Kernel::WidenBf16 => "widen_bf16",
             Kernel::WidenF16 => "widen_f16",
             Kernel::RmsNormRows => "rms_norm_rows",
@@ -96,8 +99,8 @@ pub enum Op {
     Transpose,
 }
 
-/// `C = op(A) · op(B)` in cuBLAS's column-major convention (`cublasSgemm` with alpha 1 and
-/// beta 0): `op(A)` is `m x k`, `op(B)` is `k x n`, `C` is `m x n`, each stored column-major
+/// `C = op(A) · op(B)` in cuBLAS's column-major convention (`cublasSgemm` or `cublasGemmEx` with
+/// alpha 1 and beta 0): `op(A)` is `m x k`, `op(B)` is `k x n`, `C` is `m x n`, each stored column-major
 /// with leading dimensions `lda`, `ldb`, `ldc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gemm {
@@ -139,7 +142,8 @@ impl Gemm {
     }
 
     /// cuBLAS's argument checks (leading dimensions at least the stored rows), and that each
-    /// buffer of `len_*` f32 values holds its operand (which cuBLAS cannot check).
+    /// buffer of `len_*` values (of the operand's type) holds its operand (which cuBLAS cannot
+    /// check).
     pub fn validate(&self, len_a: usize, len_b: usize, len_c: usize) -> Result<()> {
         let a = Gemm::stored(self.transa, self.m, self.k);
         let b = Gemm::stored(self.transb, self.k, self.n);
@@ -167,8 +171,15 @@ impl Gemm {
 
 /// Memory, copies, launches and GEMMs on one device. Buffers are untyped bytes; kernels and the
 /// GEMM read them as the types their parameters name.
+///
+/// Two queues: the compute stream, on which every method but [`Device::upload_async`] runs in
+/// call order, and a copy stream for weights. A buffer from `upload_async` holds its bytes only
+/// once the compute stream has waited for its event ([`Device::wait`]); before that its contents
+/// are undefined (`docs/reference/gpu.md`, "Two streams").
 pub trait Device: Sync {
     type Buffer: Send + Sync;
+    /// The point on the copy stream after one copy.
+    type Event: Send + Sync;
 
     /// The device, for reports (`"NVIDIA H200 (cuda:0)"`).
     fn describe(&self) -> String;
@@ -178,6 +189,13 @@ pub trait Device: Sync {
 
     /// A copy of `host` on the device.
     fn upload(&self, host: &[u8]) -> Result<Self::Buffer>;
+
+    /// A new buffer that the copy stream fills with `host`, asynchronously, and the event that
+    /// completes with the copy. `host` is staged before this returns (it may be released then).
+    fn upload_async(&self, host: &[u8]) -> Result<(Self::Buffer, Self::Event)>;
+
+    /// Order the compute stream's later work after `event`.
+    fn wait(&self, event: &Self::Event) -> Result<()>;
 
     /// Bytes `range` of `buf`, on the host.
     fn download(&self, buf: &Self::Buffer, range: Range<usize>) -> Result<Vec<u8>>;
@@ -200,8 +218,20 @@ pub trait Device: Sync {
         args: &mut [Arg<'_, Self::Buffer>],
     ) -> Result<()>;
 
-    /// `c = op(a) · op(b)` on f32 buffers, as [`Gemm`] says.
+    /// `c = op(a) · op(b)` on f32 buffers, as [`Gemm`] says: `cublasSgemm` with TF32 off.
     fn gemm(
+        &self,
+        gemm: &Gemm,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        c: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// The same product with `a` and `b` of bf16 values (16 bits each) and `c` of f32:
+    /// `cublasGemmEx` with `CUDA_R_16BF` operands, an f32 output and `CUBLAS_COMPUTE_32F`, which
+    /// runs on tensor cores. Products of bf16 values are exact in f32; only the order of the f32
+    /// sums is the library's.
+    fn gemm_bf16(
         &self,
         gemm: &Gemm,
         a: &Self::Buffer,

@@ -7,7 +7,7 @@
 //! for the device needs no JIT. Compiled CUBINs are cached on disk, keyed by the source, the
 //! NVRTC version and the architecture (`docs/reference/gpu.md`).
 
-use std::ffi::{c_char, c_int, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use cudarc::cublas::{sys as blas_sys, CudaBlas, Gemm as _, GemmConfig};
 use cudarc::driver::{
-    result as driver_result, CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream,
-    DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    result as driver_result, sys as driver_sys, CudaContext, CudaEvent, CudaFunction, CudaSlice,
+    CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys, Ptx};
 use rayon::prelude::*;
@@ -126,6 +126,7 @@ const LIBRARY_SYMBOLS: [(&[&str], &str, &[&str]); 3] = [
             "cublasSetStream_v2",
             "cublasSetMathMode",
             "cublasSgemm_v2",
+            "cublasGemmEx",
         ],
     ),
 ];
@@ -278,7 +279,8 @@ fn cubin_for(arch: &str, fresh: bool) -> Result<Vec<u8>> {
 pub struct Timings {
     /// Device set-up: context, kernels (compiled or cached), cuBLAS.
     pub init_s: f64,
-    /// Reading weights and copying them to the device.
+    /// Reading weights and queueing their copies to the device (the copies themselves run on
+    /// the copy stream, beside the compute).
     pub load_s: f64,
     /// Waiting for kernels and GEMMs before each copy back.
     pub compute_s: f64,
@@ -313,11 +315,17 @@ struct Stage {
     copied: CudaEvent,
 }
 
-/// One GPU, its stream, cuBLAS handle and kernels.
+/// One GPU, its two streams, cuBLAS handles and kernels.
 pub struct Driver {
     ctx: Arc<CudaContext>,
+    /// The compute stream: kernels, GEMMs, copies back.
     stream: Arc<CudaStream>,
+    /// The copy stream: uploads, each followed by an event the compute stream waits for.
+    copy_stream: Arc<CudaStream>,
+    /// SGEMM with pedantic math: TF32 off, the parity mode.
     blas: CudaBlas,
+    /// `cublasGemmEx` on bf16 operands with the default math mode: tensor cores, f32 compute.
+    blas_bf16: CudaBlas,
     functions: Vec<CudaFunction>,
     name: String,
     ordinal: usize,
@@ -384,6 +392,11 @@ impl Driver {
             .collect::<Result<_, _>>()
             .map_err(driver_error("kernel entry point"))?;
         let stream = ctx.default_stream();
+        // A non-blocking stream, so its copies overlap the compute stream's work. It puts cudarc
+        // in multi-stream mode: each buffer also records cudarc's own read and write events, and
+        // a weight's free, ordered on the copy stream that allocated it, waits for the compute
+        // stream's last read (the explicit events order the use).
+        let copy_stream = ctx.new_stream().map_err(driver_error("copy stream"))?;
         let stage = || -> Result<Stage> {
             Ok(Stage {
                 // SAFETY: u8 needs no initialisation; write-combined suits a buffer the host
@@ -406,10 +419,14 @@ impl Driver {
         }
         .result()
         .map_err(|e| Error::Internal(format!("cuBLAS: cannot set the math mode: {e}")))?;
+        let blas_bf16 = CudaBlas::new(stream.clone())
+            .map_err(|e| Error::Internal(format!("cuBLAS: cannot create a handle: {e}")))?;
         let driver = Driver {
             ctx,
             stream,
+            copy_stream,
             blas,
+            blas_bf16,
             functions,
             name,
             ordinal,
@@ -453,6 +470,37 @@ impl Driver {
         }
     }
 
+    /// `Gemm`'s sizes as cuBLAS's 32-bit integers, and its operations.
+    fn blas_args(
+        g: &Gemm,
+    ) -> Result<(
+        blas_sys::cublasOperation_t,
+        blas_sys::cublasOperation_t,
+        [c_int; 6],
+    )> {
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| {
+                Error::Internal(format!("GEMM {g:?}: {v} exceeds cuBLAS's 32-bit sizes"))
+            })
+        };
+        let op = |op: Op| match op {
+            Op::None => blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            Op::Transpose => blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        };
+        Ok((
+            op(g.transa),
+            op(g.transb),
+            [
+                int(g.m)?,
+                int(g.n)?,
+                int(g.k)?,
+                int(g.lda)?,
+                int(g.ldb)?,
+                int(g.ldc)?,
+            ],
+        ))
+    }
+
     fn sync(&self) -> Result<()> {
         let started = Instant::now();
         self.stream
@@ -466,12 +514,14 @@ impl Driver {
 impl Drop for Driver {
     /// Staged copies may still read the pinned buffers: wait for them before those are freed.
     fn drop(&mut self) {
+        let _ = self.copy_stream.synchronize();
         let _ = self.stream.synchronize();
     }
 }
 
 impl Device for Driver {
     type Buffer = DriverBuffer;
+    type Event = CudaEvent;
 
     fn describe(&self) -> String {
         format!("{} (cuda:{})", self.name, self.ordinal)
@@ -485,60 +535,92 @@ impl Device for Driver {
         Ok(self.wrap(slice))
     }
 
-    /// Small buffers are copied directly. Weights go through the pinned staging buffers: each
-    /// chunk is read from the (mapped) file by several threads, then copied asynchronously while
-    /// the next chunk is read into the other buffer; the GPU computes what was queued before
-    /// meanwhile.
+    /// A copy the compute stream sees at once: small ones directly on it, larger ones on the
+    /// copy stream, waited for.
     fn upload(&self, host: &[u8]) -> Result<DriverBuffer> {
+        if host.len() > DIRECT_BYTES {
+            let (buf, copied) = self.upload_async(host)?;
+            self.wait(&copied)?;
+            return Ok(buf);
+        }
         let started = Instant::now();
-        if host.len() <= DIRECT_BYTES {
-            let slice = if host.is_empty() {
-                self.stream.alloc_zeros::<u8>(1)
-            } else {
-                self.stream.clone_htod(host)
-            }
-            .map_err(driver_error("copy to the device"))?;
-            self.add_time(|t| &mut t.load_s, started);
-            return Ok(self.wrap(slice));
+        let slice = if host.is_empty() {
+            self.stream.alloc_zeros::<u8>(1)
+        } else {
+            self.stream.clone_htod(host)
         }
-        // SAFETY: every byte is written by the copies below before any kernel reads it.
-        let mut slice = unsafe { self.stream.alloc::<u8>(host.len()) }
-            .map_err(driver_error("out of device memory"))?;
-        let mut stages = (self.stages.lock()).expect("no panic holds the staging lock");
-        for (i, chunk) in host.chunks(STAGE_BYTES).enumerate() {
-            let stage = &mut stages[i % 2];
-            // The copy out of this buffer two chunks ago must be done before it is refilled.
-            stage
-                .copied
-                .synchronize()
-                .map_err(driver_error("staged copy"))?;
-            let pinned = stage
-                .buf
-                .as_mut_slice()
-                .map_err(driver_error("pinned host memory"))?;
-            pinned[..chunk.len()]
-                .par_chunks_mut(READ_BLOCK)
-                .zip(chunk.par_chunks(READ_BLOCK))
-                .for_each(|(dst, src)| dst.copy_from_slice(src));
-            let offset = (i * STAGE_BYTES) as u64;
-            let (dst, _record) = slice.device_ptr_mut(&self.stream);
-            // SAFETY: `dst + offset` has room for the chunk; the pinned buffer is not touched
-            // again before `copied` says the copy is done.
-            unsafe {
-                driver_result::memcpy_htod_async(
-                    dst + offset,
-                    &pinned[..chunk.len()],
-                    self.stream.cu_stream(),
-                )
-            }
-            .map_err(driver_error("copy to the device"))?;
-            stage
-                .copied
-                .record(&self.stream)
-                .map_err(driver_error("event"))?;
-        }
+        .map_err(driver_error("copy to the device"))?;
         self.add_time(|t| &mut t.load_s, started);
         Ok(self.wrap(slice))
+    }
+
+    /// On the copy stream. Small buffers are copied directly (the driver stages pageable memory
+    /// before the call returns). Larger ones go through the pinned staging buffers: each chunk
+    /// is read from the (mapped) file by several threads, then copied asynchronously while the
+    /// next chunk is read into the other buffer; the compute stream runs what was queued before
+    /// meanwhile.
+    fn upload_async(&self, host: &[u8]) -> Result<(DriverBuffer, CudaEvent)> {
+        let started = Instant::now();
+        let event = |stream: &CudaStream| {
+            stream
+                .record_event(Some(driver_sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(driver_error("event"))
+        };
+        if host.is_empty() {
+            return Ok((self.zeros(0)?, event(&self.copy_stream)?));
+        }
+        // Allocated in the copy stream's order, so the copies need not wait for the compute
+        // stream's queue. SAFETY: every byte is written by the copies below before the compute
+        // stream, which waits for the returned event, reads it.
+        let mut slice = unsafe { self.copy_stream.alloc::<u8>(host.len()) }
+            .map_err(driver_error("out of device memory"))?;
+        if host.len() <= DIRECT_BYTES {
+            let (dst, _record) = slice.device_ptr_mut(&self.copy_stream);
+            // SAFETY: `dst` has room for `host`; pageable memory is staged before this returns.
+            unsafe { driver_result::memcpy_htod_async(dst, host, self.copy_stream.cu_stream()) }
+                .map_err(driver_error("copy to the device"))?;
+        } else {
+            let mut stages = (self.stages.lock()).expect("no panic holds the staging lock");
+            for (i, chunk) in host.chunks(STAGE_BYTES).enumerate() {
+                let stage = &mut stages[i % 2];
+                // The copy out of this buffer two chunks ago must be done before it is refilled.
+                stage
+                    .copied
+                    .synchronize()
+                    .map_err(driver_error("staged copy"))?;
+                let pinned = stage
+                    .buf
+                    .as_mut_slice()
+                    .map_err(driver_error("pinned host memory"))?;
+                pinned[..chunk.len()]
+                    .par_chunks_mut(READ_BLOCK)
+                    .zip(chunk.par_chunks(READ_BLOCK))
+                    .for_each(|(dst, src)| dst.copy_from_slice(src));
+                let offset = (i * STAGE_BYTES) as u64;
+                let (dst, _record) = slice.device_ptr_mut(&self.copy_stream);
+                // SAFETY: `dst + offset` has room for the chunk; the pinned buffer is not
+                // touched again before `copied` says the copy is done.
+                unsafe {
+                    driver_result::memcpy_htod_async(
+                        dst + offset,
+                        &pinned[..chunk.len()],
+                        self.copy_stream.cu_stream(),
+                    )
+                }
+                .map_err(driver_error("copy to the device"))?;
+                stage
+                    .copied
+                    .record(&self.copy_stream)
+                    .map_err(driver_error("event"))?;
+            }
+        }
+        let copied = event(&self.copy_stream)?;
+        self.add_time(|t| &mut t.load_s, started);
+        Ok((self.wrap(slice), copied))
+    }
+
+    fn wait(&self, event: &CudaEvent) -> Result<()> {
+        self.stream.wait(event).map_err(driver_error("event"))
     }
 
     fn download(&self, buf: &DriverBuffer, range: Range<usize>) -> Result<Vec<u8>> {
@@ -612,26 +694,18 @@ impl Device for Driver {
         g.validate(a.slice.len() / 4, b.slice.len() / 4, c.slice.len() / 4)?;
         // cuBLAS calls do not make the context current themselves.
         self.ctx.bind_to_thread().map_err(driver_error("context"))?;
-        let int = |v: usize| {
-            i32::try_from(v).map_err(|_| {
-                Error::Internal(format!("GEMM {g:?}: {v} exceeds cuBLAS's 32-bit sizes"))
-            })
-        };
-        let op = |op: Op| match op {
-            Op::None => blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            Op::Transpose => blas_sys::cublasOperation_t::CUBLAS_OP_T,
-        };
+        let (transa, transb, [m, n, k, lda, ldb, ldc]) = Driver::blas_args(g)?;
         let cfg = GemmConfig {
-            transa: op(g.transa),
-            transb: op(g.transb),
-            m: int(g.m)?,
-            n: int(g.n)?,
-            k: int(g.k)?,
+            transa,
+            transb,
+            m,
+            n,
+            k,
             alpha: 1.0f32,
-            lda: int(g.lda)?,
-            ldb: int(g.ldb)?,
+            lda,
+            ldb,
             beta: 0.0f32,
-            ldc: int(g.ldc)?,
+            ldc,
         };
         let views = || Error::Internal("GEMM operand is not whole f32 values".into());
         // SAFETY: the buffers hold f32 values; `validate` checked each operand fits its buffer.
@@ -649,6 +723,50 @@ impl Device for Driver {
             self.blas.gemm(cfg, &a, &b, &mut c)
         }
         .map_err(|e| Error::Internal(format!("cuBLAS GEMM {g:?}: {e}")))
+    }
+
+    fn gemm_bf16(
+        &self,
+        g: &Gemm,
+        a: &DriverBuffer,
+        b: &DriverBuffer,
+        c: &mut DriverBuffer,
+    ) -> Result<()> {
+        g.validate(a.slice.len() / 2, b.slice.len() / 2, c.slice.len() / 4)?;
+        self.ctx.bind_to_thread().map_err(driver_error("context"))?;
+        let (transa, transb, [m, n, k, lda, ldb, ldc]) = Driver::blas_args(g)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let bf16 = blas_sys::cudaDataType_t::CUDA_R_16BF;
+        let (pa, _read_a) = a.slice.device_ptr(&self.stream);
+        let (pb, _read_b) = b.slice.device_ptr(&self.stream);
+        let (pc, _write_c) = c.slice.device_ptr_mut(&self.stream);
+        // SAFETY: a live handle on the compute stream; `validate` checked each operand fits its
+        // buffer (bf16 A and B, f32 C); alpha and beta are f32, as CUBLAS_COMPUTE_32F takes.
+        unsafe {
+            blas_sys::cublasGemmEx(
+                *self.blas_bf16.handle(),
+                transa,
+                transb,
+                m,
+                n,
+                k,
+                (&alpha as *const f32).cast::<c_void>(),
+                pa as *const c_void,
+                bf16,
+                lda,
+                pb as *const c_void,
+                bf16,
+                ldb,
+                (&beta as *const f32).cast::<c_void>(),
+                pc as *mut c_void,
+                blas_sys::cudaDataType_t::CUDA_R_32F,
+                ldc,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .result()
+        .map_err(|e| Error::Internal(format!("cuBLAS GemmEx (bf16) {g:?}: {e}")))
     }
 }
 
@@ -720,20 +838,33 @@ mod tests {
         assert_eq!(spills(log).len(), 1);
     }
 
-    fn gpu() -> CudaBackend<Driver> {
+    fn gpu(precision: Precision) -> CudaBackend<Driver> {
         let driver = Driver::open(0).unwrap_or_else(|e| panic!("no GPU for this test: {e}"));
-        CudaBackend::new(driver, Precision::F32)
+        CudaBackend::new(driver, precision)
     }
 
     #[test]
     #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
     fn gpu_matches_the_cpu_on_every_architecture_fixture() {
-        every_fixture_matches(&gpu());
+        every_fixture_matches(&gpu(Precision::F32));
     }
 
     #[test]
     #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
     fn gpu_matches_the_cpu_on_the_bundled_pairs() {
-        bundled_pairs_match(&gpu());
+        bundled_pairs_match(&gpu(Precision::F32));
+    }
+
+    /// bf16 mode through cublasGemmEx on tensor cores.
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_matches_the_cpu_in_bf16_on_every_architecture_fixture() {
+        every_fixture_matches(&gpu(Precision::Bf16));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_matches_the_cpu_in_bf16_on_the_bundled_pairs() {
+        bundled_pairs_match(&gpu(Precision::Bf16));
     }
 }

@@ -1,12 +1,17 @@
 //! A host stand-in for the device layer (tests only): `kernels.cu` compiled by the system C++
 //! compiler through `host_shim.h` (build.rs), launched with cuLaunchKernel's calling convention,
-//! and a column-major GEMM that follows cuBLAS's transpose and leading-dimension rules and
-//! checks each operand fits its buffer. With it the whole CUDA backend runs, and is checked
-//! against the CPU backend, on machines without a GPU.
+//! a column-major GEMM that follows cuBLAS's transpose and leading-dimension rules and checks
+//! each operand fits its buffer (in f32, and with bf16 operands and f32 accumulation as
+//! `cublasGemmEx` on tensor cores), and a copy stream that is a real second queue. With it the
+//! whole CUDA backend runs, and is checked against the CPU backend, on machines without a GPU.
 
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 
 use super::device::{Arg, Device, Gemm, Kernel, Op, BLOCK};
 use crate::error::{Error, Result};
@@ -28,6 +33,7 @@ macro_rules! host_entries {
 
 host_entries! {
     RoundBf16 => sinkmerge_host_round_values_bf16,
+    NarrowBf16 => sinkmerge_host_narrow_bf16,
     WidenBf16 => sinkmerge_host_widen_bf16,
     WidenF16 => sinkmerge_host_widen_f16,
     RmsNormRows => sinkmerge_host_rms_norm_rows,
@@ -45,46 +51,204 @@ host_entries! {
     ScatterAddRows => sinkmerge_host_scatter_add_rows,
 }
 
+/// The memory of one stand-in allocation, shared with the copy stream's pending copies (a copy
+/// into a buffer freed before its wait lands in memory that is still there, as the real
+/// driver frees in stream order).
+struct Storage(UnsafeCell<Vec<u64>>);
+
+// SAFETY: the copy thread writes a buffer only while the thread that waits for that copy is
+// blocked in `wait` ([`CopyQueue`]); any other access is through the owning `HostBuffer`'s
+// borrows. A read that skips the wait reads the poison, never a copy in progress, since an
+// unwaited copy does not run.
+unsafe impl Sync for Storage {}
+
 /// Host memory standing in for a device allocation, 8-byte aligned like cudaMalloc's (and the
 /// `long long` parameters need).
 pub struct HostBuffer {
-    words: Vec<u64>,
+    words: Arc<Storage>,
     bytes: usize,
 }
 
 impl HostBuffer {
-    fn new(bytes: usize) -> HostBuffer {
+    fn filled(bytes: usize, word: u64) -> HostBuffer {
         HostBuffer {
-            words: vec![0; bytes.div_ceil(8)],
+            words: Arc::new(Storage(UnsafeCell::new(vec![word; bytes.div_ceil(8)]))),
             bytes,
         }
     }
 
+    fn new(bytes: usize) -> HostBuffer {
+        HostBuffer::filled(bytes, 0)
+    }
+
+    fn ptr(&self) -> *mut u64 {
+        // SAFETY: only the pointer is taken; the Vec is never resized.
+        unsafe { (*self.words.0.get()).as_mut_ptr() }
+    }
+
     fn as_bytes(&self) -> &[u8] {
         // SAFETY: u64 storage viewed as bytes; `bytes` never exceeds it.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.bytes) }
+        unsafe { std::slice::from_raw_parts(self.ptr().cast(), self.bytes) }
     }
 
     fn as_bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.bytes) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr().cast(), self.bytes) }
     }
 
     fn f32s(&self) -> &[f32] {
         // SAFETY: 8-byte aligned storage; whole f32 values only.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.bytes / 4) }
+        unsafe { std::slice::from_raw_parts(self.ptr().cast(), self.bytes / 4) }
     }
 
     fn f32s_mut(&mut self) -> &mut [f32] {
         // SAFETY: as above, uniquely borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.bytes / 4) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr().cast(), self.bytes / 4) }
+    }
+
+    fn u16s(&self) -> &[u16] {
+        // SAFETY: as `f32s`, for 16-bit values.
+        unsafe { std::slice::from_raw_parts(self.ptr().cast(), self.bytes / 2) }
     }
 }
 
-/// The stand-in device. `gemm_calls` counts GEMMs (tests check the backend uses them).
+/// What a buffer from [`HostDevice::upload_async`] holds until its copy has run: all bits set,
+/// a NaN as f32 and as bf16, so a read that skipped the wait shows in every result.
+const POISON: u64 = u64::MAX;
+
+/// One copy on the copy stream: staged bytes and where they go.
+struct CopyJob {
+    seq: u64,
+    staged: Vec<u8>,
+    dst: Arc<Storage>,
+}
+
 #[derive(Default)]
+struct QueueState {
+    pending: VecDeque<CopyJob>,
+    submitted: u64,
+    /// Copies up to this one may run: the latest event a wait asked for.
+    released: u64,
+    done: u64,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+}
+
+/// The stand-in's copy stream: a thread of its own that runs copies in submission order, each
+/// no earlier than the first wait for its event or a later one. That is the latest a real copy
+/// stream may finish, so a buffer read without the wait always holds [`POISON`], whatever the
+/// timing: a missing wait is caught deterministically.
+struct CopyQueue {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl CopyQueue {
+    fn new() -> CopyQueue {
+        let shared = Arc::new(Shared::default());
+        let worker = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("stand-in copy stream".into())
+                .spawn(move || CopyQueue::run(&shared))
+                .expect("the stand-in's copy thread starts")
+        };
+        CopyQueue {
+            shared,
+            worker: Some(worker),
+        }
+    }
+
+    fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, QueueState> {
+        shared.state.lock().expect("no panic holds the copy queue")
+    }
+
+    fn run(shared: &Shared) {
+        let mut state = CopyQueue::lock(shared);
+        loop {
+            let released = state.released;
+            if state.pending.front().is_some_and(|j| j.seq <= released) {
+                let job = state.pending.pop_front().expect("a front was seen");
+                drop(state);
+                // SAFETY: the storage holds at least `staged.len()` bytes (it was allocated for
+                // them), and the thread that waits for this copy is blocked until `done` says it
+                // is over ([`Storage`]).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        job.staged.as_ptr(),
+                        (*job.dst.0.get()).as_mut_ptr().cast::<u8>(),
+                        job.staged.len(),
+                    )
+                };
+                state = CopyQueue::lock(shared);
+                state.done = job.seq;
+                shared.changed.notify_all();
+            } else if state.closed {
+                return;
+            } else {
+                state = shared
+                    .changed
+                    .wait(state)
+                    .expect("no panic holds the copy queue");
+            }
+        }
+    }
+
+    fn submit(&self, staged: Vec<u8>, dst: Arc<Storage>) -> HostEvent {
+        let mut state = CopyQueue::lock(&self.shared);
+        state.submitted += 1;
+        let seq = state.submitted;
+        state.pending.push_back(CopyJob { seq, staged, dst });
+        HostEvent { seq }
+    }
+
+    fn wait(&self, event: &HostEvent) {
+        let mut state = CopyQueue::lock(&self.shared);
+        state.released = state.released.max(event.seq);
+        self.shared.changed.notify_all();
+        while state.done < event.seq {
+            state = (self.shared.changed.wait(state)).expect("no panic holds the copy queue");
+        }
+    }
+}
+
+impl Drop for CopyQueue {
+    /// Copies never waited for are dropped, as a freed buffer's would be.
+    fn drop(&mut self) {
+        CopyQueue::lock(&self.shared).closed = true;
+        self.shared.changed.notify_all();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// The point after one copy on the stand-in's copy stream.
+pub struct HostEvent {
+    seq: u64,
+}
+
+/// The stand-in device. `gemm_calls` and `gemm_bf16_calls` count GEMMs of each kind (tests check
+/// which the backend uses).
 pub struct HostDevice {
     pub gemm_calls: AtomicUsize,
+    pub gemm_bf16_calls: AtomicUsize,
+    copies: CopyQueue,
+}
+
+impl Default for HostDevice {
+    fn default() -> HostDevice {
+        HostDevice {
+            gemm_calls: AtomicUsize::new(0),
+            gemm_bf16_calls: AtomicUsize::new(0),
+            copies: CopyQueue::new(),
+        }
+    }
 }
 
 /// `C = op(A) · op(B)`, column-major, f32 accumulation, after cuBLAS's argument checks.
@@ -110,8 +274,21 @@ pub fn reference_gemm(g: &Gemm, a: &[f32], b: &[f32], c: &mut [f32]) -> Result<(
     Ok(())
 }
 
+/// `cublasGemmEx` with bf16 `A` and `B` (16-bit values), f32 `C` and `CUBLAS_COMPUTE_32F`: each
+/// operand widened exactly to f32, each product exact in f32 (8-bit by 8-bit significands), the
+/// sums in f32 ([`reference_gemm`]'s order).
+pub fn reference_gemm_bf16(g: &Gemm, a: &[u16], b: &[u16], c: &mut [f32]) -> Result<()> {
+    let widen = |v: &[u16]| -> Vec<f32> {
+        v.iter()
+            .map(|&h| f32::from_bits(u32::from(h) << 16))
+            .collect()
+    };
+    reference_gemm(g, &widen(a), &widen(b), c)
+}
+
 impl Device for HostDevice {
     type Buffer = HostBuffer;
+    type Event = HostEvent;
 
     fn describe(&self) -> String {
         "host stand-in for a CUDA device".into()
@@ -125,6 +302,17 @@ impl Device for HostDevice {
         let mut buf = HostBuffer::new(host.len());
         buf.as_bytes_mut().copy_from_slice(host);
         Ok(buf)
+    }
+
+    fn upload_async(&self, host: &[u8]) -> Result<(HostBuffer, HostEvent)> {
+        let buf = HostBuffer::filled(host.len(), POISON);
+        let event = self.copies.submit(host.to_vec(), buf.words.clone());
+        Ok((buf, event))
+    }
+
+    fn wait(&self, event: &HostEvent) -> Result<()> {
+        self.copies.wait(event);
+        Ok(())
     }
 
     fn download(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Vec<u8>> {
@@ -166,8 +354,8 @@ impl Device for HostDevice {
             .map(|arg| {
                 let mut slot = [0u8; 8];
                 match arg {
-                    Arg::Ref(b) => slot = (b.words.as_ptr() as usize).to_le_bytes(),
-                    Arg::Mut(b) => slot = (b.words.as_mut_ptr() as usize).to_le_bytes(),
+                    Arg::Ref(b) => slot = (b.ptr() as usize).to_le_bytes(),
+                    Arg::Mut(b) => slot = (b.ptr() as usize).to_le_bytes(),
                     Arg::I32(v) => slot[..4].copy_from_slice(&v.to_le_bytes()),
                     Arg::I64(v) => slot = v.to_le_bytes(),
                     Arg::F32(v) => slot[..4].copy_from_slice(&v.to_le_bytes()),
@@ -187,6 +375,17 @@ impl Device for HostDevice {
     fn gemm(&self, g: &Gemm, a: &HostBuffer, b: &HostBuffer, c: &mut HostBuffer) -> Result<()> {
         self.gemm_calls.fetch_add(1, Ordering::Relaxed);
         reference_gemm(g, a.f32s(), b.f32s(), c.f32s_mut())
+    }
+
+    fn gemm_bf16(
+        &self,
+        g: &Gemm,
+        a: &HostBuffer,
+        b: &HostBuffer,
+        c: &mut HostBuffer,
+    ) -> Result<()> {
+        self.gemm_bf16_calls.fetch_add(1, Ordering::Relaxed);
+        reference_gemm_bf16(g, a.u16s(), b.u16s(), c.f32s_mut())
     }
 }
 
@@ -356,12 +555,23 @@ mod tests {
         assert!(p.holds(), "{p:?}");
     }
 
-    /// A device layer that hands cuBLAS the weight untransposed: the mistake the stand-in must
-    /// catch, since a real GPU is rarely there to catch it.
-    struct TransposedWeight(HostDevice);
+    /// A mistake of a device layer that the stand-in must catch, since a real GPU is rarely
+    /// there to catch it, or (`Synchronous`) the plain one-queue layer to compare against.
+    #[derive(Clone, Copy)]
+    enum Fault {
+        /// cuBLAS gets the weight untransposed.
+        TransposedWeight,
+        /// The compute stream never waits for the copy stream's events.
+        MissingWait,
+        /// No copy stream: every upload is done before it returns.
+        Synchronous,
+    }
 
-    impl Device for TransposedWeight {
+    struct Faulty(HostDevice, Fault);
+
+    impl Device for Faulty {
         type Buffer = HostBuffer;
+        type Event = HostEvent;
         fn describe(&self) -> String {
             self.0.describe()
         }
@@ -370,6 +580,19 @@ mod tests {
         }
         fn upload(&self, host: &[u8]) -> Result<HostBuffer> {
             self.0.upload(host)
+        }
+        fn upload_async(&self, host: &[u8]) -> Result<(HostBuffer, HostEvent)> {
+            match self.1 {
+                // Event 0 is complete from the start.
+                Fault::Synchronous => Ok((self.0.upload(host)?, HostEvent { seq: 0 })),
+                _ => self.0.upload_async(host),
+            }
+        }
+        fn wait(&self, event: &HostEvent) -> Result<()> {
+            match self.1 {
+                Fault::MissingWait => Ok(()),
+                _ => self.0.wait(event),
+            }
         }
         fn download(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Vec<u8>> {
             self.0.download(buf, range)
@@ -393,11 +616,193 @@ mod tests {
             self.0.launch(kernel, threads, args)
         }
         fn gemm(&self, g: &Gemm, a: &HostBuffer, b: &HostBuffer, c: &mut HostBuffer) -> Result<()> {
-            let flipped = Gemm {
-                transa: Op::None,
-                ..*g
-            };
-            self.0.gemm(&flipped, a, b, c)
+            match self.1 {
+                Fault::TransposedWeight => {
+                    let flipped = Gemm {
+                        transa: Op::None,
+                        ..*g
+                    };
+                    self.0.gemm(&flipped, a, b, c)
+                }
+                _ => self.0.gemm(g, a, b, c),
+            }
+        }
+        fn gemm_bf16(
+            &self,
+            g: &Gemm,
+            a: &HostBuffer,
+            b: &HostBuffer,
+            c: &mut HostBuffer,
+        ) -> Result<()> {
+            self.0.gemm_bf16(g, a, b, c)
+        }
+    }
+
+    fn faulty(fault: Fault, precision: Precision) -> CudaBackend<Faulty> {
+        CudaBackend::new(Faulty(HostDevice::default(), fault), precision)
+    }
+
+    #[test]
+    fn a_copy_stream_buffer_holds_its_bytes_only_after_the_wait() {
+        let dev = HostDevice::default();
+        let (first, second) = (vec![7u8; 24], (0..40u8).collect::<Vec<u8>>());
+        let (a, ea) = dev.upload_async(&first).unwrap();
+        let (b, eb) = dev.upload_async(&second).unwrap();
+        // Before any wait neither copy has run: both buffers hold the poison (a NaN).
+        assert_eq!(dev.download(&a, 0..24).unwrap(), vec![0xff; 24]);
+        assert!(f32s_of(&dev.download(&b, 0..4).unwrap())[0].is_nan());
+        // Waiting for the second event runs the copies in order, the first included.
+        dev.wait(&eb).unwrap();
+        assert_eq!(dev.download(&a, 0..24).unwrap(), first);
+        assert_eq!(dev.download(&b, 0..40).unwrap(), second);
+        dev.wait(&ea).unwrap();
+        // A buffer dropped before its wait, then a later wait: the copy lands in memory that is
+        // still there.
+        let (c, _never_waited) = dev.upload_async(&[1, 2, 3]).unwrap();
+        drop(c);
+        let (d, ed) = dev.upload_async(&[4, 5]).unwrap();
+        dev.wait(&ed).unwrap();
+        assert_eq!(dev.download(&d, 0..2).unwrap(), [4, 5]);
+    }
+
+    fn f32s_of(bytes: &[u8]) -> Vec<f32> {
+        super::super::f32s(bytes)
+    }
+
+    #[test]
+    fn a_missing_wait_for_the_copy_stream_is_caught() {
+        let (case, dir) = fixtures().remove(0);
+        let ckpt = open(&dir);
+        let prompts = golden_prompts(case);
+        for precision in [Precision::F32, Precision::Bf16] {
+            let e = trace_on(&faulty(Fault::MissingWait, precision), &ckpt, &prompts)
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains("NaN/Inf")),
+                "{precision}: weights read before their copy: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_copy_stream_gives_the_synchronous_uploads_results_bit_for_bit() {
+        for (case, dir) in fixtures().into_iter().take(4) {
+            let ckpt = open(&dir);
+            let prompts = golden_prompts(case);
+            for precision in [Precision::F32, Precision::Bf16] {
+                let two = trace_on(
+                    &CudaBackend::new(HostDevice::default(), precision),
+                    &ckpt,
+                    &prompts,
+                )
+                .unwrap();
+                let one =
+                    trace_on(&faulty(Fault::Synchronous, precision), &ckpt, &prompts).unwrap();
+                assert_eq!(two.logits, one.logits, "{case} {precision}");
+                assert_eq!(two.attentions, one.attentions, "{case} {precision}");
+            }
+        }
+    }
+
+    /// γ_k = k u / (1 - k u) with u = 2^-24: the bound on the relative error of a k-term f32 dot
+    /// product in any summation order (Higham, Accuracy and Stability of Numerical Algorithms,
+    /// 2nd ed., section 3.1), products exact.
+    fn gamma(k: usize) -> f64 {
+        let ku = k as f64 * f64::powi(2.0, -24);
+        ku / (1.0 - ku)
+    }
+
+    #[test]
+    fn the_stand_in_bf16_gemm_is_exact_products_summed_in_f32() {
+        let bf16 = |v: f32| half::bf16::from_f32(v);
+        let (rows, out, inp) = (5, 7, 300);
+        let g = Gemm::linear(rows, out, inp);
+        let w: Vec<half::bf16> = spread(out * inp, 11).iter().map(|&v| bf16(v)).collect();
+        let x: Vec<half::bf16> = spread(rows * inp, 12)
+            .iter()
+            .map(|&v| bf16(v / 3.0))
+            .collect();
+        let bits = |v: &[half::bf16]| v.iter().map(|h| h.to_bits()).collect::<Vec<u16>>();
+        let mut got = vec![0f32; rows * out];
+        reference_gemm_bf16(&g, &bits(&w), &bits(&x), &mut got).unwrap();
+        let (wf, xf): (Vec<f32>, Vec<f32>) = (
+            w.iter().map(|h| h.to_f32()).collect(),
+            x.iter().map(|h| h.to_f32()).collect(),
+        );
+        // Independently: the exact dot products (in f64, where products and sums of these
+        // values are exact), and the CPU backend's faer GEMM in another order.
+        let cpu = crate::forward::backend::cpu::linear(&xf, rows, &wf, out, inp);
+        for r in 0..rows {
+            for o in 0..out {
+                let (xr, wo) = (&xf[r * inp..(r + 1) * inp], &wf[o * inp..(o + 1) * inp]);
+                let exact: f64 = xr.iter().zip(wo).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = xr
+                    .iter()
+                    .zip(wo)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let (v, c) = (got[r * out + o] as f64, cpu[r * out + o] as f64);
+                assert!(
+                    (v - exact).abs() <= gamma(inp) * mag,
+                    "{r} {o}: {v} {exact}"
+                );
+                assert!((v - c).abs() <= 2.0 * gamma(inp) * mag, "{r} {o}: {v} {c}");
+            }
+        }
+        // The same bf16 values through the f32 reference, in the same order: bit for bit.
+        let mut f32_path = vec![0f32; rows * out];
+        reference_gemm(&g, &wf, &xf, &mut f32_path).unwrap();
+        assert_eq!(got, f32_path);
+        // Small integers: every product and sum exact, so the result is exact.
+        let g = Gemm::linear(1, 1, 3);
+        let ones = [bf16(1.0), bf16(-2.0), bf16(3.0)];
+        let mut c = [0f32];
+        reference_gemm_bf16(&g, &bits(&ones), &bits(&ones), &mut c).unwrap();
+        assert_eq!(c, [14.0]);
+    }
+
+    #[test]
+    fn bf16_mode_runs_bf16_gemms_and_f32_mode_sgemms() {
+        let (case, dir) = fixtures().remove(0);
+        let ckpt = open(&dir);
+        let prompts = golden_prompts(case);
+        for precision in [Precision::F32, Precision::Bf16] {
+            let gpu = CudaBackend::new(HostDevice::default(), precision);
+            trace_on(&gpu, &ckpt, &prompts).unwrap();
+            let sgemm = gpu.device().gemm_calls.load(Ordering::Relaxed);
+            let bf16 = gpu.device().gemm_bf16_calls.load(Ordering::Relaxed);
+            match precision {
+                Precision::F32 => assert!(sgemm > 0 && bf16 == 0, "{sgemm} {bf16}"),
+                Precision::Bf16 => assert!(sgemm == 0 && bf16 > 0, "{sgemm} {bf16}"),
+            }
+        }
+        // One linear layer in bf16 on uploaded f32 values (narrowed on the device): the CPU
+        // backend's bf16 linear, within the bound of two f32 sums in different orders.
+        let cpu = CpuBackend::new(Precision::Bf16);
+        let gpu = CudaBackend::new(HostDevice::default(), Precision::Bf16);
+        let (rows, out, inp) = (3, 9, 64);
+        let r = |v: Vec<f32>| {
+            v.into_iter()
+                .map(|x| Precision::Bf16.round(x))
+                .collect::<Vec<_>>()
+        };
+        let (x, w) = (r(spread(rows * inp, 21)), r(spread(out * inp, 22)));
+        let want = cpu.linear(&x, rows, &w, out, inp).unwrap();
+        let got = gpu
+            .linear(
+                &gpu.upload(x.clone()).unwrap(),
+                rows,
+                &gpu.upload(w.clone()).unwrap(),
+                out,
+                inp,
+            )
+            .unwrap();
+        let got = gpu.to_host(&got).unwrap().into_owned();
+        let mag = x.iter().chain(&w).fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let bound = 2.0 * gamma(inp) * inp as f64 * mag * mag;
+        for (a, b) in want.iter().zip(&got) {
+            assert!(((a - b) as f64).abs() <= bound, "{a} {b}");
         }
     }
 
@@ -409,7 +814,7 @@ mod tests {
         let cpu = trace(&ckpt, &prompts).unwrap();
         // Square projections (q, o) run with wrong numbers; the others fail cuBLAS's checks.
         match trace_on(
-            &CudaBackend::new(TransposedWeight(HostDevice::default()), Precision::F32),
+            &faulty(Fault::TransposedWeight, Precision::F32),
             &ckpt,
             &prompts,
         ) {

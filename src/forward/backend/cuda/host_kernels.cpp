@@ -36,6 +36,7 @@ static void run(void (*f)(A...), unsigned int grid, unsigned int block, void** p
     }
 
 HOST_ENTRY(round_values_bf16)
+HOST_ENTRY(narrow_bf16)
 HOST_ENTRY(widen_bf16)
 HOST_ENTRY(widen_f16)
 HOST_ENTRY(rms_norm_rows)

@@ -36,6 +36,14 @@ KERNEL void round_values_bf16(float* x, long long n) {
     x[i] = round_bf16(x[i]);
 }
 
+// The bf16 operand of a tensor-core GEMM (cublasGemmEx with CUDA_R_16BF): each value rounded to
+// bf16 and stored as its 16 bits. Exact for the values bf16 mode holds, which are bf16 already.
+KERNEL void narrow_bf16(unsigned short* out, const float* in, long long n) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    out[i] = (unsigned short)(__float_as_uint(round_bf16(in[i])) >> 16);
+}
+
 // bf16 -> f32 is exact: the bf16 bits are the high half of the f32's.
 KERNEL void widen_bf16(float* out, const unsigned short* in, long long n) {
     long long i = SINKMERGE_INDEX;

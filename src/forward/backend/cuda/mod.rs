@@ -5,10 +5,12 @@
 //! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
 //!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
 //!   size streams through.
-//! - Activations are f32; GEMMs accumulate in f32 with TF32 off. In bf16 mode the same
-//!   kernels round where transformers' bf16 path rounds ([`Precision`]); the GEMMs then run in
-//!   f32 on bf16 values, which is exact for the products and differs from a bf16 tensor-core
-//!   GEMM only in accumulation order.
+//! - Weights are copied on the device layer's copy stream; the compute stream waits for each
+//!   copy's event before its first use, so a copy overlaps the GEMMs queued before it.
+//! - Activations are f32. In f32 mode GEMMs are SGEMMs with TF32 off (the parity mode). In bf16
+//!   mode the same kernels round where transformers' bf16 path rounds ([`Precision`]), and the
+//!   GEMMs take bf16 operands on tensor cores with f32 accumulation and an f32 output, which the
+//!   recipe rounds after the bias, as torch's bf16 GEMM does.
 //! - Embedding rows are gathered on the host (the recipe does), so the embedding matrix never
 //!   reaches the device.
 //! - Attention runs one thread per (token, head) over all prompts of a layer at once, in groups
@@ -44,6 +46,17 @@ pub struct DeviceTensor<B> {
     buf: B,
     /// Number of f32 values.
     len: usize,
+    /// The same values as bf16 (16 bits each), kept from a bf16 checkpoint's bytes in bf16 mode:
+    /// a weight's GEMM operand without a narrowing pass. Any write drops it ([`Self::buf_mut`]).
+    bf16: Option<B>,
+}
+
+impl<B> DeviceTensor<B> {
+    /// The f32 values, to be written: the bf16 copy no longer holds them.
+    fn buf_mut(&mut self) -> &mut B {
+        self.bf16 = None;
+        &mut self.buf
+    }
 }
 
 /// The CUDA backend over a device layer `D` (cudarc's [`driver::Driver`] on a GPU).
@@ -116,7 +129,30 @@ impl<D: Device> CudaBackend<D> {
     }
 
     fn tensor(&self, buf: D::Buffer, len: usize) -> DeviceTensor<D::Buffer> {
-        DeviceTensor { buf, len }
+        DeviceTensor {
+            buf,
+            len,
+            bf16: None,
+        }
+    }
+
+    /// `t`'s values as bf16, for a tensor-core GEMM: its bf16 copy, or one narrowed into
+    /// `scratch` (exact: bf16 mode's values are bf16 already).
+    fn bf16_operand<'t>(
+        &self,
+        t: &'t DeviceTensor<D::Buffer>,
+        scratch: &'t mut Option<D::Buffer>,
+    ) -> Result<&'t D::Buffer> {
+        if let Some(b) = &t.bf16 {
+            return Ok(b);
+        }
+        let mut out = self.device.zeros(t.len * 2)?;
+        self.launch(
+            Kernel::NarrowBf16,
+            t.len,
+            &mut [Arg::Mut(&mut out), Arg::Ref(&t.buf), Arg::I64(t.len as i64)],
+        )?;
+        Ok(scratch.insert(out))
     }
 
     fn zeros_f32(&self, len: usize) -> Result<DeviceTensor<D::Buffer>> {
@@ -154,7 +190,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         self.launch(
             Kernel::RoundBf16,
             n,
-            &mut [Arg::Mut(&mut x.buf), Arg::I64(n as i64)],
+            &mut [Arg::Mut(x.buf_mut()), Arg::I64(n as i64)],
         )
     }
 
@@ -165,9 +201,12 @@ impl<D: Device> Backend for CudaBackend<D> {
     fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
         let (dtype, bytes) = model.stored_bytes(name, shape)?;
         let len = shape.iter().product::<usize>();
-        let uploaded = self.device.upload(bytes);
+        // The bytes are staged before `upload_async` returns, so the file's pages can go.
+        let uploaded = self.device.upload_async(bytes);
         model.release(name);
-        let raw = uploaded?;
+        let (raw, copied) = uploaded?;
+        // The copy stream fills `raw`; nothing on the compute stream may read it before this.
+        self.device.wait(&copied)?;
         let widen = match dtype {
             Dtype::F32 => None,
             Dtype::BF16 => Some(Kernel::WidenBf16),
@@ -183,6 +222,10 @@ impl<D: Device> Backend for CudaBackend<D> {
                     len,
                     &mut [Arg::Mut(&mut out.buf), Arg::Ref(&raw), Arg::I64(len as i64)],
                 )?;
+                // In bf16 mode a bf16 checkpoint's bytes are the tensor-core GEMM's operand.
+                if dtype == Dtype::BF16 && !self.precision.is_f32() {
+                    out.bf16 = Some(raw);
+                }
                 out
             }
         };
@@ -206,7 +249,15 @@ impl<D: Device> Backend for CudaBackend<D> {
             return Ok(y);
         }
         let gemm = Gemm::linear(rows, out_features, in_features);
-        self.device.gemm(&gemm, &w.buf, &x.buf, &mut y.buf)?;
+        match self.precision {
+            Precision::F32 => self.device.gemm(&gemm, &w.buf, &x.buf, &mut y.buf)?,
+            Precision::Bf16 => {
+                let (mut sw, mut sx) = (None, None);
+                let a = self.bf16_operand(w, &mut sw)?;
+                let b = self.bf16_operand(x, &mut sx)?;
+                self.device.gemm_bf16(&gemm, a, b, &mut y.buf)?;
+            }
+        }
         Ok(y)
     }
 
@@ -216,7 +267,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::AddBias,
             n,
             &mut [
-                Arg::Mut(&mut y.buf),
+                Arg::Mut(y.buf_mut()),
                 Arg::Ref(&b.buf),
                 Arg::I64(n as i64),
                 Arg::I32(width as i32),
@@ -268,7 +319,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::ClampValues,
             n,
             &mut [
-                Arg::Mut(&mut x.buf),
+                Arg::Mut(x.buf_mut()),
                 Arg::I64(n as i64),
                 Arg::F32(c),
                 self.bf16(),
@@ -301,7 +352,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::Rope,
             rows * (width / head_dim) * half,
             &mut [
-                Arg::Mut(&mut x.buf),
+                Arg::Mut(x.buf_mut()),
                 Arg::Ref(&cos.buf),
                 Arg::Ref(&sin.buf),
                 Arg::I64(rows as i64),
@@ -450,7 +501,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::Activate,
             n,
             &mut [
-                Arg::Mut(&mut x.buf),
+                Arg::Mut(x.buf_mut()),
                 Arg::I64(n as i64),
                 Arg::I32(kind),
                 self.bf16(),
@@ -464,7 +515,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::ScaleColumns,
             n,
             &mut [
-                Arg::Mut(&mut x.buf),
+                Arg::Mut(x.buf_mut()),
                 Arg::Ref(&w.buf),
                 Arg::I64(n as i64),
                 Arg::I32(width as i32),
@@ -479,7 +530,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::SiluMul,
             n,
             &mut [
-                Arg::Mut(&mut gate.buf),
+                Arg::Mut(gate.buf_mut()),
                 Arg::Ref(&up.buf),
                 Arg::I64(n as i64),
                 self.bf16(),
@@ -493,7 +544,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::AddAssign,
             n,
             &mut [
-                Arg::Mut(&mut a.buf),
+                Arg::Mut(a.buf_mut()),
                 Arg::Ref(&b.buf),
                 Arg::I64(n as i64),
                 self.bf16(),
@@ -586,7 +637,7 @@ impl<D: Device> Backend for CudaBackend<D> {
             Kernel::ScatterAddRows,
             width,
             &mut [
-                Arg::Mut(&mut out.buf),
+                Arg::Mut(out.buf_mut()),
                 Arg::Ref(&y.buf),
                 Arg::Ref(&idx),
                 Arg::Ref(&w.buf),
