@@ -125,6 +125,39 @@ fn results_do_not_depend_on_the_thread_count() {
     assert_eq!(v["pairs"][0]["b_gap_median"], 0.0);
 }
 
+/// Reading ahead (the default, docs/commands/score.md#memory-and-reading-ahead) changes no byte
+/// of the output: against `--max-memory 1`, which reads nothing ahead (each weight decoded when
+/// asked for, as before reading ahead existed), and at 1 and 2 threads,
+/// on a pair of models (one sharded) and on per-expert and fused-expert MoE models.
+#[test]
+fn reading_ahead_gives_the_same_bytes_at_any_thread_count() {
+    let (r, t) = (fixture("qwen2"), fixture("qwen2-sharded"));
+    let runs: [Vec<String>; 3] = [
+        vec!["--ref".into(), s(&r).into(), s(&t).into()],
+        vec![s(&score_fixture("qwen3_moe")).into()],
+        vec![s(&score_fixture("olmoe")).into(), "--n".into(), "4".into()],
+    ];
+    for run in &runs {
+        let mut args: Vec<&str> = run.iter().map(String::as_str).collect();
+        args.push("--json");
+        let plain = [args.clone(), vec!["--max-memory", "1"]].concat();
+        let one = score(&args).threads("1").output();
+        assert!(
+            one.status.success(),
+            "{}",
+            String::from_utf8_lossy(&one.stderr)
+        );
+        let two = score(&args).threads("2").output();
+        let not_ahead = score(&plain).threads("2").output();
+        assert!(not_ahead.status.success());
+        assert_eq!(one.stdout, two.stdout, "{run:?}: 1 vs 2 threads");
+        assert_eq!(
+            one.stdout, not_ahead.stdout,
+            "{run:?}: with and without reading ahead"
+        );
+    }
+}
+
 #[test]
 fn seeded_draws_and_prompt_files() {
     let m = score_fixture("qwen3_bias");

@@ -5,6 +5,7 @@ pub mod header;
 pub mod hub;
 pub mod mapped;
 pub mod output;
+pub mod prefetch;
 mod residency;
 pub mod resolve;
 pub mod rewrite;
@@ -32,7 +33,9 @@ pub const CONFIG_FILE: &str = "config.json";
 /// One mmap'd safetensors file and its validated header.
 pub struct Shard {
     pub path: PathBuf,
-    mmap: Mmap,
+    /// Shared with the read-ahead thread of a streaming pass (`prefetch`), which may outlive a
+    /// borrow of the checkpoint by the time it takes to finish one tensor.
+    mmap: std::sync::Arc<Mmap>,
     pub header: header::Header,
 }
 
@@ -52,7 +55,7 @@ impl Shard {
         mapped::register(&mmap, std::sync::Arc::new(file));
         Ok(Shard {
             path: path.to_path_buf(),
-            mmap,
+            mmap: std::sync::Arc::new(mmap),
             header,
         })
     }

@@ -24,7 +24,8 @@ use crate::sink::text_loss::TextPass;
 pub const LONG_ABOUT: &str = "Attention-sink scores of each MODEL, and with --ref the margin of each \
 MODEL against the reference.\n\n\
 Runs each MODEL (and REF) on the calibration prompts, layer by layer in f32 (weights upcast, eager \
-attention, no cache, batch of one per prompt; only one layer's weights resident; --precision bf16 \
+attention, no cache, batch of one per prompt; the next layer read and decoded while one computes, so two layers' \
+weights resident at most, less under --max-memory; --precision bf16 \
 for the paper's bf16 path), and reports the \
 attention-sink metrics of \"Text Capability Loss in Vision-Language Adaptation\" (arXiv 2609.00746):\n\n\
   S (sink_strength)   median over the window of G = log(a/(1-a)), a = the sink's attention share\n\

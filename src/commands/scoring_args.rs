@@ -49,14 +49,49 @@ pub struct ScoringArgs {
     /// through, so any model size fits)
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: ComputeDevice,
+
+    /// The most f32 weights held at once, in bytes (suffix K, M, G or T for powers of 1024):
+    /// the layer computing and those read ahead (docs/commands/score.md#memory-and-reading-ahead).
+    /// By default the next layer is read and decoded while one computes, two layers at most;
+    /// under one layer more than the largest layer, less is read ahead, and nothing at one layer
+    /// or less
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub max_memory: Option<u64>,
+}
+
+/// `N` bytes, or `N` followed by K, M, G or T (powers of 1024; a trailing `B` or `iB` allowed).
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let bad = || format!("`{s}`: give a size in bytes, e.g. 8G, 512M or 1073741824");
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(bad()),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
 impl ScoringArgs {
-    /// Check what needs no file: the window holds at least one layer.
+    /// Check what needs no file (the window holds at least one layer), and set `--max-memory`
+    /// for the passes to come.
     pub fn validate(&self) -> Result<()> {
         if self.last == 0 {
             bail!("--last must be at least 1");
         }
+        crate::checkpoint::prefetch::set_max_memory(self.max_memory);
         Ok(())
     }
 
@@ -73,5 +108,21 @@ pub fn warn_undeclared_layers(ckpts: &[Checkpoint]) {
         if let Some(w) = undeclared_layers(&c.label, &c.config, c.names()) {
             eprintln!("sinkmerge: warning: {w}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("8G"), Ok(8 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("3k"), Ok(3 << 10));
+        assert!(parse_bytes("8X").is_err());
+        assert!(parse_bytes("G").is_err());
+        assert!(parse_bytes("99999999999T").is_err());
     }
 }

@@ -311,6 +311,8 @@ pub fn run<B: Backend>(
             None => Kept::i64("position_ids", vec![seq], (0..seq as i64).collect()),
         });
     }
+    let head = capture.has(Capture::Logits) || capture.has(Capture::HiddenStates);
+    let _reading = super::decoder::stream(&[model], &super::decoder::full_pass(model, head));
     let mut state = start(backend, model, prompt, encoded.as_ref())?;
 
     let mut chosen = vec![false; num_layers];

@@ -7,11 +7,14 @@
 //! as one large GEMM. Layers are streamed: [`State::attention`] loads the layer's attention
 //! weights, computes every prompt's and head's scores and probabilities, hands each head to a
 //! visitor (the metric accumulators, or a probability dump for tests) and drops the weights;
-//! [`State::mlp`] does the same for the feed-forward block. Only the current layer's weights are
-//! ever resident in f32.
+//! [`State::mlp`] does the same for the feed-forward block. A pass that declares its blocks
+//! ([`stream`]) has the next ones read and decoded on a background thread while one computes, so
+//! at most two layers' weights are resident in f32 (docs/commands/score.md, "Memory and reading
+//! ahead").
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
@@ -22,6 +25,7 @@ use super::rope::{frequencies, RopeTable};
 use crate::arch::config::RopeScaling;
 use crate::arch::names::standard_name;
 use crate::arch::QkNorm;
+use crate::checkpoint::prefetch::{self, Planned, Prefetch};
 use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
@@ -33,6 +37,109 @@ pub struct Model<'a> {
     pub spec: DecoderSpec,
     /// Hugging Face standard name -> name as stored (VLMs prefix their language model).
     stored: HashMap<String, String>,
+    /// The read-ahead of the streaming pass running now, and this model's index in it (see
+    /// [`stream`]).
+    prefetch: Mutex<Option<(Arc<Prefetch>, usize)>>,
+}
+
+/// The part of a layer a streaming pass runs, for reading ahead (see [`stream`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Block {
+    /// [`State::attention`]; without the residual update, its scores only.
+    Attention { update_residual: bool },
+    /// [`State::mlp`].
+    Mlp,
+    /// The final norm and LM head ([`State::logits`]); `layer` is ignored.
+    Head,
+}
+
+/// One block of one model (its index in [`stream`]'s `models`) in the order the pass runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    pub model: usize,
+    pub layer: usize,
+    pub block: Block,
+}
+
+/// The steps of a pass of one model through every layer in full, then the head when `head`.
+pub fn full_pass(model: &Model, head: bool) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for layer in 0..model.spec.num_layers() {
+        for block in [
+            Block::Attention {
+                update_residual: true,
+            },
+            Block::Mlp,
+        ] {
+            steps.push(Step {
+                model: 0,
+                layer,
+                block,
+            });
+        }
+    }
+    if head {
+        steps.push(Step {
+            model: 0,
+            layer: 0,
+            block: Block::Head,
+        });
+    }
+    steps
+}
+
+/// Read `models`' weights ahead of a pass that runs `steps` in order (docs/commands/score.md,
+/// "Memory and reading ahead"): a background thread decodes the next blocks' weights while
+/// the current one computes, holding at most one layer of f32 weights ahead (the largest layer
+/// of the steps; less under `--max-memory`). Reading ahead ends when the returned guard drops.
+/// Every value a backend gets is decoded by the same function as without it.
+pub fn stream<'m, 'a>(models: &[&'m Model<'a>], steps: &[Step]) -> Streaming<'m, 'a> {
+    let mut plan = Vec::new();
+    let mut layer_bytes: HashMap<(usize, usize), usize> = HashMap::new();
+    for (group, step) in steps.iter().enumerate() {
+        let Some(model) = models.get(step.model) else {
+            continue;
+        };
+        for name in model.block_weights(step.layer, step.block) {
+            if step.block != Block::Head {
+                let bytes = model.ckpt.info(&name).map_or(0, |i| i.numel() * 4);
+                *layer_bytes.entry((step.model, step.layer)).or_default() += bytes;
+            }
+            plan.push(Planned {
+                source: step.model,
+                ckpt: model.ckpt,
+                name,
+                group,
+            });
+        }
+    }
+    let layer = layer_bytes.values().copied().max().unwrap_or(0);
+    let prefetch = Arc::new(Prefetch::start(plan, prefetch::budget(layer)));
+    for (i, model) in models.iter().enumerate() {
+        *model.prefetch.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((Arc::clone(&prefetch), i));
+    }
+    Streaming {
+        models: models.to_vec(),
+    }
+}
+
+/// Reading ahead for a pass (see [`stream`]); dropping it stops the thread and frees what was
+/// read and not used.
+pub struct Streaming<'m, 'a> {
+    models: Vec<&'m Model<'a>>,
+}
+
+impl Drop for Streaming<'_, '_> {
+    fn drop(&mut self) {
+        for model in &self.models {
+            model
+                .prefetch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+        }
+    }
 }
 
 impl<'a> Model<'a> {
@@ -44,7 +151,12 @@ impl<'a> Model<'a> {
             .iter()
             .filter_map(|n| standard_name(n).map(|s| (s, n.clone())))
             .collect();
-        let model = Model { ckpt, spec, stored };
+        let model = Model {
+            ckpt,
+            spec,
+            stored,
+            prefetch: Mutex::new(None),
+        };
         let embed = model.info("model.embed_tokens.weight")?;
         if embed.shape.len() != 2 || embed.shape[1] != model.spec.hidden_size {
             bail!(
@@ -106,6 +218,9 @@ impl<'a> Model<'a> {
     /// Decode a tensor of the expected shape to f32 and release its mapped pages.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let stored = self.shaped(name, shape)?;
+        if let Some(values) = self.read_ahead().and_then(|(p, i)| p.take(i, stored)) {
+            return Ok(values);
+        }
         let values = self.ckpt.read_tensor(stored)?.data;
         self.ckpt.release(stored);
         Ok(values)
@@ -122,7 +237,93 @@ impl<'a> Model<'a> {
                 self.ckpt.describe(stored)
             );
         }
+        if let Some((prefetch, i)) = self.read_ahead() {
+            prefetch.take_resident(i, stored);
+        }
         Ok((dtype, self.ckpt.bytes(stored)?))
+    }
+
+    /// The read-ahead of the pass running now, if any.
+    fn read_ahead(&self) -> Option<(Arc<Prefetch>, usize)> {
+        let guard = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map(|(p, i)| (Arc::clone(p), *i))
+    }
+
+    /// Stored names of the weights `block` of `layer` asks for, in the order it asks (missing
+    /// ones left out: the block reports them).
+    fn block_weights(&self, layer: usize, block: Block) -> Vec<String> {
+        let spec = &self.spec;
+        let p = Self::layer_prefix(layer);
+        let pre = spec.norm_placement == NormPlacement::PreNorm;
+        let mut names: Vec<String> = Vec::new();
+        let mut add = |when: bool, name: &str| {
+            if when {
+                names.push(name.to_string());
+            }
+        };
+        match block {
+            Block::Attention { update_residual } => {
+                let a = format!("{p}.self_attn");
+                let (bias, norm) = (spec.qkv_bias, spec.qk_norm != QkNorm::None);
+                add(pre, &format!("{p}.input_layernorm.weight"));
+                add(true, &format!("{a}.q_proj.weight"));
+                add(true, &format!("{a}.k_proj.weight"));
+                add(update_residual, &format!("{a}.v_proj.weight"));
+                add(update_residual && bias, &format!("{a}.v_proj.bias"));
+                add(bias, &format!("{a}.q_proj.bias"));
+                add(bias, &format!("{a}.k_proj.bias"));
+                add(norm, &format!("{a}.q_norm.weight"));
+                add(norm, &format!("{a}.k_norm.weight"));
+                add(update_residual, &format!("{a}.o_proj.weight"));
+                add(update_residual && spec.o_bias, &format!("{a}.o_proj.bias"));
+                add(
+                    update_residual && !pre,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                );
+            }
+            Block::Mlp => {
+                add(pre, &format!("{p}.post_attention_layernorm.weight"));
+                if spec.moe.is_some() && spec.layers[layer].moe {
+                    add(true, &format!("{p}.mlp.gate.weight"));
+                    // Per-expert tensors in expert order, or the fused ones as
+                    // `State::fused_experts` reads them.
+                    let experts = spec.moe.as_ref().map_or(0, |m| m.num_experts);
+                    for e in 0..experts {
+                        for proj in ["gate_proj", "up_proj", "down_proj"] {
+                            add(true, &format!("{p}.mlp.experts.{e}.{proj}.weight"));
+                        }
+                    }
+                    for fused in ["gate_up_proj", "down_proj"] {
+                        let suffix = format!("layers.{layer}.mlp.experts.{fused}");
+                        let stored = self.ckpt.names().iter().find(|n| n.ends_with(&suffix));
+                        if let Some(n) = stored {
+                            add(true, n);
+                        }
+                    }
+                } else {
+                    for proj in ["gate_proj", "up_proj", "down_proj"] {
+                        add(true, &format!("{p}.mlp.{proj}.weight"));
+                        add(spec.mlp_bias, &format!("{p}.mlp.{proj}.bias"));
+                    }
+                }
+                add(!pre, &format!("{p}.post_feedforward_layernorm.weight"));
+            }
+            Block::Head => {
+                add(true, "model.norm.weight");
+                if !spec.tie_word_embeddings && self.has("lm_head.weight") {
+                    add(true, "lm_head.weight");
+                } else if spec.tie_word_embeddings {
+                    add(true, "model.embed_tokens.weight");
+                }
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|n| {
+                let stored = self.stored.get(&n).cloned().unwrap_or(n);
+                self.ckpt.contains(&stored).then_some(stored)
+            })
+            .collect()
     }
 
     /// Release the mapped pages of `name` (see [`Model::stored_bytes`]).
@@ -1187,6 +1388,7 @@ pub fn to_logits<B: Backend, R: Send>(
     prompts: &[Vec<u32>],
     visit: &Visitor<R>,
 ) -> Result<Logits<R>> {
+    let _reading = stream(&[model], &full_pass(model, true));
     let mut state = State::new(model, backend, prompts)?;
     let mut heads = Vec::with_capacity(model.spec.num_layers());
     for layer in 0..model.spec.num_layers() {
@@ -1222,6 +1424,73 @@ mod tests {
             let rounded = y.iter().all(|&v| Precision::Bf16.round(v) == v);
             assert!(rounded, "{fixture}: MLP outputs are rounded to bf16");
         }
+    }
+
+    /// The read-ahead plan names every weight a pass asks for, in the order it asks (for MoE
+    /// layers, the experts no token is routed to are planned and never asked for).
+    #[test]
+    fn the_read_ahead_plan_follows_the_pass() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut dirs: Vec<_> = ["models", "score/models"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap())
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join("config.json").is_file())
+            .collect();
+        dirs.sort();
+        let mut checked = 0;
+        for dir in dirs {
+            let Ok(ckpt) = Checkpoint::open_dir(&dir, "fixture") else {
+                continue;
+            };
+            let Ok(model) = Model::new(&ckpt) else {
+                continue;
+            };
+            let n = model.spec.num_layers();
+            // A full pass with the head, then a scoring pass (the last layer's scores only).
+            for scoring in [false, true] {
+                let mut steps = full_pass(&model, !scoring);
+                if scoring {
+                    steps.truncate(2 * n - 2);
+                    steps.push(Step {
+                        model: 0,
+                        layer: n - 1,
+                        block: Block::Attention {
+                            update_residual: false,
+                        },
+                    });
+                }
+                let reading = stream(&[&model], &steps);
+                let backend = CpuBackend::default();
+                let mut state = State::new(&model, &backend, &[vec![1, 5, 9, 2, 7, 3]]).unwrap();
+                for layer in 0..n {
+                    let last = scoring && layer + 1 == n;
+                    state.attention(layer, &|_: &HeadView| (), !last).unwrap();
+                    if !last {
+                        state.mlp(layer).unwrap();
+                    }
+                }
+                if !scoring {
+                    state.logits().unwrap();
+                }
+                let (requests, plan) = model.read_ahead().unwrap().0.requests_and_plan();
+                drop(reading);
+                let mut rest = plan.iter();
+                for r in &requests {
+                    assert!(
+                        rest.any(|p| p == r),
+                        "{}: {r:?} asked for out of the plan's order or not planned\n\
+                         plan {plan:?}\nrequests {requests:?}",
+                        dir.display()
+                    );
+                }
+                if model.spec.moe.is_none() {
+                    assert_eq!(requests, plan, "{}", dir.display());
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 10, "{checked} fixtures checked");
     }
 
     #[test]

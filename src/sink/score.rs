@@ -20,7 +20,9 @@ use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::Backend;
-use crate::forward::decoder::{HeadView, LayerwiseHeads, Model, QkNormStats, State};
+use crate::forward::decoder::{
+    stream, Block, HeadView, LayerwiseHeads, Model, QkNormStats, State, Step,
+};
 
 /// How to score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -725,6 +727,35 @@ fn first_b_layer(num_layers: usize, settings: &Settings) -> usize {
     first
 }
 
+/// The blocks [`score`] runs, in its order: layer by layer, the models in `order`, the last
+/// layer's attention up to its scores.
+fn pass_steps(models: &[Model], order: &[usize], max_layers: usize) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for layer in 0..max_layers {
+        for &model in order {
+            let layers = models[model].spec.num_layers();
+            if layer >= layers {
+                continue;
+            }
+            let last = layer + 1 == layers;
+            let update_residual = !last;
+            steps.push(Step {
+                model,
+                layer,
+                block: Block::Attention { update_residual },
+            });
+            if !last {
+                steps.push(Step {
+                    model,
+                    layer,
+                    block: Block::Mlp,
+                });
+            }
+        }
+    }
+    steps
+}
+
 /// Score `inputs` on `backend`; with `reference = Some(i)`, `inputs[i]` is the reference and every
 /// other model is paired with it (they must share its token ids). `on_layer` is called after each
 /// model finishes each layer (for progress).
@@ -762,6 +793,10 @@ pub fn score<B: Backend>(
         .map(|m| m.spec.num_layers())
         .max()
         .unwrap_or(0);
+    let _reading = stream(
+        &models.iter().collect::<Vec<_>>(),
+        &pass_steps(&models, &order, max_layers),
+    );
     for layer in 0..max_layers {
         let mut ref_heads: Option<Vec<ReferenceHead>> = None;
         for &mi in &order {

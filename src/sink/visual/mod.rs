@@ -22,7 +22,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::forward::backend::Backend;
 use crate::forward::capture::{self, Encoded, Prompt};
-use crate::forward::decoder::{HeadView, KeyStage, Model};
+use crate::forward::decoder::{self, HeadView, KeyStage, Model};
 
 use edit::{EditKind, EditSetup, Editor};
 use stats::{FeatureScore, Gate, LayerStats, LayerTensors, TokenStats};
@@ -390,6 +390,8 @@ fn run_pass<B: Backend>(
     for &l in &settings.layers {
         probed[l] = true;
     }
+    // The next block's weights are read and decoded while this one computes.
+    let _reading = decoder::stream(&[model], &decoder::full_pass(model, true));
     let mut state = capture::start(backend, model, &m.prompt, encoded)?;
     if let Some(e) = editor {
         state.set_key_edit(e);
