@@ -88,8 +88,8 @@ pub fn axpy<const FMA: bool>(alpha: f64, x: &[f64], y: &mut [f64]) {
 /// `private-gemm-x86`) return with the upper halves of the ZMM registers dirty, and while they are,
 /// every legacy-SSE instruction pays a state penalty. This crate is compiled for baseline x86-64,
 /// so most of its code is SSE; on a Sapphire Rapids VM that penalty made libm's `expf` 50x slower
-/// (docs/benchmarks.md, "Why the scorer was slow"). Results are unchanged: no SSE value lives in
-/// the cleared bits.
+/// (docs/reference/forward.md, "CPU kernels"). Results are unchanged: no SSE value lives in the
+/// cleared bits.
 #[inline]
 pub fn clear_upper_state() {
     #[cfg(target_arch = "x86_64")]

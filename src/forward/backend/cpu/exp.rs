@@ -1,8 +1,9 @@
 //! `exp` in f32, vectorised, with glibc's results bit for bit.
 //!
 //! The scorer's numbers were first produced with `f32::exp`, which is glibc's `expf`, and they
-//! must not move by an ulp (docs/reference/cpu-kernels.md). glibc's x86-64 `expf` (the FMA build,
-//! `__expf_fma`, from ARM's optimized-routines: `sysdeps/ieee754/flt-32/e_expf.c`) reduces `x`
+//! must not move by an ulp (docs/reference/forward.md, "CPU kernels"). glibc's x86-64 `expf`
+//! (the FMA build, `__expf_fma`, from ARM's optimized-routines:
+//! `sysdeps/ieee754/flt-32/e_expf.c`) reduces `x`
 //! against a 32-entry table of `2^(i/32)`, evaluates a cubic in f64 and rounds once to f32. Every
 //! step is an IEEE operation, so the same steps with the same fused multiply-adds give the same
 //! bits in any lane of any vector unit. This module does them eight (AVX-512) or four (AVX2+FMA)
