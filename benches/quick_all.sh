@@ -161,7 +161,7 @@ for spectrum in lowrank flat; do
       "$method-$spectrum:torch" \
       "rm -rf '$D/out-ref' && '$PY' benches/spectral_ref.py merge $method '$D/base' '$D/out-ref' '$D/task_a' '$D/task_b' 2>/dev/null"
     nice -n 10 "$PY" benches/spectral_ref.py merge $method "$D/base" "$D/out-64" "$D/task_a" "$D/task_b" \
-      --float64 2>/dev/null
+      --float64 >/dev/null 2>&1
     echo "$method-$spectrum: max relative error against a float64 run of the reference:" \
       "sinkmerge $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-sm" "$D/out-64")," \
       "torch float32 $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-ref" "$D/out-64")" \
