@@ -50,13 +50,6 @@ fn untrack(path: &Path) {
         .retain(|p| p != path);
 }
 
-fn writes_in_progress() -> bool {
-    !IN_PROGRESS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_empty()
-}
-
 /// `Err(Interrupted)` once a signal has requested cancellation. Writers call it before each
 /// tensor, file and rename, so a cancelled output is never completed or committed.
 pub fn check_cancelled() -> Result<()> {
@@ -107,10 +100,15 @@ pub fn handle_signals() -> Result<()> {
             CANCELLED_BY.store(signal, Ordering::SeqCst);
             let code = EXIT_SIGNAL_BASE + signal;
             loop {
-                if !writes_in_progress() {
+                let writing = IN_PROGRESS.lock().unwrap_or_else(|e| e.into_inner());
+                if writing.is_empty() {
                     if !OUTPUT_COMMITTED.load(Ordering::SeqCst) {
+                        // Exit holding the list: a writer starting now blocks in `track`, so no
+                        // staging directory can be created between this check and the end of
+                        // the process (one was left behind when `create` ran in that gap).
                         exit(code, Some(&interrupted_message(signal)));
                     }
+                    drop(writing);
                     // Past the point of no return: the main thread reports the output it
                     // wrote (and stops at its next check if it has more to write).
                     if let Some(again) = signals.forever().next() {
@@ -120,6 +118,7 @@ pub fn handle_signals() -> Result<()> {
                     }
                     return;
                 }
+                drop(writing);
                 if let Some(again) = signals.pending().next() {
                     let message = format!(
                         "sinkmerge: {} again: exiting now; outputs are complete or absent, and \
