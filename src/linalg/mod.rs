@@ -6,6 +6,7 @@ mod f64_blocks;
 pub mod gemm;
 mod gram;
 mod gram_evd;
+mod polar_pair;
 pub mod rows;
 pub(crate) mod simd;
 pub mod spectral;

@@ -30,6 +30,7 @@ use faer::{Accum, Mat, MatRef, Par};
 use super::f64_blocks::long_side_product;
 use super::gemm::matmul;
 use super::gram_evd::{Gram, GramEvd, Wanted, KEPT_VECTORS};
+use super::polar_pair;
 use super::simd::clear_upper_state;
 
 /// Singular triplets: `A ~ U diag(s) V^T`, `u` is m x r, `v` is n x r, `s` non-increasing.
@@ -38,18 +39,6 @@ pub struct Svd {
     pub u: Mat<f32>,
     pub s: Vec<f32>,
     pub v: Mat<f32>,
-}
-
-impl Svd {
-    /// Keep the first `r` triplets.
-    pub fn truncate(self, r: usize) -> Svd {
-        let r = r.min(self.s.len());
-        Svd {
-            u: self.u.subcols(0, r).to_owned(),
-            s: self.s[..r].to_vec(),
-            v: self.v.subcols(0, r).to_owned(),
-        }
-    }
 }
 
 /// Why an SVD failed (faer reports non-convergence, which NaN/Inf input causes).
@@ -163,12 +152,23 @@ pub fn small_side_svd(
     Ok((s, to_f32(&vectors.subcols(0, r).to_owned())))
 }
 
+/// The top singular triplets of [`top_svd`], in f64 as computed: [`polar_of_pair`] needs
+/// columns orthonormal to rounding.
+#[derive(Debug, Clone)]
+pub struct TopSvd {
+    /// The larger side's vectors (U when `m >= n`).
+    pub large: Mat<f64>,
+    pub s: Vec<f32>,
+    /// The smaller side's vectors (V when `m >= n`).
+    pub small: Mat<f64>,
+}
+
 /// The top `r` singular triplets (fewer if `r > min(m, n)`), computed in f64.
 ///
 /// From [`GramEvd`] when every kept σ² is at least [`GRAM_RELATIVE_GAP`] times the eigenvalue
 /// error bound away from zero: the large-side vectors are then `A v / σ` (or `Aᵀu / σ`) to
 /// that relative accuracy. Otherwise from the thin SVD.
-pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<Svd, SvdFailed> {
+pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<TopSvd, SvdFailed> {
     let (m, n) = a.shape();
     let r = r.min(m.min(n));
     if let Some(evd) = GramEvd::of(a, Wanted::Most)
@@ -185,18 +185,17 @@ pub fn top_svd(a: MatRef<'_, f32>, r: usize) -> Result<Svd, SvdFailed> {
             let inv = 1.0 / l.sqrt();
             large.col_mut(j).iter_mut().for_each(|x| *x *= inv);
         }
-        let (u, v) = if m >= n {
-            (large, small)
-        } else {
-            (small, large)
-        };
-        return Ok(Svd {
-            u: to_f32(&u),
-            s,
-            v: to_f32(&v),
-        });
+        return Ok(TopSvd { large, s, small });
     }
-    Ok(thin_svd(a)?.truncate(r))
+    let k = m.min(n);
+    let (mut u, mut v) = (Mat::<f64>::zeros(m, k), Mat::<f64>::zeros(n, k));
+    let s = svd_f64(a, Some(&mut u), Some(&mut v))?;
+    let (large, small) = if m >= n { (u, v) } else { (v, u) };
+    Ok(TopSvd {
+        large: large.subcols(0, r).to_owned(),
+        s: s[..r].to_vec(),
+        small: small.subcols(0, r).to_owned(),
+    })
 }
 
 /// Relative error bound on the nuclear norm (the sum of the singular values) that STAR accepts
@@ -247,6 +246,24 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
     Ok(matmul(svd.u.as_ref(), svd.v.transpose()))
 }
 
+/// `polar([x1 x2])` for two sets of orthonormal columns (TSV's smaller side for two tasks),
+/// from their principal angles ([`polar_pair`]) when those resolve `[x1 x2]`'s smallest singular
+/// value to [`GRAM_RELATIVE_GAP`], else from [`polar`] of the concatenation rounded to f32.
+pub fn polar_of_pair(x1: MatRef<'_, f64>, x2: MatRef<'_, f64>) -> Result<Mat<f32>, SvdFailed> {
+    if let Some(p) = polar_pair::polar_of_pair(x1, x2, GRAM_RELATIVE_GAP) {
+        return Ok(p);
+    }
+    let r1 = x1.ncols();
+    let cat = Mat::<f32>::from_fn(x1.nrows(), r1 + x2.ncols(), |i, j| {
+        if j < r1 {
+            x1[(i, j)] as f32
+        } else {
+            x2[(i, j - r1)] as f32
+        }
+    });
+    polar(cat.as_ref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +281,21 @@ mod tests {
         let svd = thin_svd(a.as_ref()).unwrap();
         assert!(max_abs_diff(&low_rank(&svd), &a) < 1e-5);
         assert!(svd.s.windows(2).all(|w| w[0] >= w[1]));
+    }
+
+    /// The first `r` triplets.
+    fn first(svd: &Svd, r: usize) -> Svd {
+        Svd {
+            u: svd.u.subcols(0, r).to_owned(),
+            s: svd.s[..r].to_vec(),
+            v: svd.v.subcols(0, r).to_owned(),
+        }
+    }
+
+    fn as_svd(top: TopSvd, tall: bool) -> Svd {
+        let (large, small) = (to_f32(&top.large), to_f32(&top.small));
+        let (u, v) = if tall { (large, small) } else { (small, large) };
+        Svd { u, s: top.s, v }
     }
 
     /// |<x_j, y_j>| = 1 for every column: the same singular vectors up to sign.
@@ -296,8 +328,8 @@ mod tests {
             }
             same_vectors(&vectors, if m >= n { &svd.v } else { &svd.u });
             // The top 10 triplets, large side included.
-            let top = top_svd(a.as_ref(), 10).unwrap();
-            let want = svd.clone().truncate(10);
+            let top = as_svd(top_svd(a.as_ref(), 10).unwrap(), m >= n);
+            let want = first(&svd, 10);
             same_vectors(&top.u, &want.u);
             same_vectors(&top.v, &want.v);
             assert!(max_abs_diff(&low_rank(&top), &low_rank(&want)) < 1e-5);
@@ -312,7 +344,7 @@ mod tests {
         // Its third singular value is noise, so asking for 3 triplets also takes the SVD: the
         // third pair of vectors is then SVD's (arbitrary but orthonormal) choice.
         assert!(evd.lambda[2] < GRAM_RELATIVE_GAP * evd.delta);
-        let top = top_svd(low.as_ref(), 3).unwrap();
+        let top = as_svd(top_svd(low.as_ref(), 3).unwrap(), true);
         let gram = matmul(top.u.transpose(), top.u.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(3, 3)) < 1e-5);
     }

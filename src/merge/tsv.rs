@@ -25,7 +25,7 @@ use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::{Error, Result};
 use crate::linalg::gemm::matmul;
-use crate::linalg::svd::{polar, top_svd};
+use crate::linalg::svd::{polar, polar_of_pair, top_svd, SvdFailed};
 use crate::tensor::Tensor;
 use crate::{internal, non_finite};
 use faer::Mat;
@@ -150,20 +150,29 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
             let values: Vec<&[f32]> = deltas.iter().map(|d| d.data.as_slice()).collect();
             svd_failed(&values)
         })?;
-    let kept: Vec<(usize, usize)> = (0..tasks)
-        .flat_map(|i| (0..r).map(move |j| (i, j)))
-        .filter(|&(i, j)| svds[i].s[j] > 0.0)
+    // Triplets with σ = 0 are dropped (module doc); the rest in the official code's order.
+    let kept: Vec<Vec<usize>> = svds
+        .iter()
+        .map(|svd| (0..r).filter(|&j| svd.s[j] > 0.0).collect())
         .collect();
-    if kept.is_empty() {
+    let owner: Vec<(usize, usize)> = (0..tasks)
+        .flat_map(|i| kept[i].iter().map(move |&j| (i, j)))
+        .collect();
+    let p = owner.len();
+    if p == 0 {
         return Ok(vec![0.0; m * n]);
     }
-    let p = kept.len();
-    let u_cat = Mat::<f32>::from_fn(m, p, |row, c| svds[kept[c].0].u[(row, kept[c].1)]);
-    let v_cat = Mat::<f32>::from_fn(n, p, |row, c| svds[kept[c].0].v[(row, kept[c].1)]);
-    let s_cat: Vec<f32> = kept.iter().map(|&(i, j)| svds[i].s[j]).collect();
+    let s_cat: Vec<f32> = owner.iter().map(|&(i, j)| svds[i].s[j]).collect();
+    let side = |large: bool| {
+        let blocks: Vec<&Mat<f64>> = svds
+            .iter()
+            .map(|svd| if large { &svd.large } else { &svd.small })
+            .collect();
+        side_polar(&blocks, &kept, &owner)
+    };
+    let (large_polar, small_polar) = rayon::join(|| side(true), || side(false));
     drop(svds);
-    let (pu, pv) = rayon::join(|| polar(u_cat.as_ref()), || polar(v_cat.as_ref()));
-    let (pu, pv) = match (pu, pv) {
+    let (large_polar, small_polar) = match (large_polar, small_polar) {
         (Ok(a), Ok(b)) => (a, b),
         _ => {
             return Err(internal!(
@@ -171,9 +180,38 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
             ))
         }
     };
+    let (pu, pv) = if m >= n {
+        (large_polar, small_polar)
+    } else {
+        (small_polar, large_polar)
+    };
     let scaled = Mat::<f32>::from_fn(m, p, |row, c| pu[(row, c)] * s_cat[c]);
     let merged = matmul(scaled.as_ref(), pv.transpose());
     Ok(row_major(&merged))
+}
+
+/// The polar factor of one side's kept vectors, concatenated in the official order (`owner`
+/// lists each column's task and index). Two tasks whose concatenation is square, TSV's smaller
+/// side (and both sides of a square matrix), take it from the principal angles of the two
+/// bases: the route is fast and accurate there, where the Gram route cannot resolve the
+/// concatenation's smallest singular values (docs/reference/spectral.md). Otherwise the polar
+/// factor of the f32 concatenation.
+fn side_polar(
+    blocks: &[&Mat<f64>],
+    kept: &[Vec<usize>],
+    owner: &[(usize, usize)],
+) -> std::result::Result<Mat<f32>, SvdFailed> {
+    let rows = blocks[0].nrows();
+    if blocks.len() == 2 && owner.len() == rows && kept.iter().all(|k| !k.is_empty()) {
+        let pick = |i: usize| {
+            Mat::<f64>::from_fn(rows, kept[i].len(), |row, c| blocks[i][(row, kept[i][c])])
+        };
+        return polar_of_pair(pick(0).as_ref(), pick(1).as_ref());
+    }
+    let cat = Mat::<f32>::from_fn(rows, owner.len(), |row, c| {
+        blocks[owner[c].0][(row, owner[c].1)] as f32
+    });
+    polar(cat.as_ref())
 }
 
 /// A faer matrix as a row-major vector.
