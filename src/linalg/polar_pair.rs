@@ -1,6 +1,7 @@
 //! The polar factor of two concatenated orthonormal bases, `polar([X1 X2])`, from the principal
 //! angles between them: TSV's smaller-side concatenation for two tasks, which is square and
-//! badly conditioned (docs/reference/spectral.md, "Two tasks: the polar factor from the angles").
+//! badly conditioned (docs/reference/spectral.md, "Two tasks: TSV's square polar factors from the principal
+//! angles").
 //!
 //! With `XᵢᵀXᵢ = I` and `C = X1ᵀX2`, the Gram matrix is `G = [[I, C], [Cᵀ, I]]` and, for
 //! `f(y) = y^(-1/2)`, `f(G)` has the blocks `I + C m(CᵀC) Cᵀ`, `C k(CᵀC)` and `h(CᵀC)`, where

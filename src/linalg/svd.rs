@@ -152,7 +152,7 @@ pub fn small_side_svd(
     Ok((s, to_f32(&vectors.subcols(0, r).to_owned())))
 }
 
-/// The top singular triplets of [`top_svd`], in f64 as computed: [`polar_of_pair`] needs
+/// The top singular triplets of [`top_svd`], in f64 as computed: [`polar_from_angles`] needs
 /// columns orthonormal to rounding.
 #[derive(Debug, Clone)]
 pub struct TopSvd {
@@ -247,21 +247,10 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
 }
 
 /// `polar([x1 x2])` for two sets of orthonormal columns (TSV's smaller side for two tasks),
-/// from their principal angles ([`polar_pair`]) when those resolve `[x1 x2]`'s smallest singular
-/// value to [`GRAM_RELATIVE_GAP`], else from [`polar`] of the concatenation rounded to f32.
-pub fn polar_of_pair(x1: MatRef<'_, f64>, x2: MatRef<'_, f64>) -> Result<Mat<f32>, SvdFailed> {
-    if let Some(p) = polar_pair::polar_of_pair(x1, x2, GRAM_RELATIVE_GAP) {
-        return Ok(p);
-    }
-    let r1 = x1.ncols();
-    let cat = Mat::<f32>::from_fn(x1.nrows(), r1 + x2.ncols(), |i, j| {
-        if j < r1 {
-            x1[(i, j)] as f32
-        } else {
-            x2[(i, j - r1)] as f32
-        }
-    });
-    polar(cat.as_ref())
+/// from their principal angles ([`polar_pair`]); `None` when those do not resolve `[x1 x2]`'s
+/// smallest singular value to [`GRAM_RELATIVE_GAP`], and the caller takes [`polar`] instead.
+pub fn polar_from_angles(x1: MatRef<'_, f64>, x2: MatRef<'_, f64>) -> Option<Mat<f32>> {
+    polar_pair::polar_of_pair(x1, x2, GRAM_RELATIVE_GAP)
 }
 
 #[cfg(test)]

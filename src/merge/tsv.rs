@@ -25,7 +25,7 @@ use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::{Error, Result};
 use crate::linalg::gemm::matmul;
-use crate::linalg::svd::{polar, polar_of_pair, top_svd, SvdFailed};
+use crate::linalg::svd::{polar, polar_from_angles, top_svd, SvdFailed};
 use crate::tensor::Tensor;
 use crate::{internal, non_finite};
 use faer::Mat;
@@ -150,13 +150,14 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
             let values: Vec<&[f32]> = deltas.iter().map(|d| d.data.as_slice()).collect();
             svd_failed(&values)
         })?;
-    // Triplets with σ = 0 are dropped (module doc); the rest in the official code's order.
-    let kept: Vec<Vec<usize>> = svds
+    // Triplets with σ = 0 are dropped (module doc); σ is non-increasing, so each task keeps a
+    // prefix. The rest in the official code's order.
+    let kept: Vec<usize> = svds
         .iter()
-        .map(|svd| (0..r).filter(|&j| svd.s[j] > 0.0).collect())
+        .map(|svd| svd.s[..r].iter().take_while(|&&x| x > 0.0).count())
         .collect();
     let owner: Vec<(usize, usize)> = (0..tasks)
-        .flat_map(|i| kept[i].iter().map(move |&j| (i, j)))
+        .flat_map(|i| (0..kept[i]).map(move |j| (i, j)))
         .collect();
     let p = owner.len();
     if p == 0 {
@@ -198,15 +199,15 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
 /// factor of the f32 concatenation.
 fn side_polar(
     blocks: &[&Mat<f64>],
-    kept: &[Vec<usize>],
+    kept: &[usize],
     owner: &[(usize, usize)],
 ) -> std::result::Result<Mat<f32>, SvdFailed> {
     let rows = blocks[0].nrows();
-    if blocks.len() == 2 && owner.len() == rows && kept.iter().all(|k| !k.is_empty()) {
-        let pick = |i: usize| {
-            Mat::<f64>::from_fn(rows, kept[i].len(), |row, c| blocks[i][(row, kept[i][c])])
-        };
-        return polar_of_pair(pick(0).as_ref(), pick(1).as_ref());
+    if blocks.len() == 2 && owner.len() == rows && kept.iter().all(|&k| k > 0) {
+        let pick = |i: usize| blocks[i].as_ref().subcols(0, kept[i]);
+        if let Some(p) = polar_from_angles(pick(0), pick(1)) {
+            return Ok(p);
+        }
     }
     let cat = Mat::<f32>::from_fn(rows, owner.len(), |row, c| {
         blocks[owner[c].0][(row, owner[c].1)] as f32
