@@ -31,7 +31,9 @@
 #             widths (the full script has 4).
 #   linear    sinkmerge merge vs mergekit-yaml on the lowrank models of star/tsv; skipped when no
 #             mergekit-yaml is found (MERGEKIT, or beside PYTHON, or on PATH).
-# On an idle 2-core machine the whole run takes about 30 minutes, data generation included.
+# On an idle 2-core VM the whole run took 18 minutes on a Sapphire Rapids CPU and 35 minutes on a
+# slower Xeon without AMX (2026-12-03, data generation included; the torch peers of star and tsv
+# and their float64 references are about half of it: docs/benchmarks.md).
 # Scratch data (about 9 GB at its peak) goes to WORK (default $TMPDIR/sinkmerge-quick-all) and is
 # deleted at the end unless KEEP=1. SMOKE=1 runs every step on tiny shapes to check the script
 # (its timings mean nothing).

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::backend::cpu::CpuBackend;
+use super::backend::cpu::{keep_freed_buffers, CpuBackend};
 use super::backend::cuda::driver::{Driver, Timings};
 use super::backend::cuda::{CudaBackend, Device as _};
 use super::backend::{Backend, Precision};
@@ -81,7 +81,10 @@ impl ComputeDevice {
         job: J,
     ) -> Result<(J::Output, Option<GpuReport>)> {
         match self {
-            ComputeDevice::Cpu => Ok((job.run(&CpuBackend::new(precision))?, None)),
+            ComputeDevice::Cpu => {
+                keep_freed_buffers();
+                Ok((job.run(&CpuBackend::new(precision))?, None))
+            }
             ComputeDevice::Cuda(ordinal) => {
                 let backend = CudaBackend::new(Driver::open(ordinal)?, precision);
                 let started = Instant::now();

@@ -22,6 +22,33 @@ use crate::linalg::simd::clear_upper_state;
 
 mod exp;
 
+/// Keeps the buffers the forward pass frees in the process, for the next layer to reuse.
+///
+/// Each layer allocates its activations afresh (22 MB per projection output at Qwen2.5-0.5B shapes
+/// with 1133 tokens). glibc's malloc maps blocks that large, or trims them off the heap once
+/// freed, so every layer faults in and zeroes new pages: 1.4-1.8 s of system time in a 7-8 s
+/// 0.5B-shaped `score` (docs/benchmarks.md, "Where the time goes"). With the mmap threshold at the
+/// largest documented value and trimming off (mallopt(3): `M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`),
+/// freed blocks of up to 32 MiB are reused from the heap; larger ones are still mapped and
+/// unmapped. Peak memory is unchanged: it is the live set's, which the heap held at its peak
+/// anyway. Process-wide, set once; other C libraries keep their defaults.
+pub fn keep_freed_buffers() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only changes malloc's parameters; it is thread-safe in glibc.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        });
+    }
+}
+
+/// The largest `M_MMAP_THRESHOLD` that mallopt(3) documents for 64-bit targets
+/// (`DEFAULT_MMAP_THRESHOLD_MAX`; glibc 2.36 accepts more, older versions refuse it).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const LARGEST_MMAP_THRESHOLD: i32 = 32 << 20;
+
 /// Output features per parallel GEMM block. Fixed (see the module docs); 128 keeps a block's
 /// weights (128 x 4096 f32 = 2 MiB) near the cache while giving 2-cores-to-many enough blocks.
 const OUT_BLOCK: usize = 128;
@@ -560,6 +587,21 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn glibc_accepts_the_allocator_settings() {
+        keep_freed_buffers();
+        // mallopt returns 1 when it takes a value and 0 when it refuses one, which
+        // keep_freed_buffers cannot report: check that both values are taken.
+        let accepted = unsafe {
+            (
+                libc::mallopt(libc::M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD),
+                libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX),
+            )
+        };
+        assert_eq!(accepted, (1, 1));
+    }
 
     #[test]
     fn linear_matches_a_naive_product() {
