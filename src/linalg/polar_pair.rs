@@ -67,6 +67,30 @@ fn orthonormalized(x: MatRef<'_, f64>) -> Option<(Mat<f64>, f64)> {
     Some((corrected, left))
 }
 
+/// `G`'s eigenvalue `1 - cos θ = s² / (1 + cos θ)` for a principal angle of sine `s`, without
+/// cancellation.
+fn small_eigenvalue(s: f64) -> f64 {
+    s * s / (1.0 + (1.0 - s * s).max(0.0).sqrt())
+}
+
+/// Whether the angles resolve `G`'s smallest eigenvalue `lambda[0]`, known to within `error`,
+/// well enough (`lambda[1]` is the next one): its relative error `error / lambda[0]` must be at
+/// most `1 / min_relative_gap`, or below 1 and below the error bound of the fallback, the polar
+/// factor of the concatenation rounded to f32. That rounding moves the `columns` unit columns by
+/// `‖ΔY‖_F ≤ u √columns` (`u = 2⁻²⁴`), and the polar factor of a real square matrix by up to
+/// `2 ‖ΔY‖_F / (σ_min + σ_next)` to first order (R.-C. Li, "New perturbation bounds for the
+/// unitary polar factor", SIAM J. Matrix Anal. Appl. 16 (1995)), with `σ = √λ`. Refusing the
+/// angles there would trade their error for a larger one.
+fn resolves(lambda: [f64; 2], error: f64, columns: usize, min_relative_gap: f64) -> bool {
+    if lambda[0].is_nan() || lambda[0] <= 0.0 {
+        return false;
+    }
+    let relative = error / lambda[0];
+    let moved = f32::EPSILON as f64 / 2.0 * (columns as f64).sqrt();
+    let fallback = 2.0 * moved / (lambda[0].sqrt() + lambda[1].sqrt());
+    relative * min_relative_gap <= 1.0 || (relative < 1.0 && relative <= fallback)
+}
+
 /// The coefficients of `f(G)` for one principal angle of sine `s` in (0, 1]: `h`, `k` and `m`
 /// of the module's formula, written in `s` alone so that none cancels, whatever the angle.
 fn coefficients(s: f64) -> (f64, f64, f64) {
@@ -80,9 +104,8 @@ fn coefficients(s: f64) -> (f64, f64, f64) {
 
 /// `polar([x1 x2])`, `x1` n x r1 and `x2` n x r2 with columns orthonormal to within
 /// [`MAX_DEPARTURE`] (made orthonormal first, [`orthonormalized`]), rounded to f32; `None` when
-/// the result cannot be trusted to a relative `1 / min_relative_gap`: the smallest eigenvalue of
-/// `G` must be at least `min_relative_gap` times the error of the angles, the departure from
-/// orthonormality left included (the formula assumes `XᵢᵀXᵢ = I`), or when faer's SVD fails.
+/// faer's SVD fails, or when the result is worse than the caller's fallback could give
+/// ([`resolves`]).
 pub(super) fn polar_of_pair(
     x1: MatRef<'_, f64>,
     x2: MatRef<'_, f64>,
@@ -136,9 +159,16 @@ pub(super) fn polar_of_pair(
     // Weyl: G is within `departure` of the assumed form; the SVD's sines are within a few
     // r2·eps·‖S‖ (‖S‖ ≤ 1) of the true ones, so s² within twice that times s.
     let error = departure + 2.0 * smallest * r2 as f64 * f64::EPSILON;
-    let cosine = (1.0 - smallest * smallest).max(0.0).sqrt();
-    let lambda_min = smallest * smallest / (1.0 + cosine);
-    if !(smallest > 0.0 && lambda_min >= min_relative_gap * error) {
+    // The next eigenvalue: the next angle's, or 1 for a column of the larger block that the
+    // other leaves orthogonal (sines are non-increasing).
+    let next = match (r1, r2) {
+        (_, 2..) => small_eigenvalue(s[r2 - 2]),
+        (2.., _) => 1.0,
+        // n = 2: the eigenvalues are 1 - cos and 1 + cos.
+        _ => 2.0 - small_eigenvalue(smallest),
+    };
+    let lambda = [small_eigenvalue(smallest), next];
+    if !resolves(lambda, error, r1 + r2, min_relative_gap) {
         return None;
     }
     let (mut h, mut k, mut m) = (vec![0.0; r2], vec![0.0; r2], vec![0.0; r2]);
@@ -266,5 +296,34 @@ mod tests {
             )
         };
         assert!(unchanged(1, 1) < 1e-6 && unchanged(5, 5) < 1e-6);
+    }
+
+    #[test]
+    fn angles_too_close_for_the_gap_are_taken_where_the_f32_fallback_would_be_worse() {
+        let n = 30;
+        let base = orthonormal(&matrix(n, 8, 0.0, 21));
+        let x1 = base.subcols(0, 4).to_owned();
+        let mut x2 = base.subcols(4, 4).to_owned();
+        // Two columns tilted by 1e-6 and 2e-6 rad: G's two smallest eigenvalues are 5e-13 and
+        // 2e-12, known to about 1e-16, so a relative 2e-4: short of the 1e5 gap.
+        for (column, t) in [(0usize, 1e-6f64), (1, 2e-6)] {
+            for i in 0..n {
+                x2[(i, column)] = t.cos() * base[(i, column)] + t.sin() * base[(i, 4 + column)];
+            }
+        }
+        let got = polar_of_pair(x1.as_ref(), x2.as_ref(), 1e5).expect("the angles are taken");
+        let y = concatenate(&x1, &x2);
+        let want = polar_by_svd(&y);
+        let angles = max_abs_diff(&got, &want);
+        assert!(angles < 1e-6, "{angles}");
+        // The fallback: the polar factor of the concatenation rounded to f32.
+        let rounded = Mat::<f64>::from_fn(n, 8, |i, j| y[(i, j)] as f32 as f64);
+        let fallback = polar_by_svd(&rounded);
+        let fallback_error =
+            max_abs_diff(&Mat::from_fn(n, 8, |i, j| fallback[(i, j)] as f32), &want);
+        assert!(
+            fallback_error > 10.0 * angles.max(1e-7),
+            "{fallback_error} {angles}"
+        );
     }
 }

@@ -247,8 +247,9 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
 }
 
 /// `polar([x1 x2])` for two sets of orthonormal columns (TSV's smaller side for two tasks),
-/// from their principal angles ([`polar_pair`]); `None` when those do not resolve `[x1 x2]`'s
-/// smallest singular value to [`GRAM_RELATIVE_GAP`], and the caller takes [`polar`] instead.
+/// from their principal angles ([`polar_pair`]); `None` when those resolve `[x1 x2]`'s smallest
+/// singular value neither to [`GRAM_RELATIVE_GAP`] nor better than [`polar`] of the f32
+/// concatenation would, and the caller takes [`polar`] instead.
 pub fn polar_from_angles(x1: MatRef<'_, f64>, x2: MatRef<'_, f64>) -> Option<Mat<f32>> {
     polar_pair::polar_of_pair(x1, x2, GRAM_RELATIVE_GAP)
 }
