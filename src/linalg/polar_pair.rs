@@ -271,20 +271,30 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_shared_direction_is_refused_and_a_nearly_shared_one_resolved() {
+    /// An orthonormal basis `base` of 8 columns in 30 dimensions, `x1` its first four columns and
+    /// `x2` its last four, where column `j` of each `(j, t)` in `tilts` is turned from `base`'s
+    /// column `4 + j` to within `t` rad of `x1`'s column `j` (`t = 0`: the same column).
+    fn pair_with_tilts(tilts: &[(usize, f64)]) -> (Mat<f64>, Mat<f64>, Mat<f64>) {
         let n = 30;
         let base = orthonormal(&matrix(n, 8, 0.0, 21));
-        // x2 holds x1's first column: G is singular.
         let x1 = base.subcols(0, 4).to_owned();
         let mut x2 = base.subcols(4, 4).to_owned();
-        x2.col_mut(0).copy_from(base.col(0));
+        for &(column, t) in tilts {
+            for i in 0..n {
+                x2[(i, column)] = t.cos() * base[(i, column)] + t.sin() * base[(i, 4 + column)];
+            }
+        }
+        (base, x1, x2)
+    }
+
+    #[test]
+    fn a_shared_direction_is_refused_and_a_nearly_shared_one_resolved() {
+        // x2 holds x1's first column: G is singular.
+        let (_, x1, x2) = pair_with_tilts(&[(0, 0.0)]);
         assert!(polar_of_pair(x1.as_ref(), x2.as_ref(), 1e5).is_none());
         // Tilted by 1e-4 rad: G's smallest eigenvalue is 5e-9.
-        let t = 1e-4f64;
-        for i in 0..n {
-            x2[(i, 0)] = t.cos() * base[(i, 0)] + t.sin() * base[(i, 4)];
-        }
+        let (base, x1, x2) = pair_with_tilts(&[(0, 1e-4)]);
+        let n = base.nrows();
         let got = polar_of_pair(x1.as_ref(), x2.as_ref(), 1e5).unwrap();
         let want = polar_by_svd(&concatenate(&x1, &x2));
         assert!(max_abs_diff(&got, &want) < 1e-6);
@@ -300,17 +310,10 @@ mod tests {
 
     #[test]
     fn angles_too_close_for_the_gap_are_taken_where_the_f32_fallback_would_be_worse() {
-        let n = 30;
-        let base = orthonormal(&matrix(n, 8, 0.0, 21));
-        let x1 = base.subcols(0, 4).to_owned();
-        let mut x2 = base.subcols(4, 4).to_owned();
         // Two columns tilted by 1e-6 and 2e-6 rad: G's two smallest eigenvalues are 5e-13 and
         // 2e-12, known to about 1e-16, so a relative 2e-4: short of the 1e5 gap.
-        for (column, t) in [(0usize, 1e-6f64), (1, 2e-6)] {
-            for i in 0..n {
-                x2[(i, column)] = t.cos() * base[(i, column)] + t.sin() * base[(i, 4 + column)];
-            }
-        }
+        let (_, x1, x2) = pair_with_tilts(&[(0, 1e-6), (1, 2e-6)]);
+        let n = x1.nrows();
         let got = polar_of_pair(x1.as_ref(), x2.as_ref(), 1e5).expect("the angles are taken");
         let y = concatenate(&x1, &x2);
         let want = polar_by_svd(&y);
