@@ -2,10 +2,13 @@
 //! exact eager attention one (prompt, head) at a time, in parallel. Matrices are row-major
 //! `[rows, cols]` slices (one row per token).
 //!
-//! Determinism: a linear layer is split into fixed blocks of output features, and each block is
-//! one sequential GEMM call. Every output element is therefore computed by the same kernel call
-//! with the same shapes at any thread count, so results are bitwise identical with 1 or 64
-//! threads.
+//! Determinism: a linear layer is split into fixed blocks of output features, and of tokens where
+//! the features give few blocks (the k/v projections), and each block is one sequential GEMM call.
+//! The blocks are a function of the shape alone, so results are bitwise identical with 1 or 64
+//! threads. The split does not change a bit either: faer's kernels compute each output element as
+//! a chain of fused multiply-adds over 512-wide slices of the inner dimension, summed in order
+//! (`kc = min(depth, 512)` in private-gemm-x86), whatever rows and columns share the call
+//! (unit-tested below).
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -59,29 +62,46 @@ pub fn linear(x: &[f32], rows: usize, w: &[f32], n_out: usize, n_in: usize) -> V
     assert_eq!(x.len(), rows * n_in, "linear input shape");
     assert_eq!(w.len(), n_out * n_in, "linear weight shape");
     let mut y = vec![0f32; rows * n_out];
-    if rows == 0 || n_out == 0 {
+    if rows == 0 || n_out == 0 || n_in == 0 {
         return y;
     }
-    let lhs = MatRef::from_row_major_slice(x, rows, n_in);
     // Wᵀ as an [in, out] view of the row-major [out, in] weight.
     let rhs = MatRef::from_row_major_slice(w, n_out, n_in).transpose();
-    let dst = MatMut::from_row_major_slice_mut(&mut y, rows, n_out);
-    dst.par_col_chunks_mut(OUT_BLOCK)
-        .enumerate()
-        .for_each(|(block, dst)| {
-            let start = block * OUT_BLOCK;
-            let cols = dst.ncols();
-            matmul(
-                dst,
-                Accum::Replace,
-                lhs,
-                rhs.subcols(start, cols),
-                1.0f32,
-                Par::Seq,
-            );
-            clear_upper_state();
+    let row_block = rows.div_ceil(row_blocks(rows, n_out));
+    y.par_chunks_mut(row_block * n_out)
+        .zip(x.par_chunks(row_block * n_in))
+        .for_each(|(y, x)| {
+            let rows = x.len() / n_in;
+            let lhs = MatRef::from_row_major_slice(x, rows, n_in);
+            let dst = MatMut::from_row_major_slice_mut(y, rows, n_out);
+            dst.par_col_chunks_mut(OUT_BLOCK)
+                .enumerate()
+                .for_each(|(block, dst)| {
+                    let start = block * OUT_BLOCK;
+                    let cols = dst.ncols();
+                    matmul(
+                        dst,
+                        Accum::Replace,
+                        lhs,
+                        rhs.subcols(start, cols),
+                        1.0f32,
+                        Par::Seq,
+                    );
+                    clear_upper_state();
+                });
         });
     y
+}
+
+/// How many blocks of rows `linear` splits its input into: enough for at least `MIN_BLOCKS`
+/// blocks in all when the output has few blocks of features, with no row block under `MIN_ROWS`.
+/// A function of the shape alone, never of the thread count. Without it a 128-wide k or v
+/// projection was one block, run on one core while the others waited.
+fn row_blocks(rows: usize, n_out: usize) -> usize {
+    const MIN_BLOCKS: usize = 16;
+    const MIN_ROWS: usize = 64;
+    let col_blocks = n_out.div_ceil(OUT_BLOCK);
+    MIN_BLOCKS.div_ceil(col_blocks).min(rows / MIN_ROWS).max(1)
 }
 
 /// `y[r, :] += b` for every row.
@@ -619,6 +639,39 @@ mod tests {
                     + b[o];
                 assert!((y[r * n_out + o] - want).abs() < 1e-5, "{r} {o}");
             }
+        }
+    }
+
+    /// The blocks of `linear` give the bits of one unsplit faer call, which are chains of fused
+    /// multiply-adds over 512-wide slices of the inner dimension, summed in order: splitting rows
+    /// and columns (or a faster kernel keeping that order) leaves every output unchanged.
+    #[test]
+    fn linear_blocks_leave_every_bit_unchanged() {
+        let (rows, n_in, n_out) = (200, 1100, 72);
+        assert!(row_blocks(rows, n_out) > 1, "the shape must split its rows");
+        let x: Vec<f32> = (0..rows * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w: Vec<f32> = (0..n_out * n_in).map(|i| (i as f32 * 0.11).cos()).collect();
+        let y = linear(&x, rows, &w, n_out, n_in);
+        let mut whole = vec![0f32; rows * n_out];
+        matmul(
+            MatMut::from_row_major_slice_mut(&mut whole, rows, n_out),
+            Accum::Replace,
+            MatRef::from_row_major_slice(&x, rows, n_in),
+            MatRef::from_row_major_slice(&w, n_out, n_in).transpose(),
+            1.0f32,
+            Par::Seq,
+        );
+        clear_upper_state();
+        assert!(y
+            .iter()
+            .zip(&whole)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        #[cfg(target_arch = "x86_64")]
+        for (r, o) in [(0, 0), (77, 13), (199, 71)] {
+            let (x, w) = (&x[r * n_in..][..n_in], &w[o * n_in..][..n_in]);
+            let chain = |k: std::ops::Range<usize>| k.fold(0f32, |acc, k| x[k].mul_add(w[k], acc));
+            let want = chain(0..512) + chain(512..1024) + chain(1024..n_in);
+            assert_eq!(y[r * n_out + o].to_bits(), want.to_bits(), "({r}, {o})");
         }
     }
 
