@@ -669,7 +669,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         for (r, o) in [(0, 0), (77, 13), (199, 71)] {
             let (x, w) = (&x[r * n_in..][..n_in], &w[o * n_in..][..n_in]);
-            let chain = |k: std::ops::Range<usize>| k.fold(0f32, |acc, k| x[k].mul_add(w[k], acc));
+            let chain = |k: Range<usize>| k.fold(0f32, |acc, k| x[k].mul_add(w[k], acc));
             let want = chain(0..512) + chain(512..1024) + chain(1024..n_in);
             assert_eq!(y[r * n_out + o].to_bits(), want.to_bits(), "({r}, {o})");
         }
