@@ -561,7 +561,7 @@ impl Backend for CpuBackend {
     }
 
     fn zeros(&self, rows: usize, width: usize) -> Result<Vec<f32>> {
-        Ok(vec![0f32; rows * width])
+        Ok(zeroed(rows * width))
     }
 
     fn slice_rows(&self, x: &Vec<f32>, width: usize, rows: Range<usize>) -> Result<Vec<f32>> {
@@ -657,8 +657,9 @@ mod tests {
     /// and columns (or a faster kernel keeping that order) leaves every output unchanged.
     #[test]
     fn linear_blocks_leave_every_bit_unchanged() {
-        let (rows, n_in, n_out) = (200, 1100, 72);
+        let (rows, n_in, n_out) = (200, 1100, 200);
         assert!(row_blocks(rows, n_out) > 1, "the shape must split its rows");
+        assert!(n_out > OUT_BLOCK, "the shape must split its columns");
         let x: Vec<f32> = (0..rows * n_in).map(|i| (i as f32 * 0.37).sin()).collect();
         let w: Vec<f32> = (0..n_out * n_in).map(|i| (i as f32 * 0.11).cos()).collect();
         let y = linear(&x, rows, &w, n_out, n_in);
@@ -677,7 +678,7 @@ mod tests {
             .zip(&whole)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
         #[cfg(target_arch = "x86_64")]
-        for (r, o) in [(0, 0), (77, 13), (199, 71)] {
+        for (r, o) in [(0, 0), (77, 13), (120, 193), (199, 199)] {
             let (x, w) = (&x[r * n_in..][..n_in], &w[o * n_in..][..n_in]);
             let chain = |k: Range<usize>| k.fold(0f32, |acc, k| x[k].mul_add(w[k], acc));
             let want = chain(0..512) + chain(512..1024) + chain(1024..n_in);
