@@ -6,7 +6,6 @@ use faer::diag::Diag;
 use faer::dyn_stack::{MemBuffer, MemStack};
 use faer::linalg::cholesky::llt::factor::{cholesky_in_place, cholesky_in_place_scratch};
 use faer::linalg::evd::tridiag::{tridiag_in_place, tridiag_in_place_scratch};
-use faer::linalg::evd::ComputeEigenvectors;
 use faer::linalg::householder::{
     apply_block_householder_sequence_on_the_left_in_place_scratch,
     apply_block_householder_sequence_on_the_left_in_place_with_conj,
@@ -106,8 +105,8 @@ impl GramEvd {
             return Some(select(all));
         }
         let all = || {
-            let (_, all) = tridiagonal::evd(&self.diag, &self.subdiag, ComputeEigenvectors::Yes)?;
-            all.as_ref().map(select)
+            let (_, all) = tridiagonal::evd(&self.diag, &self.subdiag)?;
+            Some(select(&all))
         };
         // Inverse iteration orthogonalizes each vector against the rest of its cluster, and most
         // of a decaying spectrum is one cluster: beyond about k/8 vectors, divide and conquer for
@@ -329,18 +328,20 @@ impl Gram {
         .is_err()
     }
 
-    /// The eigendecomposition without the eigenvectors, by the route `wanted` picks: a
-    /// tridiagonal reduction (faer's or [`TwoStage`]), then faer's divide and conquer.
+    /// The eigendecomposition without the eigenvectors of `G`, by the route `wanted` picks:
+    /// [`TwoStage`] and the eigenvalues alone by root-free QL/QR ([`tridiagonal::eigenvalues`]),
+    /// or faer's one-stage reduction and every eigenvector of the tridiagonal form by divide
+    /// and conquer.
     pub(super) fn evd(self, wanted: Wanted) -> Option<GramEvd> {
         let k = self.lower.nrows();
         let product_error = self.product_error();
-        // Few: two stages and eigenvalues alone; Most: faer's reduction and every vector.
-        let (diag, subdiag, reduction, compute) = match wanted {
+        let (diag, subdiag, reduction, eigenvalues, all_tridiagonal_vectors) = match wanted {
             Wanted::Few => {
                 let mut reduced = TwoStage::reduce(self.lower, two_stage::BAND);
                 let (diag, subdiag) = (take(&mut reduced.diag), take(&mut reduced.subdiag));
+                let eigenvalues = tridiagonal::eigenvalues(&diag, &subdiag)?;
                 let reduction = Reduction::TwoStage(reduced);
-                (diag, subdiag, reduction, ComputeEigenvectors::No)
+                (diag, subdiag, reduction, eigenvalues, None)
             }
             Wanted::Most => {
                 let mut reflectors = self.lower;
@@ -354,17 +355,17 @@ impl Gram {
                     MemStack::new(&mut MemBuffer::new(scratch)),
                     Default::default(),
                 );
-                let diag = (0..k).map(|i| reflectors[(i, i)]).collect();
-                let subdiag = (1..k).map(|i| reflectors[(i, i - 1)]).collect();
+                let diag: Vec<f64> = (0..k).map(|i| reflectors[(i, i)]).collect();
+                let subdiag: Vec<f64> = (1..k).map(|i| reflectors[(i, i - 1)]).collect();
+                let (eigenvalues, vectors) = tridiagonal::evd(&diag, &subdiag)?;
                 let reduction = Reduction::OneStage {
                     reflectors,
                     block_factors,
                 };
-                (diag, subdiag, reduction, ComputeEigenvectors::Yes)
+                (diag, subdiag, reduction, eigenvalues, Some(vectors))
             }
         };
-        let (eigenvalues, all_tridiagonal_vectors) = tridiagonal::evd(&diag, &subdiag, compute)?;
-        // Ascending from faer; singular values go the other way.
+        // Ascending; singular values go the other way.
         let lambda: Vec<f64> = eigenvalues.iter().rev().copied().collect();
         let top = lambda[0].max(0.0);
         Some(GramEvd {

@@ -5,8 +5,8 @@
 //! Lanczos residual bound needs. Both are O(k), so the bound can be checked after every step.
 //!
 //! [`selected_eigenvectors`] gives the eigenvectors of chosen eigenvalues of a large tridiagonal
-//! matrix the same way, for STAR's Gram matrices; [`evd`] is faer's divide and conquer on a
-//! whole one.
+//! matrix the same way, for STAR's Gram matrices, whose eigenvalues come from the root-free
+//! QL/QR iteration ([`eigenvalues`]); [`evd`] is faer's divide and conquer on a whole one.
 
 use faer::diag::Diag;
 use faer::dyn_stack::{MemBuffer, MemStack};
@@ -196,14 +196,10 @@ impl ShiftedLu {
     }
 }
 
-/// The eigenvalues (ascending) of the symmetric tridiagonal matrix (`diag`, `subdiag`) and, if
-/// asked, all its eigenvectors, by faer's divide and conquer; None if it fails or gives a
-/// non-finite value. GramEvd's eigenvalues, and its fallback for eigenvectors.
-pub fn evd(
-    diag: &[f64],
-    subdiag: &[f64],
-    compute: ComputeEigenvectors,
-) -> Option<(Vec<f64>, Option<Mat<f64>>)> {
+/// The eigenvalues (ascending) of the symmetric tridiagonal matrix (`diag`, `subdiag`) and all
+/// its eigenvectors, by faer's divide and conquer; None if it fails or gives a non-finite value.
+/// TSV's eigendecompositions, and STAR's fallback for eigenvectors.
+pub fn evd(diag: &[f64], subdiag: &[f64]) -> Option<(Vec<f64>, Mat<f64>)> {
     let k = diag.len();
     let mut d = Diag::<f64>::zeros(k);
     let mut s = Diag::<f64>::zeros(k);
@@ -214,13 +210,14 @@ pub fn evd(
         }
     }
     let mut eigenvalues = Diag::<f64>::zeros(k);
-    let mut vectors = matches!(compute, ComputeEigenvectors::Yes).then(|| Mat::<f64>::zeros(k, k));
+    let mut vectors = Mat::<f64>::zeros(k, k);
+    let compute = ComputeEigenvectors::Yes;
     let scratch = self_adjoint_evd_scratch::<f64>(k, compute, Par::Seq, Default::default());
     tridiagonal_self_adjoint_evd(
         d.as_ref(),
         s.as_ref(),
         eigenvalues.as_mut(),
-        vectors.as_mut().map(|v| v.as_mut()),
+        Some(vectors.as_mut()),
         Par::Seq,
         MemStack::new(&mut MemBuffer::new(scratch)),
         Default::default(),
@@ -233,8 +230,219 @@ pub fn evd(
         .then_some((values, vectors))
 }
 
+/// Every eigenvalue (ascending) of the symmetric tridiagonal matrix (`diag`, `off`), without
+/// eigenvectors, by the root-free QL/QR iteration of Pal, Walker and Kahan (B. N. Parlett, *The
+/// Symmetric Eigenvalue Problem*, SIAM 1998, section 8.15; LAPACK's `dsterf`). It works on the
+/// squared off-diagonal and takes no square root or Givens rotation per step, which makes it
+/// several times faster than the implicit QR iteration with rotations (faer's eigenvalue-only
+/// route) at the same backward error, a small multiple of `eps·||T||`. None if an iteration
+/// does not converge within 30 steps per eigenvalue or a value is not finite.
+pub fn eigenvalues(diag: &[f64], off: &[f64]) -> Option<Vec<f64>> {
+    let n = diag.len();
+    let mut d = diag.to_vec();
+    let mut e: Vec<f64> = off.to_vec();
+    let eps = f64::EPSILON / 2.0;
+    let mut budget = 30 * n;
+    let mut start = 0;
+    while start < n {
+        // The next unreduced block [start, end]: off-diagonals negligible against their
+        // neighbours' geometric mean split the matrix.
+        let mut end = start;
+        while end + 1 < n && e[end].abs() > (d[end].abs().sqrt() * d[end + 1].abs().sqrt()) * eps {
+            end += 1;
+        }
+        if end + 1 < n {
+            e[end] = 0.0;
+        }
+        if end > start {
+            // A power of two brings the block near unit norm exactly, so squaring cannot
+            // overflow or underflow whatever the input's scale.
+            let norm = (start..=end)
+                .map(|i| d[i].abs() + if i < end { e[i].abs() } else { 0.0 })
+                .fold(0.0, f64::max);
+            let scale = if norm > 0.0 && norm.is_finite() {
+                2f64.powi(-norm.log2().round() as i32)
+            } else {
+                1.0
+            };
+            for x in &mut d[start..=end] {
+                *x *= scale;
+            }
+            for x in &mut e[start..end] {
+                *x = (*x * scale) * (*x * scale);
+            }
+            let converged = if d[end].abs() < d[start].abs() {
+                root_free_qr(&mut d, &mut e, start, end, &mut budget)
+            } else {
+                root_free_ql(&mut d, &mut e, start, end, &mut budget)
+            };
+            for x in &mut d[start..=end] {
+                *x /= scale;
+            }
+            if !converged {
+                return None;
+            }
+        }
+        start = end + 1;
+    }
+    d.sort_by(f64::total_cmp);
+    d.iter().all(|x| x.is_finite()).then_some(d)
+}
+
+/// QL sweeps of [`eigenvalues`] on the block `l..=end` (e holds squared off-diagonals),
+/// deflating from the top; false when `budget` runs out first.
+fn root_free_ql(
+    d: &mut [f64],
+    e: &mut [f64],
+    mut l: usize,
+    end: usize,
+    budget: &mut usize,
+) -> bool {
+    let eps2 = (f64::EPSILON / 2.0).powi(2);
+    while l <= end {
+        let m = (l..end)
+            .find(|&m| e[m].abs() <= eps2 * (d[m] * d[m + 1]).abs())
+            .unwrap_or(end);
+        if m < end {
+            e[m] = 0.0;
+        }
+        if m == l {
+            l += 1;
+            continue;
+        }
+        if m == l + 1 {
+            (d[l], d[l + 1]) = pair_eigenvalues(d[l], e[l].sqrt(), d[l + 1]);
+            e[l] = 0.0;
+            l += 2;
+            continue;
+        }
+        if *budget == 0 {
+            return false;
+        }
+        *budget -= 1;
+        let sigma = wilkinson_shift(d[l], e[l], d[l + 1]);
+        let (mut c, mut s) = (1.0, 0.0);
+        let mut gamma = d[m] - sigma;
+        let mut p = gamma * gamma;
+        for i in (l..m).rev() {
+            let bb = e[i];
+            let r = p + bb;
+            if i + 1 != m {
+                e[i + 1] = s * r;
+            }
+            let old_c = c;
+            c = p / r;
+            s = bb / r;
+            let old_gamma = gamma;
+            let alpha = d[i];
+            gamma = c * (alpha - sigma) - s * old_gamma;
+            d[i + 1] = old_gamma + (alpha - gamma);
+            p = if c != 0.0 {
+                gamma * gamma / c
+            } else {
+                old_c * bb
+            };
+        }
+        e[l] = s * p;
+        d[l] = sigma + gamma;
+    }
+    true
+}
+
+/// [`root_free_ql`] mirrored: QR sweeps deflating from the bottom, for blocks whose last
+/// diagonal entry is the smaller (the iteration converges fastest toward the small end).
+fn root_free_qr(
+    d: &mut [f64],
+    e: &mut [f64],
+    start: usize,
+    mut l: usize,
+    budget: &mut usize,
+) -> bool {
+    let eps2 = (f64::EPSILON / 2.0).powi(2);
+    loop {
+        let m = (start + 1..=l)
+            .rev()
+            .find(|&m| e[m - 1].abs() <= eps2 * (d[m] * d[m - 1]).abs())
+            .unwrap_or(start);
+        if m > start {
+            e[m - 1] = 0.0;
+        }
+        if m == l {
+            if l == start {
+                return true;
+            }
+            l -= 1;
+            continue;
+        }
+        if m + 1 == l {
+            (d[l], d[l - 1]) = pair_eigenvalues(d[l], e[l - 1].sqrt(), d[l - 1]);
+            e[l - 1] = 0.0;
+            if l < start + 2 {
+                return true;
+            }
+            l -= 2;
+            continue;
+        }
+        if *budget == 0 {
+            return false;
+        }
+        *budget -= 1;
+        let sigma = wilkinson_shift(d[l], e[l - 1], d[l - 1]);
+        let (mut c, mut s) = (1.0, 0.0);
+        let mut gamma = d[m] - sigma;
+        let mut p = gamma * gamma;
+        for i in m..l {
+            let bb = e[i];
+            let r = p + bb;
+            if i != m {
+                e[i - 1] = s * r;
+            }
+            let old_c = c;
+            c = p / r;
+            s = bb / r;
+            let old_gamma = gamma;
+            let alpha = d[i + 1];
+            gamma = c * (alpha - sigma) - s * old_gamma;
+            d[i] = old_gamma + (alpha - gamma);
+            p = if c != 0.0 {
+                gamma * gamma / c
+            } else {
+                old_c * bb
+            };
+        }
+        e[l - 1] = s * p;
+        d[l] = sigma + gamma;
+    }
+}
+
+/// The eigenvalue of the 2 x 2 block `[[p, √e2], [√e2, q]]` nearer `p` (Wilkinson's shift),
+/// from the squared off-diagonal `e2`.
+fn wilkinson_shift(p: f64, e2: f64, q: f64) -> f64 {
+    let off = e2.sqrt();
+    let g = (q - p) / (2.0 * off);
+    // √(g² + 1) without `hypot`'s cost where g² cannot overflow.
+    let r = if g.abs() < 1e150 {
+        (g * g + 1.0).sqrt()
+    } else {
+        g.abs()
+    };
+    p - off / (g + r.copysign(g))
+}
+
+/// Both eigenvalues of the symmetric 2 x 2 matrix `[[a, b], [b, c]]`: the larger in magnitude
+/// from the mean and the half-gap, the other from the determinant, so neither cancels.
+fn pair_eigenvalues(a: f64, b: f64, c: f64) -> (f64, f64) {
+    let (sum, half_gap) = (a + c, ((a - c) / 2.0).hypot(b));
+    if sum == 0.0 {
+        return (half_gap, -half_gap);
+    }
+    let big = sum / 2.0 + half_gap.copysign(sum);
+    let (large, small) = if a.abs() >= c.abs() { (a, c) } else { (c, a) };
+    (big, (large / big) * small - (b / big) * b)
+}
+
 /// Unit eigenvectors of the symmetric tridiagonal matrix (`diag`, `off`) for `values`, a
-/// selection of its eigenvalues in ascending order (as faer computes them, to a few `eps·||T||`),
+/// selection of its eigenvalues in ascending order (as [`eigenvalues`] computes them, to a few `eps·||T||`),
 /// one per column: inverse iteration as LAPACK's `dstein` does it. Each vector starts from a
 /// fixed pseudo-random vector; values closer than `10·eps·|λ|` are pulled apart so their
 /// factorizations differ, and each vector is orthogonalized against the previous ones of its
@@ -478,5 +686,71 @@ mod tests {
         // One by one.
         check_selected(&[3.0], &[], &[0]);
         check_selected(&[0.0, 0.0], &[0.0], &[0, 1]);
+    }
+
+    /// `eigenvalues` against faer's dense eigendecomposition of the same matrix: every value
+    /// within a few `n·eps·||T||`, on random, graded, clustered, split and scaled matrices.
+    #[test]
+    fn root_free_eigenvalues_match_the_dense_eigendecomposition() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        // (diagonal, off-diagonal, scale): the matrix is the pair times the scale.
+        let mut cases: Vec<(Vec<f64>, Vec<f64>, f64)> = vec![
+            (vec![], vec![], 1.0),
+            (vec![2.5], vec![], 1.0),
+            (vec![1.0, 1.0], vec![1e-300], 1.0),
+            (vec![0.0, 0.0, 0.0], vec![1.0, 1.0], 1.0),
+            (vec![4.0, -1.0, 3.0, 0.5], vec![0.0, 2.0, 0.0], 1.0),
+        ];
+        for n in [2usize, 3, 7, 64, 300] {
+            let random: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let off: Vec<f64> = (1..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            // Huge and tiny scales too, where the squares of the entries overflow or underflow
+            // (the dense reference runs on the unscaled matrix).
+            for scale in [1.0, 1e200, 1e-200] {
+                cases.push((random.clone(), off.clone(), scale));
+            }
+            // Graded from 1 to 1e-12 both ways (QL for one, QR for the other).
+            let graded: Vec<f64> = (0..n).map(|i| 1e-12f64.powf(i as f64 / n as f64)).collect();
+            let graded_off: Vec<f64> = (1..n).map(|i| 0.3 * graded[i]).collect();
+            cases.push((graded.clone(), graded_off.clone(), 1.0));
+            cases.push((
+                graded.iter().rev().copied().collect(),
+                graded_off.iter().rev().copied().collect(),
+                1.0,
+            ));
+            // A cluster of equal values weakly coupled, as a Gram matrix's tail gives.
+            let weak = (1..n).map(|_| 1e-9 * rng.random::<f64>()).collect();
+            cases.push((vec![1.0; n], weak, 1.0));
+        }
+        for (diag, off, scale) in &cases {
+            let n = diag.len();
+            let scaled = |x: &[f64]| x.iter().map(|v| v * scale).collect::<Vec<f64>>();
+            let got = eigenvalues(&scaled(diag), &scaled(off)).unwrap();
+            assert_eq!(got.len(), n);
+            if n == 0 {
+                continue;
+            }
+            let t = Mat::<f64>::from_fn(n, n, |i, j| match i.abs_diff(j) {
+                0 => diag[i],
+                1 => off[i.min(j)],
+                _ => 0.0,
+            });
+            let dense = t.self_adjoint_eigen(faer::Side::Lower).unwrap();
+            let mut want: Vec<f64> = dense
+                .S()
+                .column_vector()
+                .iter()
+                .map(|x| x * scale)
+                .collect();
+            want.sort_by(f64::total_cmp);
+            let norm = diag.iter().chain(off).fold(0f64, |m, x| m.max(x.abs())) * scale;
+            let tol = 8.0 * n as f64 * f64::EPSILON * norm;
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() <= tol, "n={n}: {g} vs {w} (tol {tol:e})");
+            }
+            assert!(got.windows(2).all(|w| w[0] <= w[1]), "ascending");
+        }
+        // Non-finite input is refused, not looped on.
+        assert!(eigenvalues(&[1.0, f64::NAN, 2.0], &[0.5, 0.5]).is_none());
     }
 }
