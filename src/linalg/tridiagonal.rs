@@ -232,7 +232,7 @@ pub fn evd(diag: &[f64], subdiag: &[f64]) -> Option<(Vec<f64>, Mat<f64>)> {
 
 /// Every eigenvalue (ascending) of the symmetric tridiagonal matrix (`diag`, `off`), without
 /// eigenvectors, by the root-free QL/QR iteration of Pal, Walker and Kahan (B. N. Parlett, *The
-/// Symmetric Eigenvalue Problem*, SIAM 1998, section 8.15; LAPACK's `dsterf`). It works on the
+/// Symmetric Eigenvalue Problem*, SIAM 1998, chapter 8; LAPACK's `dsterf`). It works on the
 /// squared off-diagonal and takes no square root or Givens rotation per step, which makes it
 /// several times faster than the implicit QR iteration with rotations (faer's eigenvalue-only
 /// route) at the same backward error, a small multiple of `eps·||T||`. None if an iteration
