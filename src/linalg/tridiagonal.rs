@@ -271,11 +271,14 @@ pub fn eigenvalues(diag: &[f64], off: &[f64]) -> Option<Vec<f64>> {
             for x in &mut e[start..end] {
                 *x = (*x * scale) * (*x * scale);
             }
-            let converged = if d[end].abs() < d[start].abs() {
-                root_free_qr(&mut d, &mut e, start, end, &mut budget)
-            } else {
-                root_free_ql(&mut d, &mut e, start, end, &mut budget)
-            };
+            // QL converges fastest toward the smaller end, which it deflates first: a block
+            // whose last diagonal entry is the smaller is reversed (the same eigenvalues), which
+            // is LAPACK's QR sweep written as QL.
+            if d[end].abs() < d[start].abs() {
+                d[start..=end].reverse();
+                e[start..end].reverse();
+            }
+            let converged = root_free_ql(&mut d, &mut e, start, end, &mut budget);
             for x in &mut d[start..=end] {
                 *x /= scale;
             }
@@ -349,72 +352,6 @@ fn root_free_ql(
     true
 }
 
-/// [`root_free_ql`] mirrored: QR sweeps deflating from the bottom, for blocks whose last
-/// diagonal entry is the smaller (the iteration converges fastest toward the small end).
-fn root_free_qr(
-    d: &mut [f64],
-    e: &mut [f64],
-    start: usize,
-    mut l: usize,
-    budget: &mut usize,
-) -> bool {
-    let eps2 = (f64::EPSILON / 2.0).powi(2);
-    loop {
-        let m = (start + 1..=l)
-            .rev()
-            .find(|&m| e[m - 1].abs() <= eps2 * (d[m] * d[m - 1]).abs())
-            .unwrap_or(start);
-        if m > start {
-            e[m - 1] = 0.0;
-        }
-        if m == l {
-            if l == start {
-                return true;
-            }
-            l -= 1;
-            continue;
-        }
-        if m + 1 == l {
-            (d[l], d[l - 1]) = pair_eigenvalues(d[l], e[l - 1].sqrt(), d[l - 1]);
-            e[l - 1] = 0.0;
-            if l < start + 2 {
-                return true;
-            }
-            l -= 2;
-            continue;
-        }
-        if *budget == 0 {
-            return false;
-        }
-        *budget -= 1;
-        let sigma = wilkinson_shift(d[l], e[l - 1], d[l - 1]);
-        let (mut c, mut s) = (1.0, 0.0);
-        let mut gamma = d[m] - sigma;
-        let mut p = gamma * gamma;
-        for i in m..l {
-            let bb = e[i];
-            let r = p + bb;
-            if i != m {
-                e[i - 1] = s * r;
-            }
-            let old_c = c;
-            c = p / r;
-            s = bb / r;
-            let old_gamma = gamma;
-            let alpha = d[i + 1];
-            gamma = c * (alpha - sigma) - s * old_gamma;
-            d[i] = old_gamma + (alpha - gamma);
-            p = if c != 0.0 {
-                gamma * gamma / c
-            } else {
-                old_c * bb
-            };
-        }
-        e[l - 1] = s * p;
-        d[l] = sigma + gamma;
-    }
-}
-
 /// The eigenvalue of the 2 x 2 block `[[p, √e2], [√e2, q]]` nearer `p` (Wilkinson's shift),
 /// from the squared off-diagonal `e2`.
 fn wilkinson_shift(p: f64, e2: f64, q: f64) -> f64 {
@@ -442,8 +379,8 @@ fn pair_eigenvalues(a: f64, b: f64, c: f64) -> (f64, f64) {
 }
 
 /// Unit eigenvectors of the symmetric tridiagonal matrix (`diag`, `off`) for `values`, a
-/// selection of its eigenvalues in ascending order (as [`eigenvalues`] computes them, to a few `eps·||T||`),
-/// one per column: inverse iteration as LAPACK's `dstein` does it. Each vector starts from a
+/// selection of its eigenvalues in ascending order (as [`eigenvalues`] computes them, to a few
+/// `eps·||T||`), one per column: inverse iteration as LAPACK's `dstein` does it. Each vector starts from a
 /// fixed pseudo-random vector; values closer than `10·eps·|λ|` are pulled apart so their
 /// factorizations differ, and each vector is orthogonalized against the previous ones of its
 /// cluster (values within `1e-3·||T||_1` of their neighbour). It stops after two iterations past
