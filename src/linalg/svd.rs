@@ -13,12 +13,13 @@
 //! - [`top_svd`]: the top r triplets (TSV's per-task decomposition).
 //! - [`small_side_svd`]: every singular value and the singular vectors of the smaller dimension
 //!   (STAR, which needs the nuclear norm and the leading subspace).
-//! - [`polar`]: the orthogonal polar factor, `U V^T` of the SVD or `A (A^T A)^(-1/2)`.
+//! - [`polar`]: the orthogonal polar factor, `U V^T` of the SVD or `A (A^T A)^(-1/2)`, as two
+//!   factors ([`Polar`]).
 //!
 //! Every faer call runs single-threaded (`Par::Seq`): faer splits parallel work by thread
 //! count, which would change rounding between machines. Callers parallelize over independent
-//! work instead (tasks, the two polar factors, the fixed row blocks of [`matmul`]), so results
-//! are the same bytes at any thread count. The definitions and their sources (TSV, STAR) are in
+//! work instead (tasks, the two polar factors, the fixed row blocks of
+//! [`super::gemm::matmul`]), so results are the same bytes at any thread count. The definitions and their sources (TSV, STAR) are in
 //! docs/reference/spectral.md.
 
 use faer::diag::Diag;
@@ -28,7 +29,6 @@ use faer::linalg::svd::{svd, svd_scratch, ComputeSvdVectors};
 use faer::{Accum, Mat, MatRef, Par};
 
 use super::f64_blocks::long_side_product;
-use super::gemm::matmul;
 use super::gram_evd::{Gram, GramEvd, Wanted, KEPT_VECTORS};
 use super::polar_pair;
 use super::simd::clear_upper_state;
@@ -210,19 +210,32 @@ const GRAM_NUCLEAR_TOL: f64 = 5e-5;
 /// is for the worst case; rounding errors of random sign are far smaller).
 const GRAM_RELATIVE_GAP: f64 = 1e5;
 
+/// An orthogonal polar factor kept as the product `left · right` (`right` absent: the
+/// identity), so that a caller multiplying it further can apply the p x p `right` to its smaller
+/// operand first: TSV's merged task vector `P_U diag(s) P_Vᵀ` then takes one large product where
+/// the explicit factors would take two (docs/reference/spectral.md).
+#[derive(Debug, Clone)]
+pub struct Polar {
+    /// m x p.
+    pub left: Mat<f32>,
+    /// p x p.
+    pub right: Option<Mat<f32>>,
+}
+
 /// The orthogonal polar factor `U V^T` of `a` (m x p, m >= p): the matrix with orthonormal
 /// columns nearest to `a` (orthogonal Procrustes).
 ///
-/// As `a (aᵀa)^(-1/2)` from [`GramEvd`] when `aᵀa` is well conditioned (its smallest eigenvalue
-/// at least [`GRAM_RELATIVE_GAP`] times the error bound), else from the thin SVD: TSV's
-/// concatenated singular vectors are badly conditioned when the tasks share directions, and
-/// the inverse square root would then amplify rounding (docs/reference/spectral.md). So are the
-/// square concatenations TSV builds for a matrix's smaller side; a Cholesky test
-/// ([`Gram::smallest_eigenvalue_below`]) refuses those before the eigendecomposition.
-pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
+/// As `a · (aᵀa)^(-1/2)` from [`GramEvd`] when `aᵀa` is well conditioned (its smallest
+/// eigenvalue at least [`GRAM_RELATIVE_GAP`] times the error bound), else as `U · Vᵀ` of the thin
+/// SVD: TSV's concatenated singular vectors are badly conditioned when the tasks share
+/// directions, and the inverse square root would then amplify rounding
+/// (docs/reference/spectral.md). So are the square concatenations TSV builds for a matrix's
+/// smaller side; a Cholesky test ([`Gram::smallest_eigenvalue_below`]) refuses those before the
+/// eigendecomposition.
+pub fn polar(a: Mat<f32>) -> Result<Polar, SvdFailed> {
     let (m, p) = a.shape();
     let evd = (m >= p)
-        .then(|| Gram::of(a))
+        .then(|| Gram::of(a.as_ref()))
         .flatten()
         .filter(|g| !g.smallest_eigenvalue_below(GRAM_RELATIVE_GAP * g.product_error()))
         .and_then(|g| g.evd(Wanted::Most));
@@ -240,10 +253,16 @@ pub fn polar(a: MatRef<'_, f32>) -> Result<Mat<f32>, SvdFailed> {
             Par::Seq,
         );
         clear_upper_state();
-        return Ok(matmul(a, to_f32(&inv_sqrt).as_ref()));
+        return Ok(Polar {
+            left: a,
+            right: Some(to_f32(&inv_sqrt)),
+        });
     }
-    let svd = thin_svd(a)?;
-    Ok(matmul(svd.u.as_ref(), svd.v.transpose()))
+    let svd = thin_svd(a.as_ref())?;
+    Ok(Polar {
+        left: svd.u,
+        right: Some(svd.v.transpose().to_owned()),
+    })
 }
 
 /// `polar([x1 x2])` for two sets of orthonormal columns (TSV's smaller side for two tasks),
@@ -257,7 +276,15 @@ pub fn polar_from_angles(x1: MatRef<'_, f64>, x2: MatRef<'_, f64>) -> Option<Mat
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linalg::gemm::matmul;
     use crate::linalg::test_matrices::{matrix, max_abs_diff};
+
+    fn explicit(p: Polar) -> Mat<f32> {
+        match p.right {
+            Some(right) => matmul(p.left.as_ref(), right.as_ref()),
+            None => p.left,
+        }
+    }
 
     fn low_rank(svd: &Svd) -> Mat<f32> {
         let scaled =
@@ -351,7 +378,7 @@ mod tests {
         // The Cholesky test refuses it before the eigendecomposition.
         let gram = Gram::of(a.as_ref()).unwrap();
         assert!(gram.smallest_eigenvalue_below(GRAM_RELATIVE_GAP * gram.product_error()));
-        let p = polar(a.as_ref()).unwrap();
+        let p = explicit(polar(a).unwrap());
         let gram = matmul(p.transpose(), p.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(4, 4)) < 1e-5);
     }
@@ -359,7 +386,7 @@ mod tests {
     #[test]
     fn polar_factor_is_orthonormal_and_nearest() {
         let a = matrix(30, 12, 0.3, 2);
-        let p = polar(a.as_ref()).unwrap();
+        let p = explicit(polar(a.clone()).unwrap());
         let gram = matmul(p.transpose(), p.as_ref());
         assert!(max_abs_diff(&gram, &Mat::identity(12, 12)) < 1e-5);
         // For A = U S V^T, P = U V^T, so P^T A = V S V^T is symmetric.

@@ -25,7 +25,7 @@ use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::{Error, Result};
 use crate::linalg::gemm::matmul;
-use crate::linalg::svd::{polar, polar_from_angles, top_svd, SvdFailed};
+use crate::linalg::svd::{polar, polar_from_angles, top_svd, Polar, SvdFailed};
 use crate::tensor::Tensor;
 use crate::{internal, non_finite};
 use faer::Mat;
@@ -186,9 +186,33 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
     } else {
         (small_polar, large_polar)
     };
-    let scaled = Mat::<f32>::from_fn(m, p, |row, c| pu[(row, c)] * s_cat[c]);
-    let merged = matmul(scaled.as_ref(), pv.transpose());
-    Ok(row_major(&merged))
+    Ok(row_major(&product_of_factors(pu, &s_cat, pv)))
+}
+
+/// `P_U diag(s) P_Vᵀ` for the polar factors `P_U = Lu Ru` (m x p) and `P_V = Lv Rv` (n x p):
+/// the p x p middle `Ru diag(s) Rvᵀ` first, then the two large products in the cheaper order.
+/// With a factored `P_U`, the m x p x p product `Lu Ru` is never formed (docs/reference/spectral.md).
+fn product_of_factors(pu: Polar, s: &[f32], pv: Polar) -> Mat<f32> {
+    let p = s.len();
+    let (lu, lv) = (pu.left.as_ref(), pv.left.as_ref());
+    let middle = match (&pu.right, &pv.right) {
+        (None, None) => {
+            let scaled = Mat::<f32>::from_fn(lu.nrows(), p, |i, j| lu[(i, j)] * s[j]);
+            return matmul(scaled.as_ref(), lv.transpose());
+        }
+        (Some(ru), None) => Mat::<f32>::from_fn(p, p, |i, j| ru[(i, j)] * s[j]),
+        (None, Some(rv)) => Mat::<f32>::from_fn(p, p, |i, j| s[i] * rv[(j, i)]),
+        (Some(ru), Some(rv)) => {
+            let scaled = Mat::<f32>::from_fn(p, p, |i, j| ru[(i, j)] * s[j]);
+            matmul(scaled.as_ref(), rv.transpose())
+        }
+    };
+    // (Lu M) Lvᵀ costs m·p·p + m·p·n, Lu (M Lvᵀ) costs p·p·n + m·p·n.
+    if lu.nrows() <= lv.nrows() {
+        matmul(matmul(lu, middle.as_ref()).as_ref(), lv.transpose())
+    } else {
+        matmul(lu, matmul(middle.as_ref(), lv.transpose()).as_ref())
+    }
 }
 
 /// The polar factor of one side's kept vectors, concatenated in the official order (`owner`
@@ -201,18 +225,18 @@ fn side_polar(
     blocks: &[&Mat<f64>],
     kept: &[usize],
     owner: &[(usize, usize)],
-) -> std::result::Result<Mat<f32>, SvdFailed> {
+) -> std::result::Result<Polar, SvdFailed> {
     let rows = blocks[0].nrows();
     if blocks.len() == 2 && owner.len() == rows && kept.iter().all(|&k| k > 0) {
         let pick = |i: usize| blocks[i].as_ref().subcols(0, kept[i]);
-        if let Some(p) = polar_from_angles(pick(0), pick(1)) {
-            return Ok(p);
+        if let Some(left) = polar_from_angles(pick(0), pick(1)) {
+            return Ok(Polar { left, right: None });
         }
     }
     let cat = Mat::<f32>::from_fn(rows, owner.len(), |row, c| {
         blocks[owner[c].0][(row, owner[c].1)] as f32
     });
-    polar(cat.as_ref())
+    polar(cat)
 }
 
 /// A faer matrix as a row-major vector.
@@ -249,5 +273,53 @@ mod tests {
             "the task vector holds NaN, so its SVD cannot run"
         );
         assert_eq!(svd_failed(&[&finite]).kind(), Kind::Internal);
+    }
+
+    fn uniform(rows: usize, cols: usize, seed: u64) -> Mat<f32> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        Mat::from_fn(rows, cols, |_, _| rng.random_range(-1.0f32..1.0))
+    }
+
+    #[test]
+    fn factored_polar_factors_give_the_product_of_the_explicit_ones() {
+        // Tall and wide, so that both orders of the large products run.
+        for (m, n, p) in [(40, 12, 10), (12, 40, 10)] {
+            let (lu, ru) = (uniform(m, p, 1), uniform(p, p, 2));
+            let (lv, rv) = (uniform(n, p, 3), uniform(p, p, 4));
+            let s: Vec<f32> = (0..p).map(|j| 1.0 / (j + 1) as f32).collect();
+            let (pu, pv) = (&lu * &ru, &lv * &rv);
+            let want = &Mat::from_fn(m, p, |i, j| pu[(i, j)] * s[j]) * pv.transpose();
+            let form = |factored: bool, left: &Mat<f32>, right: &Mat<f32>, full: &Mat<f32>| {
+                if factored {
+                    Polar {
+                        left: left.clone(),
+                        right: Some(right.clone()),
+                    }
+                } else {
+                    Polar {
+                        left: full.clone(),
+                        right: None,
+                    }
+                }
+            };
+            for (u_factored, v_factored) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
+                let got = product_of_factors(
+                    form(u_factored, &lu, &ru, &pu),
+                    &s,
+                    form(v_factored, &lv, &rv, &pv),
+                );
+                let worst = (0..m)
+                    .flat_map(|i| (0..n).map(move |j| (i, j)))
+                    .map(|(i, j)| (got[(i, j)] - want[(i, j)]).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    worst < 1e-5,
+                    "{m}x{n}, factored ({u_factored}, {v_factored}): {worst}"
+                );
+            }
+        }
     }
 }
