@@ -19,8 +19,8 @@
 //! Every faer call runs single-threaded (`Par::Seq`): faer splits parallel work by thread
 //! count, which would change rounding between machines. Callers parallelize over independent
 //! work instead (tasks, the two polar factors, the fixed row blocks of
-//! [`super::gemm::matmul`]), so results are the same bytes at any thread count. The definitions and their sources (TSV, STAR) are in
-//! docs/reference/spectral.md.
+//! [`super::gemm::matmul`]), so results are the same bytes at any thread count. The definitions
+//! and their sources (TSV, STAR) are in docs/reference/spectral.md.
 
 use faer::diag::Diag;
 use faer::dyn_stack::{MemBuffer, MemStack};
@@ -211,9 +211,9 @@ const GRAM_NUCLEAR_TOL: f64 = 5e-5;
 const GRAM_RELATIVE_GAP: f64 = 1e5;
 
 /// An orthogonal polar factor kept as the product `left · right` (`right` absent: the
-/// identity), so that a caller multiplying it further can apply the p x p `right` to its smaller
-/// operand first: TSV's merged task vector `P_U diag(s) P_Vᵀ` then takes one large product where
-/// the explicit factors would take two (docs/reference/spectral.md).
+/// identity), so that a caller multiplying it further can apply the p x p `right` to its
+/// smaller operand first: TSV's merged task vector `P_U diag(s) P_Vᵀ` then takes one large
+/// product where the explicit factors would take two (docs/reference/spectral.md).
 #[derive(Debug, Clone)]
 pub struct Polar {
     /// m x p.

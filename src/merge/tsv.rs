@@ -191,7 +191,8 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
 
 /// `P_U diag(s) P_Vᵀ` for the polar factors `P_U = Lu Ru` (m x p) and `P_V = Lv Rv` (n x p):
 /// the p x p middle `Ru diag(s) Rvᵀ` first, then the two large products in the cheaper order.
-/// With a factored `P_U`, the m x p x p product `Lu Ru` is never formed (docs/reference/spectral.md).
+/// With a factored `P_U`, the m x p x p product `Lu Ru` is never formed
+/// (docs/reference/spectral.md).
 fn product_of_factors(pu: Polar, s: &[f32], pv: Polar) -> Mat<f32> {
     let p = s.len();
     let (lu, lv) = (pu.left.as_ref(), pv.left.as_ref());
