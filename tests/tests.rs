@@ -10,6 +10,7 @@ mod bad_flags;
 mod bad_input;
 mod browser;
 mod cuda_loading;
+mod docs_links;
 mod exit_codes;
 mod extract;
 mod fuzz;
