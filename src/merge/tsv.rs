@@ -194,19 +194,14 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
 /// With a factored `P_U`, the m x p x p product `Lu Ru` is never formed
 /// (docs/reference/spectral.md).
 fn product_of_factors(pu: Polar, s: &[f32], pv: Polar) -> Mat<f32> {
-    let p = s.len();
     let (lu, lv) = (pu.left.as_ref(), pv.left.as_ref());
+    // `x diag(s)`.
+    let scaled = |x: &Mat<f32>| Mat::<f32>::from_fn(x.nrows(), x.ncols(), |i, j| x[(i, j)] * s[j]);
     let middle = match (&pu.right, &pv.right) {
-        (None, None) => {
-            let scaled = Mat::<f32>::from_fn(lu.nrows(), p, |i, j| lu[(i, j)] * s[j]);
-            return matmul(scaled.as_ref(), lv.transpose());
-        }
-        (Some(ru), None) => Mat::<f32>::from_fn(p, p, |i, j| ru[(i, j)] * s[j]),
-        (None, Some(rv)) => Mat::<f32>::from_fn(p, p, |i, j| s[i] * rv[(j, i)]),
-        (Some(ru), Some(rv)) => {
-            let scaled = Mat::<f32>::from_fn(p, p, |i, j| ru[(i, j)] * s[j]);
-            matmul(scaled.as_ref(), rv.transpose())
-        }
+        (None, None) => return matmul(scaled(&pu.left).as_ref(), lv.transpose()),
+        (Some(ru), None) => scaled(ru),
+        (None, Some(rv)) => scaled(rv).transpose().to_owned(),
+        (Some(ru), Some(rv)) => matmul(scaled(ru).as_ref(), rv.transpose()),
     };
     // (Lu M) Lvᵀ costs m·p·p + m·p·n, Lu (M Lvᵀ) costs p·p·n + m·p·n.
     if lu.nrows() <= lv.nrows() {
