@@ -32,8 +32,10 @@
 #   linear    sinkmerge merge vs mergekit-yaml on the lowrank models of star/tsv; skipped when no
 #             mergekit-yaml is found (MERGEKIT, or beside PYTHON, or on PATH).
 # On an idle 2-core VM the whole run took 18 minutes on a Sapphire Rapids CPU and 35 minutes on a
-# slower Xeon without AMX (2026-12-03, data generation included; the torch peers of star and tsv
-# and their float64 references are about half of it: docs/benchmarks.md).
+# slower Xeon without AMX (2026-12-03), 29.4 minutes on an AMD EPYC (Zen 3) on 2026-12-07, data
+# generation included; the torch peers of star and tsv and their float64 references are about
+# half of it (docs/benchmarks.md). The float64 references now share the task vectors' SVDs: on
+# the EPYC VM one spectrum's pair took 81 s, against 49 s + 80 s as two runs (2026-12-07).
 # Scratch data (about 9 GB at its peak) goes to WORK (default $TMPDIR/sinkmerge-quick-all) and is
 # deleted at the end unless KEEP=1. SMOKE=1 runs every step on tiny shapes to check the script
 # (its timings mean nothing).
@@ -156,19 +158,20 @@ for spectrum in lowrank flat; do
     "$D/base" "$D/task_a" "$D/task_b" >"$D/star.yml"
   printf 'merge_method: tsv\nbase_model: %s\nmodels:\n  - model: %s\n  - model: %s\nparameters: {alpha: 1.0}\ndtype: float32\n' \
     "$D/base" "$D/task_a" "$D/task_b" >"$D/tsv.yml"
+  # Both float64 runs of the reference in one pass (the task vectors' SVDs shared), untimed.
+  nice -n 10 "$PY" benches/spectral_ref.py float64 "$D/base" "$D/out-64-star" "$D/out-64-tsv" \
+    "$D/task_a" "$D/task_b" >/dev/null 2>&1
   cat "$D"/*/model.safetensors >/dev/null
   for method in star tsv; do
     interleave "$method-$spectrum:sinkmerge" \
       "rm -rf '$D/out-sm' && $SM merge '$D/$method.yml' -o '$D/out-sm' --quiet" \
       "$method-$spectrum:torch" \
       "rm -rf '$D/out-ref' && '$PY' benches/spectral_ref.py merge $method '$D/base' '$D/out-ref' '$D/task_a' '$D/task_b' 2>/dev/null"
-    nice -n 10 "$PY" benches/spectral_ref.py merge $method "$D/base" "$D/out-64" "$D/task_a" "$D/task_b" \
-      --float64 >/dev/null 2>&1
     echo "$method-$spectrum: max relative error against a float64 run of the reference:" \
-      "sinkmerge $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-sm" "$D/out-64")," \
-      "torch float32 $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-ref" "$D/out-64")" \
+      "sinkmerge $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-sm" "$D/out-64-$method")," \
+      "torch float32 $("$PY" benches/spectral_ref.py compare "$D/base" "$D/out-ref" "$D/out-64-$method")" \
       >>"$WORK/notes.txt"
-    rm -rf "$D/out-sm" "$D/out-ref" "$D/out-64"
+    rm -rf "$D/out-sm" "$D/out-ref" "$D/out-64-$method"
   done
   if [ "$spectrum" = lowrank ]; then
     if [ -n "$MERGEKIT" ]; then
@@ -200,8 +203,11 @@ row() { # row NAME A B: A's and B's medians and the wall ratio B/A (nothing when
   grep -q "^$1:$3 " "$WORK/results.txt" || return 0
   read -r aw _ ar <<<"$(summary "$1:$2")"
   read -r bw _ br <<<"$(summary "$1:$3")"
-  printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12.0f %7.2fx\n' "$1" "$2" "$aw" "$(echo "$ar/1024" | bc -l)" \
-    "$3" "$bw" "$(echo "$br/1024" | bc -l)" "$(echo "$bw/$aw" | bc -l)"
+  # A median under the timer's 10 ms resolution (SMOKE runs) has no ratio.
+  ratio=$(echo "if ($aw > 0) $bw/$aw else -1" | bc -l)
+  ratio=$(if [ "$ratio" = -1 ]; then echo "n/a"; else printf '%.2fx' "$ratio"; fi)
+  printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12.0f %8s\n' "$1" "$2" "$aw" "$(echo "$ar/1024" | bc -l)" \
+    "$3" "$bw" "$(echo "$br/1024" | bc -l)" "$ratio"
 }
 for label in score score-hot score-7b4; do row "$label" sinkmerge transformers; done
 for spectrum in lowrank flat; do row "norms-$spectrum" sinkmerge torch; done

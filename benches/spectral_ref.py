@@ -5,6 +5,7 @@ two merged models. Used by benches/merge_vs_mergekit.sh.
 
     python benches/spectral_ref.py merge tsv|star BASE OUT MODEL... [--eta 40] [--alpha 1]
                                    [--only NAME,NAME...] [--float64]
+    python benches/spectral_ref.py float64 BASE OUT_STAR OUT_TSV MODEL... [--eta 40] [--alpha 1]
     python benches/spectral_ref.py compare BASE OURS REFERENCE
 
 `merge` prints the wall seconds, and each tensor's seconds on stderr. With `--only`, the
@@ -14,6 +15,9 @@ shape: the printed total is then an extrapolation, flagged "(extrapolated from N
 With `--float64` the same code runs in float64 (inputs upcast, output cast back to the base's
 dtype): on these inputs the float32 reference is itself 4e-4 to 1.6e-3 off for TSV, so this is the
 run to measure sinkmerge's accuracy against; its time is not a reference time.
+`float64` writes both float64 runs in one pass, each task vector's SVD computed once and
+shared by the two merges (the outputs are those of `merge star|tsv ... --float64`, byte for byte;
+it saves the second run's task-vector SVDs, about 45 s per 1.5B-width layer on a 2-core VM).
 `compare` prints the largest relative error over the reference's tensors of the merged task
 vector, ||ours - ref|| / ||ref - base||, and where it is.
 """
@@ -78,6 +82,26 @@ def merge(method, base_dir, out_dir, models, eta, alpha, only, dtype):
     print(f"{total:.2f}{note}")
 
 
+def float64_pair(base_dir, star_dir, tsv_dir, models, eta, alpha):
+    dtype = torch.float64
+    base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
+    handles = [safe_open(str(Path(m) / "model.safetensors"), framework="pt") for m in models]
+    star_out, tsv_out = {}, {}
+    for name in base.keys():
+        b = base.get_tensor(name)
+        spectral = b.dim() == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
+        deltas = [tensor(h, name, b.shape[0], dtype) - b.to(dtype) for h in handles]
+        svds = [torch.linalg.svd(d, full_matrices=False) for d in deltas] if spectral else None
+        tsv = alpha * (tsv_matrix(deltas, svds) if spectral else running_mean(deltas))
+        parts = [star_matrix(d, eta, svd) for d, svd in zip(deltas, svds)] if spectral else deltas
+        star = weighted_merge(parts, [1 / len(parts)] * len(parts))
+        for out, merged in ((star_out, star), (tsv_out, tsv)):
+            out[name] = (b.to(dtype) + merged).to(b.dtype).contiguous()
+    for out_dir, out in ((star_dir, star_out), (tsv_dir, tsv_out)):
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        save_file(out, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+
+
 def compare(base_dir, ours_dir, ref_dir):
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
     ours = safe_open(str(Path(ours_dir) / "model.safetensors"), framework="pt")
@@ -106,5 +130,10 @@ if __name__ == "__main__":
                 i = rest.index(k)
                 opts[k] = rest[i + 1].split(",") if k == "--only" else float(rest[i + 1])
                 del rest[i:i + 2]
-        method, base_dir, out_dir, *models = rest
-        merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"], opts["--only"], dtype)
+        if sys.argv[1] == "float64":
+            base_dir, star_dir, tsv_dir, *models = rest
+            float64_pair(base_dir, star_dir, tsv_dir, models, opts["--eta"], opts["--alpha"])
+        else:
+            method, base_dir, out_dir, *models = rest
+            merge(method, base_dir, out_dir, models, opts["--eta"], opts["--alpha"], opts["--only"],
+                  dtype)

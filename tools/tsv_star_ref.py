@@ -81,11 +81,13 @@ parameters:
 # ---------------------------------------------------------------------------------------------
 # TSV (TSVM_utils.py L303-377)
 # ---------------------------------------------------------------------------------------------
-def tsv_matrix(deltas):
-    """Merged task vector of one 2-D tensor."""
+def tsv_matrix(deltas, svds=None):
+    """Merged task vector of one 2-D tensor. `svds`: the deltas' torch.linalg.svd when the
+    caller has them already (benches/spectral_ref.py shares them with star_matrix)."""
     T = len(deltas)
     sv_reduction = 1 / T  # L320
-    svds = [torch.linalg.svd(d, full_matrices=False) for d in deltas]  # L336
+    if svds is None:
+        svds = [torch.linalg.svd(d, full_matrices=False) for d in deltas]  # L336
     u0, s0, v0 = svds[0]
     sum_u = torch.zeros_like(u0)  # L339-341: U_cat has u's shape (m x k); unused columns stay 0
     sum_s = torch.zeros_like(s0)
@@ -121,8 +123,10 @@ def running_mean(deltas):
 # ---------------------------------------------------------------------------------------------
 # STAR (merger/STAR.py L16-53)
 # ---------------------------------------------------------------------------------------------
-def star_matrix(matrix, eta):
-    u, s, vt = torch.linalg.svd(matrix, full_matrices=False)  # L25
+def star_matrix(matrix, eta, svd=None):
+    """STAR's merged part of one 2-D tensor. `svd`: the matrix's torch.linalg.svd when the
+    caller has it already (benches/spectral_ref.py shares it with tsv_matrix)."""
+    u, s, vt = torch.linalg.svd(matrix, full_matrices=False) if svd is None else svd  # L25
     sum_tot_s = s.double().sum()  # L28 (sinkmerge choice: float64 sums)
     if sum_tot_s == 0:
         return torch.zeros_like(matrix)  # sinkmerge guard: 0/0 in the official code
