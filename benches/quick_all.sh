@@ -36,6 +36,8 @@
 # generation included; the torch peers of star and tsv and their float64 references are about
 # half of it (docs/benchmarks.md). The float64 references now share the task vectors' SVDs: on
 # the EPYC VM one spectrum's pair took 81 s, against 49 s + 80 s as two runs (2026-12-07).
+# It first prints this machine's measured FMA peak in f32 and f64 (examples/fma_peak.rs): a case's
+# counted flops over it is that case's compute floor.
 # Scratch data (about 9 GB at its peak) goes to WORK (default $TMPDIR/sinkmerge-quick-all) and is
 # deleted at the end unless KEEP=1. SMOKE=1 runs every step on tiny shapes to check the script
 # (its timings mean nothing).
@@ -48,10 +50,10 @@ WORK=${WORK:-${TMPDIR:-/tmp}/sinkmerge-quick-all}
 beside=$(dirname "$(command -v "$PY")")/mergekit-yaml
 [ -x "$beside" ] || beside=$(command -v mergekit-yaml || true)
 MERGEKIT=${MERGEKIT:-$beside}
-# BIN_DIR: a directory holding sinkmerge and examples/synth_checkpoint already built (default: a
-# release build here).
+# BIN_DIR: a directory holding sinkmerge, examples/synth_checkpoint and examples/fma_peak already
+# built (default: a release build here).
 if [ -z "${BIN_DIR:-}" ]; then
-  cargo build -q --release --bin sinkmerge --example synth_checkpoint
+  cargo build -q --release --bin sinkmerge --example synth_checkpoint --example fma_peak
   BIN_DIR=target/release
 fi
 SM=$BIN_DIR/sinkmerge
@@ -79,6 +81,8 @@ mkdir -p "$WORK"
 source benches/timing.sh
 : >"$WORK/results.txt"
 : >"$WORK/notes.txt"
+# The compute floor's denominator, measured here: a case's counted flops over this peak.
+"$BIN_DIR/examples/fma_peak" | tee -a "$WORK/notes.txt"
 start=$(date +%s)
 
 # interleave LABEL_A "CMD A" LABEL_B "CMD B": RUNS alternating runs of the two commands.
