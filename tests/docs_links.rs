@@ -5,17 +5,43 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use crate::util::root;
 
+/// The project's Markdown files: the tracked ones when `root` is a git checkout (merged models'
+/// cards and other outputs left in the tree are not the project's), else every one under `root`.
+fn markdown_files(root: &Path) -> Vec<PathBuf> {
+    let tracked = Command::new("git")
+        .args(["ls-files", "-z", "--", "*.md"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|out| out.status.success() && !out.stdout.is_empty());
+    match tracked {
+        Some(out) => String::from_utf8(out.stdout)
+            .unwrap()
+            .split('\0')
+            .filter(|name| !name.is_empty())
+            .map(|name| root.join(name))
+            .filter(|path| path.exists())
+            .collect(),
+        None => {
+            let mut files = Vec::new();
+            walk(root, &mut files);
+            files
+        }
+    }
+}
+
 /// The Markdown files under `dir`, skipping hidden directories (`.git`, `.venv`) and `target`.
-fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         if path.is_dir() {
             if !name.starts_with('.') && name != "target" {
-                markdown_files(&path, out);
+                walk(&path, out);
             }
         } else if name.ends_with(".md") {
             out.push(path);
@@ -89,8 +115,7 @@ fn is_external(target: &str) -> bool {
 #[test]
 fn every_relative_link_and_anchor_resolves() {
     let root = root();
-    let mut files = Vec::new();
-    markdown_files(&root, &mut files);
+    let files = markdown_files(&root);
     assert!(
         files.iter().any(|f| f.ends_with("docs/benchmarks.md")),
         "the walk must find the docs"
