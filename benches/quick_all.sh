@@ -203,15 +203,16 @@ echo
 echo "medians of $RUNS interleaved runs; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg);" \
   "$(($(date +%s) - start)) s in all"
 printf '%-16s %-12s %9s %12s %-12s %9s %12s %8s\n' comparison tool wall_s peak_rss_MB peer wall_s peak_rss_MB ratio
+# ratio NUM DEN: "1.23x", or n/a for a DEN under the timer's 10 ms resolution (SMOKE runs)
+ratio() {
+  if [ "$(echo "$2 > 0" | bc)" = 1 ]; then printf '%.2fx' "$(echo "$1/$2" | bc -l)"; else echo n/a; fi
+}
 row() { # row NAME A B: A's and B's medians and the wall ratio B/A (nothing when B did not run)
   grep -q "^$1:$3 " "$WORK/results.txt" || return 0
   read -r aw _ ar <<<"$(summary "$1:$2")"
   read -r bw _ br <<<"$(summary "$1:$3")"
-  # A median under the timer's 10 ms resolution (SMOKE runs) has no ratio.
-  ratio=$(echo "if ($aw > 0) $bw/$aw else -1" | bc -l)
-  ratio=$(if [ "$ratio" = -1 ]; then echo "n/a"; else printf '%.2fx' "$ratio"; fi)
   printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12.0f %8s\n' "$1" "$2" "$aw" "$(echo "$ar/1024" | bc -l)" \
-    "$3" "$bw" "$(echo "$br/1024" | bc -l)" "$ratio"
+    "$3" "$bw" "$(echo "$br/1024" | bc -l)" "$(ratio "$bw" "$aw")"
 }
 for label in score score-hot score-7b4; do row "$label" sinkmerge transformers; done
 for spectrum in lowrank flat; do row "norms-$spectrum" sinkmerge torch; done
@@ -223,8 +224,8 @@ read -r disk _ _ <<<"$(summary prefetch:disk)"
 read -r compute _ _ <<<"$(summary prefetch:compute)"
 read -r cold_wall _ cold_rss <<<"$(summary prefetch:sinkmerge)"
 floor=$(echo "if ($disk > $compute) $disk else $compute" | bc -l)
-printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12s %7.2fx\n' prefetch sinkmerge "$cold_wall" \
-  "$(echo "$cold_rss/1024" | bc -l)" "max(disk,cpu)" "$floor" "" "$(echo "$floor/$cold_wall" | bc -l)"
+printf '%-16s %-12s %9.2f %12.0f %-12s %9.2f %12s %8s\n' prefetch sinkmerge "$cold_wall" \
+  "$(echo "$cold_rss/1024" | bc -l)" "max(disk,cpu)" "$floor" "" "$(ratio "$floor" "$cold_wall")"
 echo "(ratio: the peer's wall time over sinkmerge's; for extract, below 1 means slower than cp;" \
   "for heads, score's time over heads', so 1/ratio - 1 is the drift's share of the scoring pass;" \
   "for prefetch, the floor over the cold run: the target is >= 1/1.15 = 0.87;" \
