@@ -44,6 +44,25 @@ def tensor(handle, name, rows, dtype):
     return handle.get_tensor(name).to(dtype)[:rows]
 
 
+def is_spectral(name, shape):
+    """Decomposed: 2-D and not a vocabulary tensor (sinkmerge's default, mergekit PR #639)."""
+    return len(shape) == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def merged_delta(method, deltas, spectral, eta, alpha, svds=None):
+    """The merged task vector of one tensor; `svds`: the deltas' SVDs when already computed."""
+    if method == "tsv":
+        return alpha * (tsv_matrix(deltas, svds) if spectral else running_mean(deltas))
+    svds = svds or [None] * len(deltas)
+    parts = [star_matrix(d, eta, svd) for d, svd in zip(deltas, svds)] if spectral else deltas
+    return weighted_merge(parts, [1 / len(parts)] * len(parts))
+
+
+def save(out_dir, tensors):
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+
+
 def merge(method, base_dir, out_dir, models, eta, alpha, only, dtype):
     t0 = time.time()
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
@@ -54,23 +73,18 @@ def merge(method, base_dir, out_dir, models, eta, alpha, only, dtype):
     for name in base.keys():
         t1 = time.time()
         shape = tuple(base.get_slice(name).get_shape())
-        spectral = len(shape) == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
+        spectral = is_spectral(name, shape)
         if only is not None and spectral and name not in only:
             skipped.append((name, shape))
             continue
         b = base.get_tensor(name)
         deltas = [tensor(h, name, b.shape[0], dtype) - b.to(dtype) for h in handles]
-        if method == "tsv":
-            merged = alpha * (tsv_matrix(deltas) if spectral else running_mean(deltas))
-        else:
-            parts = [star_matrix(d, eta) if spectral else d for d in deltas]
-            merged = weighted_merge(parts, [1 / len(parts)] * len(parts))
+        merged = merged_delta(method, deltas, spectral, eta, alpha)
         out[name] = (b.to(dtype) + merged).to(b.dtype).contiguous()
         if spectral:
             seconds[shape] = time.time() - t1
         print(f"{name} {list(shape)} {time.time() - t1:.1f}s", file=sys.stderr, flush=True)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    save_file(out, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+    save(out_dir, out)
     total = time.time() - t0
     for name, shape in skipped:
         charged = seconds.get(shape, seconds.get(shape[::-1]))
@@ -86,20 +100,17 @@ def float64_pair(base_dir, star_dir, tsv_dir, models, eta, alpha):
     dtype = torch.float64
     base = safe_open(str(Path(base_dir) / "model.safetensors"), framework="pt")
     handles = [safe_open(str(Path(m) / "model.safetensors"), framework="pt") for m in models]
-    star_out, tsv_out = {}, {}
+    outs = {"star": {}, "tsv": {}}
     for name in base.keys():
         b = base.get_tensor(name)
-        spectral = b.dim() == 2 and name not in ("model.embed_tokens.weight", "lm_head.weight")
+        spectral = is_spectral(name, b.shape)
         deltas = [tensor(h, name, b.shape[0], dtype) - b.to(dtype) for h in handles]
         svds = [torch.linalg.svd(d, full_matrices=False) for d in deltas] if spectral else None
-        tsv = alpha * (tsv_matrix(deltas, svds) if spectral else running_mean(deltas))
-        parts = [star_matrix(d, eta, svd) for d, svd in zip(deltas, svds)] if spectral else deltas
-        star = weighted_merge(parts, [1 / len(parts)] * len(parts))
-        for out, merged in ((star_out, star), (tsv_out, tsv)):
+        for method, out in outs.items():
+            merged = merged_delta(method, deltas, spectral, eta, alpha, svds)
             out[name] = (b.to(dtype) + merged).to(b.dtype).contiguous()
-    for out_dir, out in ((star_dir, star_out), (tsv_dir, tsv_out)):
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        save_file(out, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
+    save(star_dir, outs["star"])
+    save(tsv_dir, outs["tsv"])
 
 
 def compare(base_dir, ours_dir, ref_dir):
