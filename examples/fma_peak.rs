@@ -20,10 +20,11 @@ mod x86 {
     use super::{CHAINS, STEPS};
     use std::arch::x86_64::*;
 
-    /// Runs the chains; returns the flops done (2 per lane per FMA) and the sum of the chains,
-    /// which keeps every chain alive (the compiler drops a chain whose value is never used).
-    macro_rules! chains {
-        ($name:ident, $feature:literal, $vec:ty, $set1:ident, $fma:ident, $add:ident, $lanes:expr) => {
+    /// Each kernel runs the chains and returns the flops done (2 per lane per FMA) and the sum
+    /// of the chains, which keeps every chain alive (the compiler drops a chain whose value is
+    /// never used).
+    macro_rules! kernels {
+        ($($name:ident: $feature:literal, $vec:ty, $set1:ident, $fma:ident, $add:ident, $lanes:expr;)*) => {$(
             #[target_feature(enable = $feature)]
             pub unsafe fn $name() -> (f64, $vec) {
                 let (a, b) = ($set1(0.999), $set1(1e-3));
@@ -36,44 +37,14 @@ mod x86 {
                 let sum = acc.iter().fold($set1(0.0), |s, &x| $add(s, x));
                 ((STEPS * CHAINS * $lanes * 2) as f64, sum)
             }
-        };
+        )*};
     }
-    chains!(
-        f32_512,
-        "avx512f",
-        __m512,
-        _mm512_set1_ps,
-        _mm512_fmadd_ps,
-        _mm512_add_ps,
-        16
-    );
-    chains!(
-        f64_512,
-        "avx512f",
-        __m512d,
-        _mm512_set1_pd,
-        _mm512_fmadd_pd,
-        _mm512_add_pd,
-        8
-    );
-    chains!(
-        f32_256,
-        "avx2,fma",
-        __m256,
-        _mm256_set1_ps,
-        _mm256_fmadd_ps,
-        _mm256_add_ps,
-        8
-    );
-    chains!(
-        f64_256,
-        "avx2,fma",
-        __m256d,
-        _mm256_set1_pd,
-        _mm256_fmadd_pd,
-        _mm256_add_pd,
-        4
-    );
+    kernels! {
+        f32_512: "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, 16;
+        f64_512: "avx512f", __m512d, _mm512_set1_pd, _mm512_fmadd_pd, _mm512_add_pd, 8;
+        f32_256: "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, 8;
+        f64_256: "avx2,fma", __m256d, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_add_pd, 4;
+    }
 }
 
 /// One thread's run: returns the flops it did.
