@@ -198,31 +198,20 @@ impl<'a> TensorJob<'a> {
         Ok(bytes)
     }
 
-    /// Encode a whole computed tensor, with the same finiteness check as [`Self::produce`].
-    pub fn encode(&self, values: &[f32]) -> Result<Vec<u8>> {
-        let whole = Block {
-            job: self,
-            range: 0..self.numel(),
-        };
-        self.check_finite(&whole, values)?;
-        dtype::encode(self.out_dtype, values)
-    }
-
-    /// The base tensor as f32 (whole).
-    pub fn read_base(&self) -> Result<Tensor> {
-        let mut data = vec![0f32; self.numel()];
-        self.base_source().read(0, &mut data)?;
-        Ok(Tensor::new(self.shape.clone(), data))
-    }
-
-    /// Task vector `models[i] - base` as f32 (whole).
+    /// Task vector `models[i] - base` as f32 (whole). The base is read a block at a time: a
+    /// whole copy of it would cost its size in fresh pages for every task.
     pub fn read_delta(&self, i: usize) -> Result<Tensor> {
         let mut data = vec![0f32; self.numel()];
         self.models[i].read(0, &mut data)?;
-        let mut base = vec![0f32; self.numel()];
-        self.base_source().read(0, &mut base)?;
-        for (x, b) in data.iter_mut().zip(&base) {
-            *x -= b;
+        for range in self.blocks() {
+            let base = Block {
+                job: self,
+                range: range.clone(),
+            }
+            .base()?;
+            for (x, b) in data[range.clone()].iter_mut().zip(base.iter()) {
+                *x -= b;
+            }
         }
         Ok(Tensor::new(self.shape.clone(), data))
     }

@@ -15,14 +15,17 @@
 //! it defines nothing else: 1-D tensors, and embeddings unless `svd_embeddings`, are averaged
 //! with the same 1/T weights.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
+use super::job::Scratch;
 use super::params::{Kind, ParamDefault, ParamSpec, Scope};
-use super::tsv::{is_spectral, row_major, svd_failed, SVD_EMBEDDINGS};
+use super::tsv::{is_spectral, svd_failed, SVD_EMBEDDINGS};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::bail;
 use crate::error::Result;
-use crate::linalg::gemm::matmul;
+use crate::linalg::gemm::{matmul, matmul_row_major};
 use crate::linalg::svd::small_side_svd;
 use crate::tensor::Tensor;
 use faer::Mat;
@@ -91,25 +94,33 @@ impl Method for Star {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        let merged = average(&parts);
-        let mut out = job.read_base()?.data;
-        for (o, m) in out.iter_mut().zip(&merged) {
-            *o += m;
-        }
-        job.encode(&out)
+        // Added to the base a block at a time: no whole copy of the base or of the average.
+        job.produce(|block, out| {
+            let mut merged = Scratch::zeroed(block.len());
+            add_average(&parts, block.range.clone(), &mut merged);
+            for ((o, b), m) in out.iter_mut().zip(block.base()?.iter()).zip(merged.iter()) {
+                *o = b + m;
+            }
+            Ok(())
+        })
     }
 }
 
 /// The official merge rule `sum_i (1/T) part_i` (`merger/simple_avg.py: weighted_merge`).
 pub fn average(parts: &[Vec<f32>]) -> Vec<f32> {
-    let weight = 1.0 / parts.len() as f32;
     let mut merged = vec![0f32; parts[0].len()];
+    add_average(parts, 0..merged.len(), &mut merged);
+    merged
+}
+
+/// Elements `range` of [`average`] added to `merged`, in its order: zeros in, the same bytes out.
+fn add_average(parts: &[Vec<f32>], range: Range<usize>, merged: &mut [f32]) {
+    let weight = 1.0 / parts.len() as f32;
     for part in parts {
-        for (m, &x) in merged.iter_mut().zip(part) {
+        for (m, &x) in merged.iter_mut().zip(&part[range.clone()]) {
             *m += weight * x;
         }
     }
-    merged
 }
 
 /// The number of leading singular values that hold `eta` percent of their sum:
@@ -162,14 +173,13 @@ pub fn truncate(delta: &Tensor, eta: f64) -> Result<Vec<f32>> {
     let kept: f64 = s[..r].iter().map(|&x| x as f64).sum();
     let scale = (total / kept) as f32;
     let basis = Mat::<f32>::from_fn(top.nrows(), r, |i, j| top[(i, j)] * scale);
-    let product = if m >= n {
+    Ok(if m >= n {
         let coords = matmul(delta.mat(), top.as_ref());
-        matmul(coords.as_ref(), basis.transpose())
+        matmul_row_major(coords.as_ref(), basis.transpose())
     } else {
         let coords = matmul(top.transpose(), delta.mat());
-        matmul(basis.as_ref(), coords.as_ref())
-    };
-    Ok(row_major(&product))
+        matmul_row_major(basis.as_ref(), coords.as_ref())
+    })
 }
 
 #[cfg(test)]

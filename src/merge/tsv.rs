@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
 use crate::error::{Error, Result};
-use crate::linalg::gemm::matmul;
+use crate::linalg::gemm::{matmul, matmul_row_major};
 use crate::linalg::svd::{polar, polar_from_angles, top_svd, Polar, SvdFailed};
 use crate::tensor::Tensor;
 use crate::{internal, non_finite};
@@ -107,11 +107,13 @@ impl Method for Tsv {
             running_mean(&deltas)
         };
         drop(deltas);
-        let mut out = job.read_base()?.data;
-        for (o, m) in out.iter_mut().zip(&merged) {
-            *o += params.alpha * m;
-        }
-        job.encode(&out)
+        job.produce(|block, out| {
+            let merged = &merged[block.range.clone()];
+            for ((o, b), m) in out.iter_mut().zip(block.base()?.iter()).zip(merged) {
+                *o = b + params.alpha * m;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -186,28 +188,28 @@ pub fn merge_matrix(deltas: &[Tensor]) -> Result<Vec<f32>> {
     } else {
         (small_polar, large_polar)
     };
-    Ok(row_major(&product_of_factors(pu, &s_cat, pv)))
+    Ok(product_of_factors(pu, &s_cat, pv))
 }
 
 /// `P_U diag(s) P_Vᵀ` for the polar factors `P_U = Lu Ru` (m x p) and `P_V = Lv Rv` (n x p):
 /// the p x p middle `Ru diag(s) Rvᵀ` first, then the two large products in the cheaper order.
 /// With a factored `P_U`, the m x p x p product `Lu Ru` is never formed
-/// (docs/reference/spectral.md).
-fn product_of_factors(pu: Polar, s: &[f32], pv: Polar) -> Mat<f32> {
+/// (docs/reference/spectral.md). Row-major, like the inputs.
+fn product_of_factors(pu: Polar, s: &[f32], pv: Polar) -> Vec<f32> {
     let (lu, lv) = (pu.left.as_ref(), pv.left.as_ref());
     // `x diag(s)`.
     let scaled = |x: &Mat<f32>| Mat::<f32>::from_fn(x.nrows(), x.ncols(), |i, j| x[(i, j)] * s[j]);
     let middle = match (&pu.right, &pv.right) {
-        (None, None) => return matmul(scaled(&pu.left).as_ref(), lv.transpose()),
+        (None, None) => return matmul_row_major(scaled(&pu.left).as_ref(), lv.transpose()),
         (Some(ru), None) => scaled(ru),
         (None, Some(rv)) => scaled(rv).transpose().to_owned(),
         (Some(ru), Some(rv)) => matmul(scaled(ru).as_ref(), rv.transpose()),
     };
     // (Lu M) Lvᵀ costs m·p·p + m·p·n, Lu (M Lvᵀ) costs p·p·n + m·p·n.
     if lu.nrows() <= lv.nrows() {
-        matmul(matmul(lu, middle.as_ref()).as_ref(), lv.transpose())
+        matmul_row_major(matmul(lu, middle.as_ref()).as_ref(), lv.transpose())
     } else {
-        matmul(lu, matmul(middle.as_ref(), lv.transpose()).as_ref())
+        matmul_row_major(lu, matmul(middle.as_ref(), lv.transpose()).as_ref())
     }
 }
 
@@ -233,20 +235,6 @@ fn side_polar(
         blocks[owner[c].0][(row, owner[c].1)] as f32
     });
     polar(cat)
-}
-
-/// A faer matrix as a row-major vector.
-pub fn row_major(x: &Mat<f32>) -> Vec<f32> {
-    let (m, n) = (x.nrows(), x.ncols());
-    let mut out = vec![0f32; m * n];
-    out.par_chunks_mut(n.max(1))
-        .enumerate()
-        .for_each(|(i, row)| {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = x[(i, j)];
-            }
-        });
-    out
 }
 
 #[cfg(test)]
@@ -309,7 +297,7 @@ mod tests {
                 );
                 let worst = (0..m)
                     .flat_map(|i| (0..n).map(move |j| (i, j)))
-                    .map(|(i, j)| (got[(i, j)] - want[(i, j)]).abs())
+                    .map(|(i, j)| (got[i * n + j] - want[(i, j)]).abs())
                     .fold(0f32, f32::max);
                 assert!(
                     worst < 1e-5,
