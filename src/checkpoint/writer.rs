@@ -312,11 +312,16 @@ fn check_finite(
     })
 }
 
+/// Consecutive tensors of at most [`WINDOW_BYTES`] together (a larger tensor alone), and of at
+/// most a quarter of the output: the last window's write overlaps no computing, so a small
+/// output (a one-layer merge of 200 MB) would otherwise be computed whole, then written whole.
 fn windows(tensors: &[PlannedTensor]) -> Vec<std::ops::Range<usize>> {
+    let total: usize = tensors.iter().map(PlannedTensor::byte_len).sum();
+    let limit = WINDOW_BYTES.min(total.div_ceil(4));
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, t) in tensors.iter().enumerate() {
-        if i > start && bytes + t.byte_len() > WINDOW_BYTES {
+        if i > start && bytes + t.byte_len() > limit {
             out.push(start..i);
             start = i;
             bytes = 0;
@@ -339,6 +344,23 @@ mod tests {
             dtype: Dtype::F32,
             shape: vec![n],
         }
+    }
+
+    #[test]
+    fn windows_hold_a_quarter_of_a_small_output_and_at_most_the_window_bytes() {
+        // f32 tensors of n elements are 4n bytes. 400 bytes in all: windows of at most 100.
+        let small = [t("a", 5), t("b", 20), t("c", 30), t("d", 10), t("e", 35)];
+        assert_eq!(windows(&small), vec![0..2, 2..3, 3..4, 4..5]);
+        // A tensor larger than the limit gets a window of its own.
+        let big = [t("a", 5), t("b", 90), t("c", 5)];
+        assert_eq!(windows(&big), vec![0..1, 1..2, 2..3]);
+        // A large output: windows of WINDOW_BYTES, whatever a quarter of it is.
+        let quarter = WINDOW_BYTES / 16;
+        let large: Vec<PlannedTensor> = (0..40).map(|i| t(&i.to_string(), quarter)).collect();
+        let w = windows(&large);
+        assert_eq!(w.len(), 10);
+        assert!(w.iter().all(|r| r.len() == 4));
+        assert!(windows(&[]).is_empty());
     }
 
     #[test]
