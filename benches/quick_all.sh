@@ -32,7 +32,7 @@
 #   linear    sinkmerge merge vs mergekit-yaml on the lowrank models of star/tsv; skipped when no
 #             mergekit-yaml is found (MERGEKIT, or beside PYTHON, or on PATH).
 # On an idle 2-core VM the whole run took 18 minutes on a Sapphire Rapids CPU and 35 minutes on a
-# slower Xeon without AMX (2026-12-03), 29.1 minutes on an AMD EPYC (Zen 3) on 2026-12-07, data
+# slower Xeon without AMX (2026-12-03), 25-29 minutes on an AMD EPYC (Zen 3) on 2026-12-07, data
 # generation included; the torch peers of star and tsv and their float64 references are about
 # half of it (docs/benchmarks.md). The float64 references share the task vectors' SVDs: on the
 # EPYC VM one spectrum's pair took 81 s, against 49 s + 80 s as two runs (2026-12-07).
