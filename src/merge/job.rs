@@ -198,20 +198,13 @@ impl<'a> TensorJob<'a> {
         Ok(bytes)
     }
 
-    /// Task vector `models[i] - base` as f32 (whole). The base is read a block at a time: a
-    /// whole copy of it would cost its size in fresh pages for every task.
+    /// Task vector `models[i] - base` as f32 (whole), from [`Block::delta`] a block at a time:
+    /// whole copies of the model and the base would cost their size in fresh pages per task.
     pub fn read_delta(&self, i: usize) -> Result<Tensor> {
         let mut data = vec![0f32; self.numel()];
-        self.models[i].read(0, &mut data)?;
         for range in self.blocks() {
-            let base = Block {
-                job: self,
-                range: range.clone(),
-            }
-            .base()?;
-            for (x, b) in data[range.clone()].iter_mut().zip(base.iter()) {
-                *x -= b;
-            }
+            let block = Block { job: self, range };
+            data[block.range.clone()].copy_from_slice(&block.delta(i)?);
         }
         Ok(Tensor::new(self.shape.clone(), data))
     }

@@ -19,7 +19,6 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::job::Scratch;
 use super::params::{Kind, ParamDefault, ParamSpec, Scope};
 use super::tsv::{is_spectral, svd_failed, SVD_EMBEDDINGS};
 use super::{Method, MethodInfo, TensorJob, TensorValues};
@@ -96,10 +95,10 @@ impl Method for Star {
             .collect::<Result<Vec<_>>>()?;
         // Added to the base a block at a time: no whole copy of the base or of the average.
         job.produce(|block, out| {
-            let mut merged = Scratch::zeroed(block.len());
-            add_average(&parts, block.range.clone(), &mut merged);
-            for ((o, b), m) in out.iter_mut().zip(block.base()?.iter()).zip(merged.iter()) {
-                *o = b + m;
+            out.fill(0.0);
+            add_average(&parts, block.range.clone(), out);
+            for (o, b) in out.iter_mut().zip(block.base()?.iter()) {
+                *o += b;
             }
             Ok(())
         })
