@@ -7,7 +7,10 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use safetensors::Dtype;
-use sinkmerge::checkpoint::{output::OutputDir, writer, Checkpoint};
+use sinkmerge::checkpoint::{
+    output::{OutputDir, OutputKind},
+    writer, Checkpoint,
+};
 use sinkmerge::dtype;
 
 // 64 Mi elements: 256 MiB of output, far beyond any cache, so this measures memory bandwidth.
@@ -54,7 +57,7 @@ fn read_checkpoint(c: &mut Criterion) {
     // A 128 MiB bf16 checkpoint in two shards.
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("m");
-    let out = OutputDir::create(&dir, &[], false).unwrap();
+    let out = OutputDir::create(&dir, OutputKind::Model, &[], false).unwrap();
     out.write_json("config.json", &serde_json::json!({"model_type": "qwen2"}))
         .unwrap();
     let planned: Vec<writer::PlannedTensor> = (0..16)

@@ -14,7 +14,10 @@ use std::path::PathBuf;
 use rand::Rng;
 use rand_distr::{Distribution, Normal};
 use serde_json::json;
-use sinkmerge::checkpoint::{output::OutputDir, writer};
+use sinkmerge::checkpoint::{
+    output::{OutputDir, OutputKind},
+    writer,
+};
 use sinkmerge::dtype;
 use sinkmerge::linalg::tensor_rng;
 
@@ -157,7 +160,7 @@ fn main() {
         })
         .collect();
 
-    let out = OutputDir::create(&o.out, &[], true).expect("output dir");
+    let out = OutputDir::create(&o.out, OutputKind::Model, &[], true).expect("output dir");
     let config = json!({
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": h,
         "intermediate_size": i, "num_hidden_layers": o.layers, "num_attention_heads": o.heads,

@@ -2,12 +2,12 @@
 //! `commands/`, so one file tells the whole story of a command; this file holds the top level
 //! and the argument groups several commands share.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::bail;
-use crate::checkpoint::output::absolute;
+use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::commands;
 use crate::error::Result;
 
@@ -23,8 +23,9 @@ paper's aliases (`qwen2.5-vl` is the VLM, `qwen2.5-vl:ref` its reference LLM; se
 Repo ids are looked up in the local HF cache ($HF_HUB_CACHE, else $HF_HOME/hub, else \
 ~/.cache/huggingface/hub); one missing from it is downloaded there from the Hub (config, tokenizer \
 and safetensors files only), honouring HF_ENDPOINT, HF_TOKEN (or the token file) and \
-HF_HUB_OFFLINE=1, and HF_HUB_DOWNLOAD_TIMEOUT (seconds a silent Hub is waited for; default 10). \
---no-download never downloads.\n\n\
+HF_HUB_OFFLINE=1, and HF_HUB_DOWNLOAD_TIMEOUT (seconds a silent Hub is waited for; default 10); \
+a body slower than SINKMERGE_HUB_MIN_SPEED bytes a second (default 1024) over \
+SINKMERGE_HUB_SPEED_TIME seconds (default 30) is stopped. --no-download never downloads.\n\n\
 Exit codes, the same in every command: 0 success; 1 a failure while writing, or an internal \
 error (a device error, a decomposition that did not converge on finite values); 2 bad input or \
 usage; 3 NaN or Inf values, stored in an input (`inspect --check` lists them) or produced by the \
@@ -38,7 +39,8 @@ pub struct Cli {
 
     /// Worker threads, 1 to 1024 (default: all cores, or RAYON_NUM_THREADS). Results do not
     /// depend on it
-    #[arg(long, global = true, value_name = "N", value_parser = whole_number(1, MAX_THREADS))]
+    #[arg(long, global = true, value_name = "N", value_parser = whole_number(1, MAX_THREADS),
+          allow_negative_numbers = true)]
     pub threads: Option<usize>,
 
     /// Never draw progress bars (they are already hidden when output is not a terminal).
@@ -107,7 +109,8 @@ pub struct OutputArgs {
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,
 
-    /// Replace OUT if it exists and is not empty
+    /// Replace OUT if it is an earlier model folder (one that holds only a model's files; any other
+    /// folder, the working folder and $HOME are refused)
     #[arg(long)]
     pub force: bool,
 
@@ -147,7 +150,9 @@ impl OutputArgs {
     ) -> crate::error::Result<crate::checkpoint::rewrite::Destination<'_>> {
         let dir = (self.output.as_deref())
             .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
-        check_output_dir(dir)?;
+        Outputs::new(self.force)
+            .output("-o", Some(dir), OutputKind::Model)
+            .check_before_inputs()?;
         Ok(crate::checkpoint::rewrite::Destination {
             dir,
             other_inputs: &[],
@@ -162,17 +167,6 @@ impl OutputArgs {
         crate::checkpoint::writer::parse_size(&self.max_shard_size)
             .map_err(|e| e.context("--max-shard-size"))
     }
-}
-
-/// Check `-o OUT` before any work, so a command that computes for minutes first (`repair-heads
-/// --heads top:K`) does not fail only when it writes: OUT lies under no regular file and is not
-/// itself a file. Writing checks the rest ([`crate::checkpoint::output::OutputDir::create`]).
-pub fn check_output_dir(dir: &Path) -> Result<()> {
-    check_output_paths(&[("-o", dir)], &[])?;
-    if absolute(dir)?.is_file() {
-        bail!("-o {}: exists and is not a directory", dir.display());
-    }
-    Ok(())
 }
 
 /// Refuse a comma-separated flag that names one item twice (`--modules q_proj,q_proj`): the
@@ -221,71 +215,4 @@ pub fn whole_number(
             Ok(value as usize)
         }
     }
-}
-
-/// Check, before any work, every path a command will write (`-o`, `--csv`, `--plot`, ...,
-/// each with its flag) against each other and against the input files it reads (`--prompts`,
-/// `--text`, ...):
-///
-/// - no path lies under a regular file (writing there would fail only at the end, with
-///   "File exists" or "Not a directory");
-/// - no two outputs are the same file, or one inside the other, after `./`, `..` and symlinks
-///   are resolved (hard links too): one would silently overwrite the other;
-/// - no output is, or contains, an input file: inputs are never written.
-///
-/// Model directories are checked by [`crate::checkpoint::output::refuse_inputs`].
-pub fn check_output_paths(outputs: &[(&str, &Path)], input_files: &[(&str, &Path)]) -> Result<()> {
-    let mut seen: Vec<(&str, &Path, PathBuf)> = Vec::new();
-    for &(flag, path) in outputs {
-        let abs = absolute(path)?;
-        // The deepest existing ancestor must be a directory; `exists` is false below a file.
-        if let Some(file) = abs.ancestors().skip(1).find(|a| a.exists()) {
-            if !file.is_dir() {
-                bail!(
-                    "{flag} {}: {} is a file, not a directory",
-                    path.display(),
-                    file.display()
-                );
-            }
-        }
-        for (other_flag, other, other_abs) in &seen {
-            let relation = if same_file(&abs, other_abs) {
-                "is the same file as"
-            } else if abs.starts_with(other_abs) {
-                "lies inside"
-            } else if other_abs.starts_with(&abs) {
-                "contains"
-            } else {
-                continue;
-            };
-            bail!(
-                "{flag} {} {relation} {other_flag} {}; give each output its own path",
-                path.display(),
-                other.display()
-            );
-        }
-        for &(input_flag, input) in input_files {
-            let input_abs = absolute(input)?;
-            if same_file(&abs, &input_abs) || input_abs.starts_with(&abs) {
-                bail!(
-                    "{flag} {} would overwrite the {input_flag} file {}; inputs are never written",
-                    path.display(),
-                    input.display()
-                );
-            }
-        }
-        seen.push((flag, path, abs));
-    }
-    Ok(())
-}
-
-/// Whether two absolute paths (from [`absolute`]) are one file: equal, or hard links to the
-/// same inode.
-fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    a == b
-        || matches!(
-            (std::fs::metadata(a), std::fs::metadata(b)),
-            (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino()
-        )
 }

@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::arch::config::{check_compatible, TextConfig};
 use crate::arch::families::{transpose, ExtractPlan, Family, OutTensor, Part, Piece};
 use crate::arch::names;
-use crate::checkpoint::output::OutputDir;
+use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, CONFIG_FILE, INDEX_FILE};
 use crate::error::Result;
@@ -640,7 +640,7 @@ pub fn run(
         config: &lm.config,
     };
     let plan = GraftPlan::new(vlm, family, &side)?;
-    let out = OutputDir::create(dest, &[&vlm.dir, &lm.dir], opts.force)?;
+    let out = OutputDir::create(dest, OutputKind::Model, &[&vlm.dir, &lm.dir], opts.force)?;
     let bar = crate::progress::bytes(plan.total_bytes(), "grafting", opts.progress);
     let written = plan.write_tensors(
         &out,

@@ -14,7 +14,7 @@ use crate::util::{self, fixture, sinkmerge, Stored};
 
 /// A Qwen3-shaped model of about 24 MB in f32 (hidden 512, one layer), with values from `seed`,
 /// large enough that writing a merge of two takes a measurable time on any disk.
-fn big_model(dir: &Path, seed: u32) {
+pub fn big_model(dir: &Path, seed: u32) {
     let mut config = util::config(&fixture("qwen3"));
     config["hidden_size"] = 512.into();
     config["intermediate_size"] = 2048.into();

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use safetensors::Dtype;
-use sinkmerge::checkpoint::output::OutputDir;
+use sinkmerge::checkpoint::output::{OutputDir, OutputKind};
 use sinkmerge::checkpoint::writer::{write_tensors, PlannedTensor};
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::error::Kind;
@@ -35,7 +35,7 @@ fn round_trip_is_byte_exact_across_shards() {
     let planned = plan(&src);
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("copy");
-    let out = OutputDir::create(&dest, &[&src.dir], false).unwrap();
+    let out = OutputDir::create(&dest, OutputKind::Model, &[&src.dir], false).unwrap();
     out.copy_file(&src.dir.join("config.json"), "config.json")
         .unwrap();
     // 40 kB shards force several files and an index.
@@ -85,7 +85,7 @@ fn a_failure_part_way_leaves_the_destination_absent() {
     let planned = plan(&src);
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("out");
-    let out = OutputDir::create(&dest, &[&src.dir], false).unwrap();
+    let out = OutputDir::create(&dest, OutputKind::Model, &[&src.dir], false).unwrap();
     let fail_at = planned.len() / 2;
     let result = write_tensors(
         &out,
@@ -117,7 +117,7 @@ fn one_shard_is_a_single_file_without_index() {
     let planned = plan(&src);
     let tmp = tempfile::tempdir().unwrap();
     let dest = tmp.path().join("single");
-    let out = OutputDir::create(&dest, &[&src.dir], false).unwrap();
+    let out = OutputDir::create(&dest, OutputKind::Model, &[&src.dir], false).unwrap();
     let written = write_tensors(
         &out,
         &planned,
@@ -143,7 +143,7 @@ fn nan_or_inf_in_any_float_dtype_is_refused_and_nothing_is_left() {
     for (dtype, bytes, what) in cases {
         let tmp = tempfile::tempdir().unwrap();
         let dest = tmp.path().join("out");
-        let out = OutputDir::create(&dest, &[], false).unwrap();
+        let out = OutputDir::create(&dest, OutputKind::Model, &[], false).unwrap();
         let planned = [PlannedTensor {
             name: "scale".into(),
             dtype,

@@ -134,28 +134,378 @@ pub fn handle_signals() -> Result<()> {
     Ok(())
 }
 
-/// The checks [`OutputDir::create`] makes, without creating anything, for commands that compute
-/// for minutes before they write: `dest` is, contains and lies inside none of `inputs` (nor what
-/// their symlinks resolve to), and is not a file, nor a non-empty directory unless `force`.
-pub fn check_destination(dest: &Path, inputs: &[&Path], force: bool) -> Result<()> {
-    refuse_inputs(dest, inputs)?;
-    let dest_abs = absolute(dest)?;
-    if dest_abs.exists() {
-        if !dest_abs.is_dir() {
-            bail!("output {} exists and is not a directory", dest.display());
-        }
-        let non_empty = fs::read_dir(&dest_abs)
-            .map_err(|e| Error::read(dest, e))?
-            .next()
-            .is_some();
-        if non_empty && !force {
-            bail!(
-                "output {} exists and is not empty; pass --force to replace it",
-                dest.display()
-            );
+/// What an output path names, which decides what may already be there: an existing regular file
+/// is replaced by a new report; an existing folder only with `--force`, and only when it holds
+/// nothing but what this kind of output holds (docs/reference/checkpoints.md, "Writing outputs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// One file: a report, CSV, SVG or capture file.
+    File,
+    /// A model folder: config, weights, tokenizer and the files a model ships with.
+    Model,
+    /// A folder of figures (`visual-sinks --plot`).
+    Figures,
+    /// A folder a command fills file by file and resumes in (`reproduce -o DIR`): what is in
+    /// it stays, and it is never replaced whole.
+    Workspace,
+}
+
+impl OutputKind {
+    /// Whether a folder of this kind holds a file named `name`: `--force` replaces a folder only
+    /// when all of its entries are such files, so a folder of the user's is never removed.
+    fn holds(self, name: &str) -> bool {
+        let extension = Path::new(name).extension().and_then(|e| e.to_str());
+        match self {
+            OutputKind::File | OutputKind::Workspace => false,
+            OutputKind::Model => {
+                name == ".gitattributes"
+                    || matches!(
+                        extension,
+                        Some(
+                            "safetensors"
+                                | "json"
+                                | "txt"
+                                | "model"
+                                | "md"
+                                | "jinja"
+                                | "py"
+                                | "tiktoken"
+                                | "yml"
+                                | "yaml"
+                        )
+                    )
+            }
+            OutputKind::Figures => {
+                matches!(extension, Some("svg" | "html" | "png" | "json" | "csv"))
+            }
         }
     }
+
+    fn describe(self) -> &'static str {
+        match self {
+            OutputKind::File => "a file",
+            OutputKind::Model => "a model folder",
+            OutputKind::Figures => "a folder of figures",
+            OutputKind::Workspace => "a working folder of its own",
+        }
+    }
+}
+
+/// The one check of every path a command writes, made before any work: each output against the
+/// others and against every input, with all paths resolved as the kernel resolves them (symlinks
+/// at any position, `..` after a link, hard links), and each existing output against what may
+/// be replaced. [`OutputDir::create`] and [`write_file_atomic`] check again when they write.
+pub struct Outputs<'a> {
+    outputs: Vec<(&'a str, &'a Path, OutputKind)>,
+    inputs: Vec<(&'a str, &'a Path)>,
+    force: bool,
+}
+
+impl<'a> Outputs<'a> {
+    /// `force`: replace an existing output folder of the command's own kind (`--force`).
+    pub fn new(force: bool) -> Outputs<'a> {
+        Outputs {
+            outputs: Vec::new(),
+            inputs: Vec::new(),
+            force,
+        }
+    }
+
+    /// An output named by `flag` (`-o`, `--csv`, ...), when given.
+    pub fn output(mut self, flag: &'a str, path: Option<&'a Path>, kind: OutputKind) -> Self {
+        self.outputs.extend(path.map(|p| (flag, p, kind)));
+        self
+    }
+
+    /// Report files named by their flags, the ones given.
+    pub fn files(mut self, files: impl IntoIterator<Item = (&'a str, Option<&'a Path>)>) -> Self {
+        for (flag, path) in files {
+            self = self.output(flag, path, OutputKind::File);
+        }
+        self
+    }
+
+    /// Inputs, named as `label` in messages: a flag for an input file (`--prompts`), `input`
+    /// for a model folder.
+    pub fn inputs(mut self, label: &'a str, paths: impl IntoIterator<Item = &'a Path>) -> Self {
+        self.inputs.extend(paths.into_iter().map(|p| (label, p)));
+        self
+    }
+
+    /// Every check: run it once the inputs are known, before any output is written.
+    pub fn check(&self) -> Result<()> {
+        self.run(true)
+    }
+
+    /// The checks that need no inputs (what each output path is, where it lies, the outputs
+    /// against each other), for a command that resolves its models (perhaps from the Hub) only
+    /// later: what an existing folder holds is judged by [`Outputs::check`], so that an output
+    /// that is an input is named as such and not offered `--force`.
+    pub fn check_before_inputs(&self) -> Result<()> {
+        self.run(false)
+    }
+
+    fn run(&self, contents: bool) -> Result<()> {
+        let mut seen: Vec<(&str, &Path, PathBuf)> = Vec::new();
+        for &(flag, path, kind) in &self.outputs {
+            refuse_special(flag, path, kind)?;
+            let abs = absolute(path)?;
+            // The deepest existing ancestor must be a folder: writing below a file would fail
+            // only at the end.
+            if let Some(file) = abs.ancestors().skip(1).find(|a| a.exists()) {
+                if !file.is_dir() {
+                    bail!(
+                        "{flag} {}: {} is a file, not a directory",
+                        path.display(),
+                        file.display()
+                    );
+                }
+            }
+            if matches!(kind, OutputKind::Model | OutputKind::Figures) {
+                refuse_home_and_working_folder(flag, path, &abs)?;
+            }
+            for (other_flag, other, other_abs) in &seen {
+                let relation = if same_file(&abs, other_abs) {
+                    "is the same file as"
+                } else if abs.starts_with(other_abs) {
+                    "lies inside"
+                } else if other_abs.starts_with(&abs) {
+                    "contains"
+                } else {
+                    continue;
+                };
+                bail!(
+                    "{flag} {} {relation} {other_flag} {}; give each output its own path",
+                    path.display(),
+                    other.display()
+                );
+            }
+            for &(label, input) in &self.inputs {
+                refuse_input(flag, path, &abs, label, input)?;
+            }
+            if contents {
+                check_existing(flag, path, kind, self.force)?;
+            }
+            seen.push((flag, path, abs));
+        }
+        Ok(())
+    }
+}
+
+/// What an existing entry is, in words, when it is not a regular file or folder.
+fn special_kind(file_type: &fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_symlink() {
+        Some("a symbolic link")
+    } else if file_type.is_char_device() {
+        Some("a character device")
+    } else if file_type.is_block_device() {
+        Some("a block device")
+    } else if file_type.is_fifo() {
+        Some("a FIFO")
+    } else if file_type.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    }
+}
+
+/// Device nodes, FIFOs, sockets and links are never replaced: a rename would put a regular file
+/// in their place (`-o /dev/null` as root would replace the system's).
+fn refuse_special(flag: &str, path: &Path, kind: OutputKind) -> Result<()> {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if let Some(what) = special_kind(&meta.file_type()) {
+        let target = match fs::read_link(path) {
+            Ok(target) => format!(" to {}", target.display()),
+            Err(_) => String::new(),
+        };
+        bail!(
+            "{flag} {} is {what}{target}; sinkmerge writes {} and never replaces anything else: \
+             choose another path",
+            path.display(),
+            kind.describe()
+        );
+    }
     Ok(())
+}
+
+/// An existing output may be replaced only by one of its kind: a regular file by a file; a
+/// folder by a folder, when empty or, with `--force`, when it holds only what this kind of
+/// output holds.
+fn check_existing(flag: &str, path: &Path, kind: OutputKind, force: bool) -> Result<()> {
+    let Ok(meta) = fs::metadata(path) else {
+        return Ok(());
+    };
+    match kind {
+        OutputKind::File if meta.is_dir() => {
+            bail!("{flag} {} is a directory; give a file name", path.display())
+        }
+        OutputKind::File => Ok(()),
+        _ if !meta.is_dir() => bail!("{flag} {} exists and is not a directory", path.display()),
+        OutputKind::Workspace => Ok(()),
+        _ => {
+            let entries = fs::read_dir(path).map_err(|e| Error::read(path, e))?;
+            let mut any = false;
+            for entry in entries {
+                let entry = entry.map_err(|e| Error::read(path, e))?;
+                any = true;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let file_type = entry.file_type().map_err(|e| Error::read(path, e))?;
+                let foreign = if file_type.is_file() {
+                    (!kind.holds(&name)).then(|| format!("`{name}`"))
+                } else if file_type.is_dir() {
+                    Some(format!("the folder `{name}`"))
+                } else {
+                    Some(format!(
+                        "`{name}`, {}",
+                        special_kind(&file_type).unwrap_or("")
+                    ))
+                };
+                if let Some(foreign) = foreign {
+                    bail!(
+                        "{flag} {} holds {foreign}, which is not part of {}; --force replaces \
+                         only a folder of what this command writes: move it away or choose \
+                         another path",
+                        path.display(),
+                        kind.describe()
+                    );
+                }
+            }
+            if any && !force {
+                bail!(
+                    "{flag} {} exists and is not empty; pass --force to replace it",
+                    path.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A folder output is written by renaming a new folder over it: never the working folder, the
+/// home folder or a folder that holds either, whatever they hold.
+fn refuse_home_and_working_folder(flag: &str, path: &Path, abs: &Path) -> Result<()> {
+    let working = std::env::current_dir().and_then(fs::canonicalize);
+    let home = std::env::var_os("HOME").map(|h| fs::canonicalize(h).unwrap_or_default());
+    for (folder, name) in [
+        (working.ok(), "the working folder"),
+        (home, "your home folder"),
+    ] {
+        let Some(folder) = folder.filter(|f| f.is_absolute()) else {
+            continue;
+        };
+        let relation = if folder == abs {
+            "is"
+        } else if folder.starts_with(abs) {
+            "holds"
+        } else {
+            continue;
+        };
+        bail!(
+            "{flag} {} {relation} {name} ({}); sinkmerge replaces an output folder whole, so \
+             name a new folder inside it",
+            path.display(),
+            folder.display()
+        );
+    }
+    Ok(())
+}
+
+/// The output `path` (resolved: `abs`) is not, does not lie inside and does not contain the
+/// input, nor any file or folder that a symlink inside the input resolves to (the Hugging Face
+/// cache's snapshots are links into `blobs/`), nor a hard link of one of the input's files.
+fn refuse_input(flag: &str, path: &Path, abs: &Path, label: &str, input: &Path) -> Result<()> {
+    let input_abs = absolute(input)?;
+    if input_abs.is_file() {
+        if same_file(abs, &input_abs) || input_abs.starts_with(abs) {
+            bail!(
+                "{flag} {} would overwrite the {label} file {}; inputs are never written",
+                path.display(),
+                input.display()
+            );
+        }
+        return Ok(());
+    }
+    let mut locations = vec![(input_abs.clone(), None)];
+    linked_locations(&input_abs, 0, &mut locations);
+    for (location, link) in locations {
+        let relation = if abs == location {
+            "is"
+        } else if abs.starts_with(&location) {
+            "lies inside"
+        } else if location.starts_with(abs) {
+            "contains"
+        } else {
+            continue;
+        };
+        match link {
+            None => bail!(
+                "{flag} {} {relation} {label} {}; inputs are never written, choose another \
+                 output path",
+                path.display(),
+                input.display()
+            ),
+            Some(link) => bail!(
+                "{flag} {} {relation} {}, which {label} {} links to (from {}); inputs are never \
+                 written, choose another output path",
+                path.display(),
+                location.display(),
+                input.display(),
+                link.display()
+            ),
+        }
+    }
+    // A hard link: another name of one of the input's files.
+    if let Some(file) = same_inode_inside(abs, &input_abs) {
+        bail!(
+            "{flag} {} is a hard link of {}, a file of {label} {}; inputs are never written, \
+             choose another output path",
+            path.display(),
+            file.display(),
+            input.display()
+        );
+    }
+    Ok(())
+}
+
+/// Whether two resolved paths are one file: equal, or hard links of the same inode.
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a == b
+        || matches!(
+            (fs::metadata(a), fs::metadata(b)),
+            (Ok(x), Ok(y)) if x.dev() == y.dev() && x.ino() == y.ino()
+        )
+}
+
+/// The file under `dir` (as deep as [`LINK_SEARCH_DEPTH`]) that is the inode of the existing
+/// file `output`, if any.
+fn same_inode_inside(output: &Path, dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(output).ok().filter(|m| m.is_file())?;
+    fn walk(dir: &Path, depth: usize, dev: u64, ino: u64) -> Option<PathBuf> {
+        if depth > LINK_SEARCH_DEPTH {
+            return None;
+        }
+        for entry in fs::read_dir(dir).ok()?.flatten() {
+            let kind = entry.file_type().ok()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                if let Some(found) = walk(&path, depth + 1, dev, ino) {
+                    return Some(found);
+                }
+            } else if kind.is_file() {
+                let m = entry.metadata().ok()?;
+                if m.dev() == dev && m.ino() == ino {
+                    return Some(path);
+                }
+            }
+        }
+        None
+    }
+    walk(dir, 0, meta.dev(), meta.ino())
 }
 
 pub struct OutputDir {
@@ -165,13 +515,25 @@ pub struct OutputDir {
     /// meanwhile (another run's) is an error.
     force: bool,
     committed: bool,
+    /// The flock(2) held on the staging folder while this run lives, so that a run beside it
+    /// (in any PID namespace) knows it is not a dead run's leftover; `None` on a file system
+    /// without flock.
+    _lock: Option<File>,
 }
 
 impl OutputDir {
-    /// Prepare to write the model directory `dest`. Refuses a destination that is, contains or
-    /// lies inside any of `inputs`, an existing file, and a non-empty directory unless `force`.
-    pub fn create(dest: &Path, inputs: &[&Path], force: bool) -> Result<OutputDir> {
-        check_destination(dest, inputs, force)?;
+    /// Prepare to write the folder `dest`, of `kind`, checked by [`Outputs::check`] against
+    /// `inputs` (model folders and input files).
+    pub fn create(
+        dest: &Path,
+        kind: OutputKind,
+        inputs: &[&Path],
+        force: bool,
+    ) -> Result<OutputDir> {
+        Outputs::new(force)
+            .output("output", Some(dest), kind)
+            .inputs("input", inputs.iter().copied())
+            .check()?;
         let dest_abs = absolute(dest)?;
         let parent = dest_abs.parent().unwrap_or(Path::new("/"));
         fs::create_dir_all(parent).map_err(|e| Error::write(parent, e))?;
@@ -180,18 +542,35 @@ impl OutputDir {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "out".into());
-        let temp = parent.join(format!(".{name}{PARTIAL}{}", unique_suffix()));
+        let plain = parent.join(format!(".{name}{PARTIAL}{}", unique_suffix()));
+        let locked = with_lock_suffix(&plain);
         // Tracked before it exists, so a signal in between cannot leave it behind.
-        track(&temp);
-        if let Err(e) = fs::create_dir(&temp) {
-            untrack(&temp);
-            return Err(Error::write(&temp, e));
+        track(&locked);
+        if let Err(e) = fs::create_dir(&locked) {
+            untrack(&locked);
+            return Err(Error::write(&locked, e));
         }
+        let (temp, lock) = match lock(&locked) {
+            Some(lock) => (locked, Some(lock)),
+            // No flock here: the name without the suffix says that the PID rule applies.
+            None => {
+                track(&plain);
+                let renamed = fs::rename(&locked, &plain);
+                untrack(&locked);
+                if let Err(e) = renamed {
+                    untrack(&plain);
+                    let _ = fs::remove_dir(&locked);
+                    return Err(Error::write(&plain, e));
+                }
+                (plain, None)
+            }
+        };
         Ok(OutputDir {
             dest: dest_abs,
             temp,
             force,
             committed: false,
+            _lock: lock,
         })
     }
 
@@ -260,7 +639,17 @@ fn place(temp: &Path, dest: &Path, force: bool) -> Result<bool> {
             dest.display()
         )
     };
-    if fs::symlink_metadata(dest).is_ok() {
+    if let Ok(meta) = fs::symlink_metadata(dest) {
+        // Checked before the work began; checked again in case it changed meanwhile.
+        if let Some(what) = special_kind(&meta.file_type()) {
+            bail!(
+                "output {} is now {what}; it was not replaced",
+                dest.display()
+            );
+        }
+        if !meta.is_dir() {
+            bail!("output {} exists and is not a directory", dest.display());
+        }
         if force {
             match atomic_rename(temp, dest, AtomicRename::Exchange) {
                 Ok(()) => return Ok(true),
@@ -292,12 +681,18 @@ fn place(temp: &Path, dest: &Path, force: bool) -> Result<bool> {
 }
 
 /// `--force` where the filesystem cannot exchange: move the old output aside, the new one in,
-/// and remove the old one. A run killed in between leaves `.NAME.sinkmerge-old-*`, which the
-/// next run beside it puts back (no destination) or removes (a destination).
+/// and remove the old one. The old output is locked while it is aside, so a run beside it knows
+/// that this run lives; one killed in between leaves `.NAME.sinkmerge-old-*`, which the next run
+/// beside it puts back (no destination) or removes (a destination).
 fn replace_in_two_steps(temp: &Path, dest: &Path) -> Result<bool> {
     let parent = dest.parent().unwrap_or(Path::new("/"));
     let name = dest.file_name().unwrap_or_default().to_string_lossy();
-    let old = parent.join(format!(".{name}{OLD}{}", unique_suffix()));
+    let plain = parent.join(format!(".{name}{OLD}{}", unique_suffix()));
+    let held = lock(dest);
+    let old = match held {
+        Some(_) => with_lock_suffix(&plain),
+        None => plain,
+    };
     fs::rename(dest, &old).map_err(|e| Error::write(dest, e))?;
     if let Err(e) = fs::rename(temp, dest) {
         // Put the previous output back rather than leave nothing.
@@ -361,17 +756,74 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::write(dir, e))
 }
 
-/// Clean up after killed runs in `dir` (a `kill -9` runs no handler, and a 7B merge leaves
-/// 15 GB behind): `.NAME.sinkmerge-partial-PID-*` staging entries are removed, and a
-/// `.NAME.sinkmerge-old-PID-*` previous output is put back as `NAME` when the run died between
-/// its two renames (no `NAME`), else removed. Only entries of dead processes are touched: a
-/// process is gone when `/proc/PID` is; without `/proc` nothing is done, and a live process of the
-/// same PID keeps its entries, so a running sinkmerge never loses its output.
-fn remove_dead_leftovers(dir: &Path) {
-    let proc = Path::new("/proc");
-    if !proc.join("self").exists() {
-        return;
+/// The suffix of the staging and moved-aside entries whose writer holds flock(2) on them for as
+/// long as it lives: the kernel releases the lock when the process dies, in any PID namespace
+/// and on any node that shares the lock (docs/reference/checkpoints.md, "Leftovers").
+const LOCKED: &str = "-flock";
+
+/// A locked entry younger than this is never taken for a leftover: its writer creates it and
+/// locks it a moment later.
+const LOCK_GRACE: Duration = Duration::from_secs(10);
+
+fn with_lock_suffix(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(LOCKED);
+    PathBuf::from(name)
+}
+
+/// An exclusive flock(2) on the folder or regular file `path`, taken without waiting: `None`
+/// when another process holds it or the file system has no flock. Links are not followed and
+/// opening never blocks (a FIFO planted under a staging name).
+fn lock(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !(meta.is_dir() || meta.is_file()) {
+        return None;
     }
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).ok()?;
+    Some(file)
+}
+
+/// Whether the writer of the leftover `path` (named with `pid`, `locked` when its writer held a
+/// flock on it) is gone. A locked entry's writer is gone when the lock can be taken; the lock
+/// is then returned, held while the entry is removed or restored. An entry without the lock
+/// suffix (a file system without flock) is judged by its process id: gone when `/proc/PID` is,
+/// which cannot see a writer in another PID namespace (docs/reference/checkpoints.md).
+fn writer_gone(path: &Path, pid: u32, locked: bool) -> Option<Option<File>> {
+    if locked {
+        let meta = fs::symlink_metadata(path).ok()?;
+        let age = meta
+            .modified()
+            .ok()
+            .map(|t| match t.elapsed() {
+                Ok(age) => age,
+                // In the future (another node's clock): young.
+                Err(_) => Duration::ZERO,
+            })
+            .unwrap_or(Duration::ZERO);
+        if age < LOCK_GRACE {
+            return None;
+        }
+        return lock(path).map(Some);
+    }
+    let proc = Path::new("/proc");
+    let gone = proc.join("self").exists()
+        && pid != std::process::id()
+        && !proc.join(pid.to_string()).exists();
+    gone.then_some(None)
+}
+
+/// Clean up after killed runs in `dir` (a `kill -9` runs no handler, and a 7B merge leaves
+/// 15 GB behind): `.NAME.sinkmerge-partial-*` staging entries are removed, and a
+/// `.NAME.sinkmerge-old-*` previous output is put back as `NAME` when the run died between its
+/// two renames (no `NAME`), else removed. Only entries whose writer is gone are touched
+/// ([`writer_gone`]), so a running sinkmerge never loses its output.
+fn remove_dead_leftovers(dir: &Path) {
     let Ok(entries) = fs::read_dir(dir) else {
         return;
     };
@@ -388,10 +840,10 @@ fn remove_dead_leftovers(dir: &Path) {
         let Some(pid) = suffix.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        if pid == std::process::id() || proc.join(pid.to_string()).exists() {
-            continue;
-        }
         let path = entry.path();
+        let Some(_held) = writer_gone(&path, pid, suffix.ends_with(LOCKED)) else {
+            continue;
+        };
         let original = dir.join(&name);
         if kind == OLD && !name.is_empty() && fs::symlink_metadata(&original).is_err() {
             if fs::rename(&path, &original).is_ok() {
@@ -421,8 +873,10 @@ fn unique_suffix() -> String {
     format!("{}-{nanos:08x}", std::process::id())
 }
 
-/// An absolute, normalized path. Existing prefixes are canonicalized so that symlinks (the HF
-/// cache is made of them) and `..` cannot hide that two paths are the same.
+/// An absolute path resolved as the kernel resolves it: each existing component is
+/// canonicalized before the next is applied, so `..` after a symlink leaves the link's target,
+/// not the link's folder (`L/../x`, with `L -> d/sub`, is `d/x`). Components past the deepest
+/// existing one are kept as written, with `.` and `..` applied to them.
 pub fn absolute(path: &Path) -> Result<PathBuf> {
     let joined = if path.is_absolute() {
         path.to_path_buf()
@@ -431,72 +885,30 @@ pub fn absolute(path: &Path) -> Result<PathBuf> {
             .map_err(|e| Error::read(path, e))?
             .join(path)
     };
-    let mut normal = PathBuf::new();
+    let mut out = PathBuf::from("/");
+    // Components pushed as written, after the first that does not exist.
+    let mut unresolved = 0usize;
     for comp in joined.components() {
         match comp {
+            Component::Prefix(_) | Component::RootDir | Component::CurDir => {}
             Component::ParentDir => {
-                normal.pop();
+                out.pop();
+                unresolved = unresolved.saturating_sub(1);
             }
-            Component::CurDir => {}
-            other => normal.push(other.as_os_str()),
+            Component::Normal(name) => {
+                out.push(name);
+                if unresolved > 0 {
+                    unresolved += 1;
+                } else {
+                    match fs::canonicalize(&out) {
+                        Ok(real) => out = real,
+                        Err(_) => unresolved = 1,
+                    }
+                }
+            }
         }
-    }
-    // Canonicalize the longest existing ancestor, then re-append the rest.
-    let mut existing = normal.clone();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        match existing.file_name() {
-            Some(name) => rest.push(name.to_os_string()),
-            None => break,
-        }
-        existing.pop();
-    }
-    let mut out = fs::canonicalize(&existing).unwrap_or(existing);
-    for name in rest.into_iter().rev() {
-        out.push(name);
     }
     Ok(out)
-}
-
-/// The one rule for every output, model directory or report file: it is not, does not lie
-/// inside and does not contain any of `inputs`, nor any file or folder that a symlink inside an
-/// input resolves to (the Hugging Face cache's snapshots are links into `blobs/`, and a model
-/// folder may be links into another), so inputs are never written, whatever path reaches them.
-pub fn refuse_inputs(output: &Path, inputs: &[&Path]) -> Result<()> {
-    let output_abs = absolute(output)?;
-    for input in inputs {
-        let input_abs = absolute(input)?;
-        let mut locations = vec![(input_abs.clone(), None)];
-        linked_locations(&input_abs, 0, &mut locations);
-        for (location, link) in locations {
-            let relation = if output_abs == location {
-                "is"
-            } else if output_abs.starts_with(&location) {
-                "lies inside"
-            } else if location.starts_with(&output_abs) {
-                "contains"
-            } else {
-                continue;
-            };
-            match link {
-                None => bail!(
-                    "output {} {relation} input {}; inputs are never written, choose another \
-                     output path",
-                    output.display(),
-                    input.display()
-                ),
-                Some(link) => bail!(
-                    "output {} {relation} {}, which input {} links to (from {}); inputs are \
-                     never written, choose another output path",
-                    output.display(),
-                    location.display(),
-                    input.display(),
-                    link.display()
-                ),
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Folders deeper than this inside an input are not searched for links (model folders are
@@ -527,20 +939,23 @@ fn linked_locations(dir: &Path, depth: usize, out: &mut Vec<(PathBuf, Option<Pat
     }
 }
 
-/// A report file (JSON, CSV or SVG) a command will write, checked before any work: a file name,
-/// not a directory, and no input (see [`refuse_inputs`]).
-pub fn check_report_file(path: &Path, inputs: &[&Path]) -> Result<()> {
-    if absolute(path)?.is_dir() {
-        bail!("{} is a directory; give a file name", path.display());
-    }
-    refuse_inputs(path, inputs)
-}
-
 /// Write one file atomically (temp file beside it, fsync, rename): for reports, CSV and SVG.
-/// A report replaces an earlier one of the same name, as reports do; a cancelled run leaves the
-/// earlier one.
+/// A report replaces an earlier regular file of the same name, as reports do, and nothing else
+/// ([`Outputs::check`]); a cancelled run leaves the earlier one.
 pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
     check_cancelled()?;
+    let refuse_special = || -> Result<()> {
+        if let Ok(meta) = fs::symlink_metadata(path) {
+            if let Some(what) = special_kind(&meta.file_type()) {
+                bail!("{} is {what}; it was not replaced", path.display());
+            }
+            if meta.is_dir() {
+                bail!("{} is a directory; give a file name", path.display());
+            }
+        }
+        Ok(())
+    };
+    refuse_special()?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -551,13 +966,40 @@ pub fn write_file_atomic(path: &Path, contents: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     remove_dead_leftovers(&dir);
-    let temp = dir.join(format!(".{name}{PARTIAL}{}", unique_suffix()));
-    track(&temp);
+    let plain = dir.join(format!(".{name}{PARTIAL}{}", unique_suffix()));
+    let locked = with_lock_suffix(&plain);
+    track(&locked);
+    let create = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&locked);
+    let mut f = match create {
+        Ok(f) => f,
+        Err(e) => {
+            untrack(&locked);
+            return Err(Error::write(path, e));
+        }
+    };
+    let temp =
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            locked
+        } else {
+            // No flock here: the name without the suffix says that the PID rule applies.
+            track(&plain);
+            let renamed = fs::rename(&locked, &plain);
+            untrack(&locked);
+            if let Err(e) = renamed {
+                untrack(&plain);
+                let _ = fs::remove_file(&locked);
+                return Err(Error::write(path, e));
+            }
+            plain
+        };
     let result = (|| {
-        let mut f = File::create(&temp).map_err(|e| Error::write(path, e))?;
         f.write_all(contents).map_err(|e| Error::write(path, e))?;
         f.sync_all().map_err(|e| Error::write(path, e))?;
         check_cancelled()?;
+        refuse_special()?;
         fs::rename(&temp, path).map_err(|e| Error::write(path, e))?;
         OUTPUT_COMMITTED.store(true, Ordering::SeqCst);
         Ok(())
@@ -584,12 +1026,18 @@ mod tests {
             tmp.path().to_path_buf(),
             input.join("x/../"),
         ] {
-            let err = OutputDir::create(&dest, &[&input], true)
+            let err = OutputDir::create(&dest, OutputKind::Model, &[&input], true)
                 .err()
                 .expect("must refuse");
             assert!(err.to_string().contains("input"), "{err}");
         }
-        assert!(OutputDir::create(&tmp.path().join("other"), &[&input], false).is_ok());
+        assert!(OutputDir::create(
+            &tmp.path().join("other"),
+            OutputKind::Model,
+            &[&input],
+            false
+        )
+        .is_ok());
     }
 
     #[test]
@@ -597,11 +1045,79 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let input = tmp.path().join("model");
         fs::create_dir(&input).unwrap();
-        let err = check_report_file(&input.join("plot.svg"), &[&input]).unwrap_err();
+        let check = |path: &Path| {
+            Outputs::new(false)
+                .output("--plot", Some(path), OutputKind::File)
+                .inputs("input", [input.as_path()])
+                .check()
+        };
+        let err = check(&input.join("plot.svg")).unwrap_err();
         assert!(err.to_string().contains("lies inside input"), "{err}");
-        let err = check_report_file(&input, &[&input]).unwrap_err();
+        let err = check(&input).unwrap_err();
         assert!(err.to_string().contains("is a directory"), "{err}");
-        assert!(check_report_file(&tmp.path().join("plot.svg"), &[&input]).is_ok());
+        assert!(check(&tmp.path().join("plot.svg")).is_ok());
+    }
+
+    #[test]
+    fn dotdot_after_a_link_leaves_the_links_target() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = fs::canonicalize(tmp.path()).unwrap();
+        fs::create_dir_all(real.join("d/sub")).unwrap();
+        std::os::unix::fs::symlink(real.join("d/sub"), real.join("L")).unwrap();
+        assert_eq!(absolute(&real.join("L/../x")).unwrap(), real.join("d/x"));
+        assert_eq!(
+            absolute(&real.join("L/../sub/.")).unwrap(),
+            real.join("d/sub")
+        );
+        // Past the deepest existing folder, `..` applies to what was written.
+        assert_eq!(
+            absolute(&real.join("L/new/../y/z")).unwrap(),
+            real.join("d/sub/y/z")
+        );
+        assert_eq!(absolute(&real.join("L/new/../..")).unwrap(), real.join("d"));
+    }
+
+    #[test]
+    fn force_replaces_only_a_folder_of_the_outputs_kind() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dest = tmp.path().join("out");
+        fs::create_dir(&dest).unwrap();
+        fs::write(dest.join("model.safetensors"), b"old").unwrap();
+        let check = |kind| {
+            Outputs::new(true)
+                .output("-o", Some(dest.as_path()), kind)
+                .check()
+        };
+        assert!(check(OutputKind::Model).is_ok());
+        let err = check(OutputKind::Figures).unwrap_err();
+        assert!(err.to_string().contains("`model.safetensors`"), "{err}");
+        fs::create_dir(dest.join("runs")).unwrap();
+        let err = check(OutputKind::Model).unwrap_err();
+        assert!(err.to_string().contains("the folder `runs`"), "{err}");
+        assert!(check(OutputKind::Workspace).is_ok());
+    }
+
+    #[test]
+    fn a_locked_leftover_is_kept_until_its_lock_is_free() {
+        let tmp = tempfile::tempdir().unwrap();
+        // Named with a process id nobody has: the lock, not the id, decides.
+        let staging = tmp
+            .path()
+            .join(format!(".out{PARTIAL}4294967-0000beef{LOCKED}"));
+        fs::create_dir(&staging).unwrap();
+        let old = std::time::SystemTime::now() - 2 * LOCK_GRACE;
+        File::open(&staging).unwrap().set_modified(old).unwrap();
+        let held = lock(&staging).expect("flock on a new folder");
+        remove_dead_leftovers(tmp.path());
+        assert!(staging.is_dir(), "a held lock is a live writer");
+        drop(held);
+        // Just made: its writer may not have locked it yet.
+        let young = tmp
+            .path()
+            .join(format!(".new{PARTIAL}4294967-0000cafe{LOCKED}"));
+        fs::create_dir(&young).unwrap();
+        remove_dead_leftovers(tmp.path());
+        assert!(!staging.exists() && young.is_dir());
     }
 
     #[test]
@@ -609,7 +1125,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dest = tmp.path().join("out");
         {
-            let out = OutputDir::create(&dest, &[], false).unwrap();
+            let out = OutputDir::create(&dest, OutputKind::Model, &[], false).unwrap();
             out.write_file("a.txt", b"hello").unwrap();
         }
         assert!(!dest.exists());
@@ -622,8 +1138,8 @@ mod tests {
         let dest = tmp.path().join("out");
         fs::create_dir(&dest).unwrap();
         fs::write(dest.join("old.txt"), b"old").unwrap();
-        assert!(OutputDir::create(&dest, &[], false).is_err());
-        let out = OutputDir::create(&dest, &[], true).unwrap();
+        assert!(OutputDir::create(&dest, OutputKind::Model, &[], false).is_err());
+        let out = OutputDir::create(&dest, OutputKind::Model, &[], true).unwrap();
         out.write_file("new.txt", b"new").unwrap();
         out.commit().unwrap();
         assert!(dest.join("new.txt").exists() && !dest.join("old.txt").exists());
@@ -634,7 +1150,7 @@ mod tests {
     fn a_destination_created_meanwhile_is_kept_without_force_and_replaced_with_it() {
         let tmp = tempfile::tempdir().unwrap();
         let dest = tmp.path().join("out");
-        let ours = OutputDir::create(&dest, &[], false).unwrap();
+        let ours = OutputDir::create(&dest, OutputKind::Model, &[], false).unwrap();
         ours.write_file("ours.txt", b"ours").unwrap();
         fs::create_dir(&dest).unwrap();
         fs::write(dest.join("theirs.txt"), b"theirs").unwrap();
@@ -648,7 +1164,7 @@ mod tests {
             "staging removed"
         );
 
-        let forced = OutputDir::create(&dest, &[], true).unwrap();
+        let forced = OutputDir::create(&dest, OutputKind::Model, &[], true).unwrap();
         forced.write_file("ours.txt", b"ours").unwrap();
         forced.commit().unwrap();
         assert!(!dest.join("theirs.txt").exists() && dest.join("ours.txt").exists());
@@ -664,7 +1180,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dest = tmp.path().join("out");
         fs::create_dir(&dest).unwrap();
-        let out = OutputDir::create(&dest, &[], false).unwrap();
+        let out = OutputDir::create(&dest, OutputKind::Model, &[], false).unwrap();
         out.write_file("a.txt", b"a").unwrap();
         out.commit().unwrap();
         assert!(dest.join("a.txt").is_file());

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use indicatif::ProgressBar;
 
 use super::header::TensorInfo;
-use super::output::OutputDir;
+use super::output::{OutputDir, OutputKind};
 use super::writer::{self, PlannedTensor, Progress};
 use super::{copy_aux_files, natural_cmp, Checkpoint};
 use crate::error::Result;
@@ -100,7 +100,7 @@ pub fn rewrite<R: Send>(
     let mut inputs = vec![source.dir.as_path()];
     inputs.extend_from_slice(to.other_inputs);
     inputs.extend(to.into_vlm.map(|v| v.ckpt.dir.as_path()));
-    let out = OutputDir::create(to.dir, &inputs, to.force)?;
+    let out = OutputDir::create(to.dir, OutputKind::Model, &inputs, to.force)?;
     let edits = Mutex::new(Vec::new());
     // A tensor the LM and the VLM both take (a tied head) is produced once per stored tensor,
     // so its edit is reported once.

@@ -403,7 +403,13 @@ mod tests {
         };
         let planned = [t("w", n)];
         let run = |shard: &super::super::Shard, dest: &str| {
-            let out = OutputDir::create(&dir.path().join(dest), &[], false).unwrap();
+            let out = OutputDir::create(
+                &dir.path().join(dest),
+                super::super::output::OutputKind::Model,
+                &[],
+                false,
+            )
+            .unwrap();
             let info = &shard.header.tensors[0];
             let written = write_tensors(
                 &out,

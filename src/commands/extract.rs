@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use crate::arch::families;
 use crate::bad;
+use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::checkpoint::resolve::{self, ModelRef};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
@@ -62,9 +63,14 @@ tools/check_extract.py).";
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    // The default output lies in the working directory; a given one is checked before any work.
+    // The default output lies in the working directory; a given one is checked before any work,
+    // against the VLM too when it is a folder (a Hub id is resolved, and maybe fetched, later).
     if let Some(dest) = &args.out.output {
-        crate::cli::check_output_dir(dest)?;
+        let local = Path::new(&args.source);
+        Outputs::new(args.out.force)
+            .output("-o", Some(dest), OutputKind::Model)
+            .inputs("input", local.exists().then_some(local))
+            .check_before_inputs()?;
     }
     let model = resolve::resolve(&args.source)?;
     let mut ckpt = Checkpoint::open_dir(&model.dir, &model.label)?;

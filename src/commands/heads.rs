@@ -1,13 +1,13 @@
 //! `sinkmerge heads`: which heads lost their sink, and whether they are the heads whose weights
 //! moved most (`docs/commands/heads.md`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::scoring_args::ScoringArgs;
 use crate::analysis::heads::{self, diagnose, Diagnosis, Layers, RankBy};
-use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::cli::{check_output_paths, whole_number};
+use crate::cli::whole_number;
 use crate::error::Result;
 use crate::forward::backend::Backend;
 use crate::forward::device::BackendJob;
@@ -63,7 +63,12 @@ pub struct Args {
     pub layers: Option<crate::arch::LayerList>,
 
     /// Heads shown in the text table, most damaged first
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 20,
+        allow_negative_numbers = true
+    )]
     pub top: usize,
 
     /// What ranks damaged heads
@@ -72,11 +77,16 @@ pub struct Args {
 
     /// Permutations of each correlation's p-value (0: none), at most 1000000
     #[arg(long, value_name = "N", default_value_t = 10_000,
-          value_parser = whole_number(0, MAX_PERMUTATIONS))]
+          value_parser = whole_number(0, MAX_PERMUTATIONS), allow_negative_numbers = true)]
     pub permutations: usize,
 
     /// Seed of the permutations
-    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub permutation_seed: u64,
 
     /// Print one JSON object: heads, correlations, pair, settings
@@ -95,23 +105,22 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     args.scoring.validate()?;
-    let reports: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--heatmap", &args.heatmap)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    let read: Vec<(&str, &Path)> = (args.scoring.prompts.iter())
-        .map(|p| ("--prompts", p.as_path()))
-        .collect();
-    check_output_paths(&reports, &read)?;
+    let reports = Outputs::new(false)
+        .files([
+            ("--csv", args.csv.as_deref()),
+            ("--heatmap", args.heatmap.as_deref()),
+        ])
+        .inputs("--prompts", args.scoring.prompts.as_deref());
+    reports.check_before_inputs()?;
     let (prompts, source) = args.scoring.prompt_set()?;
     let ckpts = [
         Checkpoint::open_ref(&args.reference)?,
         Checkpoint::open_ref(&args.target)?,
     ];
     super::scoring_args::warn_undeclared_layers(&ckpts);
-    for out in [&args.csv, &args.heatmap].into_iter().flatten() {
-        check_report_file(out, &[ckpts[0].dir.as_path(), ckpts[1].dir.as_path()])?;
-    }
+    reports
+        .inputs("input", ckpts.iter().map(|c| c.dir.as_path()))
+        .check()?;
     let spec = DecoderSpec::from_model_config(&ckpts[0].config)
         .map_err(|e| crate::bad!("{}: {e}", ckpts[0].dir.join("config.json").display()))?;
     let num_layers = spec.num_layers();

@@ -57,11 +57,12 @@ pub struct Args {
     pub layers: Option<LayerList>,
 
     /// Report only the last K layers
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
     pub last: Option<usize>,
 
     /// Summary window: the model's last K layers (the paper's late-layer window)
-    #[arg(long, value_name = "K", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "K", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..),
+          allow_negative_numbers = true)]
     pub window: u64,
 
     /// Print one JSON object {"rows": [...], "summary": {...}, ...} instead of tables
@@ -84,7 +85,8 @@ pub struct Args {
 
     /// Relative accuracy of each operator norm, certified by the Lanczos residual bound
     /// (1e-7 to 0.1; f32 arithmetic limits it near 1e-7)
-    #[arg(long, value_name = "TOL", default_value_t = 1e-6, value_parser = parse_tol)]
+    #[arg(long, value_name = "TOL", default_value_t = 1e-6, value_parser = parse_tol,
+          allow_hyphen_values = true)]
     pub tol: f64,
 }
 
@@ -104,11 +106,11 @@ fn parse_tol(s: &str) -> std::result::Result<f64, String> {
 }
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
-    let reports: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--plot", &args.plot)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    crate::cli::check_output_paths(&reports, &[])?;
+    let reports = output::Outputs::new(false).files([
+        ("--csv", args.csv.as_deref()),
+        ("--plot", args.plot.as_deref()),
+    ]);
+    reports.check_before_inputs()?;
     if let Some(modules) = &args.modules {
         crate::cli::refuse_repeats("--modules", modules, |m| m.short_name().to_string())?;
     }
@@ -122,9 +124,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let Some((r, t)) = &vs {
         inputs.extend([r.dir.as_path(), t.dir.as_path()]);
     }
-    for path in args.csv.iter().chain(&args.plot) {
-        output::check_report_file(path, &inputs)?;
-    }
+    reports.inputs("input", inputs.iter().copied()).check()?;
 
     let options = norms::Options {
         modules: args.modules.clone(),

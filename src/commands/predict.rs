@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::analysis::predict::{self, Panel};
-use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::report::predict::{render_json, render_text, scatter_svg, PredictReport};
@@ -47,7 +47,7 @@ pub struct Args {
 
     /// Sink strength of a new backbone: print its predicted delta (full-panel fit), the observed
     /// deltas of panel backbones with similar S, and the rank it would take
-    #[arg(long = "s", value_name = "VALUE", allow_negative_numbers = true)]
+    #[arg(long = "s", value_name = "VALUE", allow_hyphen_values = true)]
     pub s: Option<f64>,
 
     /// Reference LLM (directory, HF-cache repo id or alias) to place on the panel: its S is
@@ -57,7 +57,12 @@ pub struct Args {
     pub model: Option<String>,
 
     /// With --s or --model: "similar S" means |S_panel - S| <= this
-    #[arg(long, value_name = "WIDTH", default_value_t = 0.25)]
+    #[arg(
+        long,
+        value_name = "WIDTH",
+        default_value_t = 0.25,
+        allow_hyphen_values = true
+    )]
     pub similar_within: f64,
 
     /// Print one JSON object instead of text
@@ -72,13 +77,11 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     // Every argument and the panel are checked before the scorer runs: it takes minutes.
-    if let Some(plot) = &args.plot {
-        let panel_file = Path::new(&args.panel);
-        let read: Vec<(&str, &Path)> = (panel_file.is_file().then_some(("--panel", panel_file)))
-            .into_iter()
-            .collect();
-        crate::cli::check_output_paths(&[("--plot", plot)], &read)?;
-    }
+    let panel_file = Path::new(&args.panel);
+    let plot = Outputs::new(false)
+        .files([("--plot", args.plot.as_deref())])
+        .inputs("--panel", panel_file.is_file().then_some(panel_file));
+    plot.check_before_inputs()?;
     if let Some(s) = args.s {
         if !s.is_finite() {
             crate::bail!("--s must be a finite number, got {s}");
@@ -106,10 +109,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .as_deref()
         .map(Checkpoint::open_ref)
         .transpose()?;
-    if let Some(path) = &args.plot {
-        let inputs: Vec<&Path> = model.iter().map(|m| m.dir.as_path()).collect();
-        check_report_file(path, &inputs)?;
-    }
+    plot.inputs("input", model.iter().map(|m| m.dir.as_path()))
+        .check()?;
 
     let measured = (model.as_ref())
         .map(|ckpt| default_sink_strength(ckpt, progress && !args.json))

@@ -1,7 +1,7 @@
 //! `sinkmerge repair-heads`: restore chosen heads' slices of the attention projections toward
 //! the reference, everything else byte for byte (`docs/commands/repair-heads.md`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::json;
@@ -10,6 +10,7 @@ use crate::analysis::heads::{check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::LayerList;
 use crate::bail;
+use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile, NamedFile};
 use crate::checkpoint::Checkpoint;
 use crate::cli::OutputArgs;
@@ -50,7 +51,7 @@ pub struct Args {
     pub heads: Selection,
 
     /// Seed of `random:K` [default: 0]
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true)]
     pub seed: Option<u64>,
 
     /// Projections whose head slices move, comma-separated, from q, k, v, o
@@ -62,12 +63,12 @@ pub struct Args {
         long,
         value_name = "LAMBDA",
         default_value_t = 1.0,
-        allow_negative_numbers = true
+        allow_hyphen_values = true
     )]
     pub lambda: f64,
 
     /// Candidates of top:K and random:K: the heads of the last K layers [default: 10]
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
     pub last: Option<usize>,
 
     /// Candidates of top:K and random:K: the heads of these layers instead (`0-3,7` or `20:28`)
@@ -83,11 +84,17 @@ pub struct Args {
     pub prompts: Option<PathBuf>,
 
     /// top:K: draw N prompts from the built-in pool instead
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub n: Option<usize>,
 
     /// top:K: seed of the --n draw
-    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        requires = "n",
+        allow_negative_numbers = true
+    )]
     pub prompt_seed: u64,
 
     #[command(flatten)]
@@ -134,10 +141,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if last == 0 {
         bail!("--last must be at least 1");
     }
-    let read: Vec<(&str, &Path)> = (args.prompts.iter())
-        .map(|p| ("--prompts", p.as_path()))
-        .collect();
-    crate::cli::check_output_paths(&[("-o", to.dir)], &read)?;
+    let outputs = Outputs::new(to.force)
+        .output("-o", Some(to.dir), OutputKind::Model)
+        .inputs("--prompts", args.prompts.as_deref());
+    outputs.check_before_inputs()?;
     let (seed, rank_by) = (
         args.seed.unwrap_or(0),
         args.rank_by.unwrap_or(RankBy::DeltaG),
@@ -149,11 +156,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     ];
     super::scoring_args::warn_undeclared_layers(&ckpts);
     // Before `top:K`'s scoring pass, so a taken OUT does not fail only when it is written.
-    crate::checkpoint::output::check_destination(
-        to.dir,
-        &[&ckpts[0].dir, &ckpts[1].dir],
-        to.force,
-    )?;
+    outputs
+        .inputs("input", ckpts.iter().map(|c| c.dir.as_path()))
+        .check()?;
     let (ref_model, target_model) = (Model::new(&ckpts[0])?, Model::new(&ckpts[1])?);
     check_same_geometry(&ref_model, &target_model)?;
     let spec = &ref_model.spec;

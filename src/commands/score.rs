@@ -2,12 +2,12 @@
 //! `--ref`, B_gap and the margin G_base - B_gap of each model against the reference, as a
 //! before/after table, JSON, and SVG plots.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::scoring_args::ScoringArgs;
-use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::cli::{check_output_paths, whole_number};
+use crate::cli::whole_number;
 use crate::error::Result;
 use crate::report::json_text;
 use crate::report::score::{
@@ -99,7 +99,12 @@ pub struct Args {
     pub bootstrap: usize,
 
     /// Seed of the bootstrap (SplitMix64)
-    #[arg(long, value_name = "SEED", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub bootstrap_seed: u64,
 
     /// Also report S (and with --ref the margin) over depth bands: `thirds` = the early, middle
@@ -110,18 +115,20 @@ pub struct Args {
     /// Also report S (and the margin) for every window of the last K layers, K = LO..=HI
     /// (Appendix E.4 sweeps 3-20; HI at most 1024), from the same forward passes. A K beyond a
     /// model's layers is the whole model
-    #[arg(long, value_name = "LO-HI", value_parser = parse_k_sweep)]
+    #[arg(long, value_name = "LO-HI", value_parser = parse_k_sweep, allow_hyphen_values = true)]
     pub k_sweep: Option<(usize, usize)>,
 
     /// The paper's N-sweep (Appendix D.1, Table 9): for each N, draw N prompts from the pool with
     /// seeds 0..SEEDS and report the mean and sample standard deviation of S (and the margin)
     /// over the draws. Each distinct prompt runs once; each N once
-    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["prompts", "n"])]
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with_all = ["prompts", "n"],
+          allow_hyphen_values = true)]
     pub sweep: Option<Vec<usize>>,
 
     /// Draws per N of --sweep, 1 to 1000
     #[arg(long, value_name = "SEEDS", default_value = "3",
-          value_parser = whole_number(1, MAX_SEEDS), requires = "sweep")]
+          value_parser = whole_number(1, MAX_SEEDS), requires = "sweep",
+          allow_negative_numbers = true)]
     pub seeds: usize,
 
     /// Whose chat template renders the prompts: `ref` = the reference's, for every model (the
@@ -153,7 +160,12 @@ pub struct Args {
 
     /// Tokens per window of --text, each scored as its own sequence [default: 1024, capped at
     /// the model's max_position_embeddings]
-    #[arg(long, value_name = "N", requires = "text")]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "text",
+        allow_negative_numbers = true
+    )]
     pub text_window: Option<usize>,
 }
 
@@ -201,15 +213,14 @@ fn parse_k_sweep(s: &str) -> Result<(usize, usize), String> {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     args.scoring.validate()?;
-    let reports: Vec<(&str, &Path)> = [("--plot", &args.plot), ("--heatmap", &args.heatmap)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    let read: Vec<(&str, &Path)> = [("--prompts", &args.scoring.prompts), ("--text", &args.text)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    check_output_paths(&reports, &read)?;
+    let reports = Outputs::new(false)
+        .files([
+            ("--plot", args.plot.as_deref()),
+            ("--heatmap", args.heatmap.as_deref()),
+        ])
+        .inputs("--prompts", args.scoring.prompts.as_deref())
+        .inputs("--text", args.text.as_deref());
+    reports.check_before_inputs()?;
     let with_reference = args.reference.is_some();
     let template_from = TemplateFrom::choose(
         args.scoring.chat_template,
@@ -229,10 +240,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .map(|r| Checkpoint::open_ref(r))
         .collect::<Result<_>>()?;
     super::scoring_args::warn_undeclared_layers(&ckpts);
-    let dirs: Vec<&Path> = ckpts.iter().map(|c| c.dir.as_path()).collect();
-    for out in [&args.plot, &args.heatmap].into_iter().flatten() {
-        check_report_file(out, &dirs)?;
-    }
+    reports
+        .inputs("input", ckpts.iter().map(|c| c.dir.as_path()))
+        .check()?;
     let inputs = scoring_inputs(&ckpts, &prompts, template_from, with_reference)?;
     // Every model's text ids and window, checked before the long passes start.
     let text = (args.text.as_deref())

@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::xxh3_128;
 
 use crate::arch::families::{self, DropKind, ExtractPlan, Family, Piece};
 use crate::bail;
-use crate::checkpoint::output::OutputDir;
+use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::Result;
@@ -99,7 +99,7 @@ pub fn detect_family(ckpt: &Checkpoint) -> Result<&'static dyn Family> {
 /// Write `plan` for `ckpt` into `dest`.
 pub fn run(ckpt: &Checkpoint, plan: &ExtractPlan, dest: &Path, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
-    let out = OutputDir::create(dest, &[&ckpt.dir], opts.force)?;
+    let out = OutputDir::create(dest, OutputKind::Model, &[&ckpt.dir], opts.force)?;
     let (written, aux, hashes) = write(&out, ckpt, plan, opts)?;
     let mut notes = plan.notes.clone();
     notes.extend(aux.notes.iter().cloned());

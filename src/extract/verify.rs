@@ -97,7 +97,13 @@ mod tests {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(fixture);
         let ckpt = Checkpoint::open_dir(&src, fixture).unwrap();
         let plan = families::by_name(family).unwrap().plan(&ckpt).unwrap();
-        let out = OutputDir::create(&dir.join("out"), &[&ckpt.dir], false).unwrap();
+        let out = OutputDir::create(
+            &dir.join("out"),
+            crate::checkpoint::output::OutputKind::Model,
+            &[&ckpt.dir],
+            false,
+        )
+        .unwrap();
         let opts = Options {
             max_shard_size: 5_000_000_000,
             force: false,

@@ -30,7 +30,7 @@ use super::params::{default_value, Scope, TensorValues};
 use super::{MergeSpec, TensorMerger};
 use crate::arch::config::{set_dtype, text_section};
 use crate::arch::{family, names, TextConfig};
-use crate::checkpoint::output::OutputDir;
+use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::resolve::{resolve, HubRef, ModelRef};
 use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
@@ -116,7 +116,7 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
     let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
     input_dirs.push(&tokenizer.dir);
     input_dirs.extend(vlm.iter().map(|v| v.ckpt.dir.as_path()));
-    let out = OutputDir::create(&options.dest, &input_dirs, options.force)?;
+    let out = OutputDir::create(&options.dest, OutputKind::Model, &input_dirs, options.force)?;
     let origin = |i: usize| match &tensors.work[i] {
         Work::Copy { input, name } => Some(inputs[*input].ckpt.describe(name)),
         // A merged tensor's inputs were checked as it was computed (merge/job.rs).
