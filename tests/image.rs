@@ -263,3 +263,53 @@ fn internvl_processor_tiles_and_sets_tokens() {
     assert_eq!(pixels.grid, Grid::NumPatches(vec![7]));
     assert_eq!(pixels.tokens, [7 * 64]);
 }
+
+/// Decoding the JPEGs of `tools/gen_jpeg_goldens.py` (tests/fixtures/jpeg/) gives PIL's RGB
+/// bytes exactly, in every subsampling and coding mode (docs/reference/images.md, "JPEG").
+#[test]
+fn jpeg_decodes_to_pils_rgb() {
+    let dir = fixtures().join("jpeg");
+    let mut jpegs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jpg"))
+        .collect();
+    jpegs.sort();
+    assert_eq!(jpegs.len(), 9);
+    for jpeg in &jpegs {
+        let got = sinkmerge::image::decode::load_rgb(jpeg, true).unwrap();
+        let want = image::open(jpeg.with_extension("png")).unwrap().to_rgb8();
+        assert_eq!(got.dimensions(), want.dimensions(), "{}", jpeg.display());
+        let differing = (got.as_raw().iter().zip(want.as_raw()))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(
+            differing,
+            0,
+            "{}: bytes differing from PIL's",
+            jpeg.display()
+        );
+    }
+}
+
+/// Damaged JPEGs decode or are refused as bad input, never panic: two fixtures (progressive,
+/// restart markers) with each byte altered in turn, and cut every 5 bytes.
+#[test]
+fn damaged_jpegs_decode_or_are_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("damaged.jpg");
+    for name in ["progressive_61x43", "restart_61x43"] {
+        let jpeg = std::fs::read(fixtures().join(format!("jpeg/{name}.jpg"))).unwrap();
+        for i in 0..jpeg.len() {
+            let mut altered = jpeg.clone();
+            altered[i] ^= 0x5A;
+            let cut = &jpeg[..i - i % 5];
+            for bytes in [cut, &altered[..]] {
+                std::fs::write(&path, bytes).unwrap();
+                if let Err(err) = sinkmerge::image::decode::load_rgb(&path, true) {
+                    assert_eq!(err.kind(), Kind::BadInput, "{name}, byte {i}: {err}");
+                }
+            }
+        }
+    }
+}

@@ -12,6 +12,8 @@ use ::image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, 
 use crate::error::{Error, Result};
 use crate::{bad, bail};
 
+mod jpeg;
+
 /// The largest image decoded, in pixels: PIL's `DecompressionBombError` threshold (twice its
 /// `MAX_IMAGE_PIXELS`, 89,478,485), so that sinkmerge refuses what PIL refuses.
 pub const MAX_PIXELS: u64 = 2 * 89_478_485;
@@ -23,7 +25,7 @@ const MAX_ALLOC: u64 = MAX_PIXELS * 8;
 /// `convert_rgb` false (a processor's `do_convert_rgb: false`) the second step is skipped, so a
 /// `tRNS` key colour stays as it is; `load_image`'s own `convert("RGB")` always runs.
 pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
-    let bytes = std::fs::read(path).map_err(|e| Error::read(path, e))?;
+    let bytes = crate::input::read(path, crate::input::IMAGE)?;
     let keyed = png_transparency_key(&bytes);
     let mut reader = ImageReader::new(Cursor::new(&bytes[..]))
         .with_guessed_format()
@@ -34,6 +36,7 @@ pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
             reader.set_format(format);
         }
     }
+    let is_jpeg = reader.format() == Some(ImageFormat::Jpeg);
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_ALLOC);
     reader.limits(limits);
@@ -49,7 +52,16 @@ pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
         );
     }
     let orientation = decoder.orientation().map_err(|e| decode_error(path, e))?;
-    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| decode_error(path, e))?;
+    // JPEG: libjpeg-turbo's arithmetic, PIL's decoder, where jpeg.rs covers the file; the image
+    // crate's decoder (zune-jpeg) otherwise.
+    let exact = is_jpeg
+        .then(|| jpeg::decode(&bytes))
+        .flatten()
+        .filter(|image| image.width() == width && image.height() == height);
+    let mut image = match exact {
+        Some(image) => image,
+        None => DynamicImage::from_decoder(decoder).map_err(|e| decode_error(path, e))?,
+    };
     image.apply_orientation(orientation);
     to_rgb8(image, keyed && convert_rgb, path)
 }
