@@ -14,10 +14,13 @@
 //! - [`tensor`]: the decoded f32 tensor all math works on.
 //! - [`merge`]: linear, task arithmetic, TIES, DARE, TSV and STAR merges, streamed to disk.
 //! - [`report`]: tables, number formatting and SVG plots.
+//! - [`shell`]: quoting the command lines that messages and model cards suggest.
 //! - [`forward`]: the forward pass over a backend seam (CPU, CUDA): decoder architectures, rotary
 //!   embeddings, and the dispatch onto a device.
 //! - [`sink`]: the sink scorer and the paper's sink metrics over [`forward`]'s passes.
 //! - [`image`]: images to pixel tensors exactly as transformers' PIL image processors make them.
+//! - [`input`]: input files read whole (manifests, prompts, panels, pixel values, images), each
+//!   a regular file under a size cap, or standard input where a stream makes sense.
 //! - [`commands`] and [`cli`]: the command line, one file per subcommand.
 
 // The library exists for the binary, the tests and the benches, and its docs are for the people
@@ -36,11 +39,13 @@ pub mod extract;
 pub mod forward;
 pub mod graft;
 pub mod image;
+pub mod input;
 pub mod linalg;
 pub mod merge;
 pub mod progress;
 pub mod report;
 pub mod reproduce;
+pub mod shell;
 pub mod sink;
 pub mod tensor;
 

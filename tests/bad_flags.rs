@@ -324,3 +324,265 @@ fn lists_and_flags_accepted_in_silence_are_refused() {
     assert!(!out.exists());
     assert_eq!(leftovers(dir.path()), Vec::<String>::new());
 }
+
+/// Every numeric flag takes a negative value after a space as it does after `=`: the value
+/// reaches the flag's own check (or is used, where it is valid) instead of being taken for an
+/// unknown flag (`--gate -0.5` was "unexpected argument '-0'"). Values that start like a flag
+/// but are not one count too: exponents (`-1e-3`) and lists (`-0.5,1.5`).
+#[test]
+fn negative_values_after_a_space_reach_the_flags_own_check() {
+    let (r, t) = pair();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = s(&out);
+    let merge = |method: &'static str, extra: &[&'static str]| {
+        let mut args: Vec<&str> = vec![method, "--base", &r, "--models", &t, "-o", o];
+        args.extend_from_slice(extra);
+        args
+    };
+    // Refused by clap's value parsers: exit 2 with usage lines.
+    let parsed: Vec<(Vec<&str>, &[&str])> = vec![
+        (
+            vec!["visual-sinks", &r, "--gate", "-1.5"],
+            &["--gate", "-1.5 is outside [-1, 1]"],
+        ),
+        (
+            vec!["visual-sinks", &r, "--ratio", "-5"],
+            &["--ratio", "-5 is not a positive number"],
+        ),
+        (
+            vec!["visual-sinks", &r, "--box", "-1,0,x,10"],
+            &["--box", "`x`"],
+        ),
+        (
+            vec!["visual-sinks", &r, "--seed", "-1"],
+            &["--seed", "invalid digit"],
+        ),
+        (
+            vec!["norms", &r, &t, "--tol", "-1e-3"],
+            &["--tol", "outside 1e-7..=0.1"],
+        ),
+        (
+            vec!["norms", &r, &t, "--last", "-1"],
+            &["--last", "invalid digit"],
+        ),
+        (
+            vec!["norms", &r, &t, "--window", "-1"],
+            &["--window", "invalid digit"],
+        ),
+        (
+            vec!["score", &r, "--trailing-queries", "-1"],
+            &["--trailing-queries", "at least 1"],
+        ),
+        (
+            vec!["score", &r, "--bootstrap", "-5"],
+            &["--bootstrap", "at least 100"],
+        ),
+        (
+            vec!["score", &r, "--bootstrap-seed", "-1"],
+            &["--bootstrap-seed", "invalid digit"],
+        ),
+        (vec!["score", &r, "--n", "-1"], &["--n", "invalid digit"]),
+        (
+            vec!["score", &r, "--n", "5", "--seed", "-1"],
+            &["--seed", "invalid digit"],
+        ),
+        (
+            vec!["score", &r, "--last", "-1"],
+            &["--last", "invalid digit"],
+        ),
+        (
+            vec!["score", &r, "--k-sweep", "-1-5"],
+            &["--k-sweep", "LO-HI"],
+        ),
+        (
+            vec!["score", &r, "--sweep", "-1,2"],
+            &["--sweep", "invalid digit"],
+        ),
+        (
+            vec!["score", &r, "--sweep", "5", "--seeds", "-1"],
+            &["--seeds", "at least 1"],
+        ),
+        (
+            vec!["score", &r, "--text", "x", "--text-window", "-1"],
+            &["--text-window", "invalid digit"],
+        ),
+        (
+            vec!["score", &r, "--max-memory", "-1"],
+            &["--max-memory", "size in bytes"],
+        ),
+        (
+            vec!["--threads", "-1", "score", &r],
+            &["--threads", "at least 1"],
+        ),
+        (
+            vec!["heads", &r, &t, "--top", "-1"],
+            &["--top", "invalid digit"],
+        ),
+        (
+            vec!["heads", &r, &t, "--permutations", "-1"],
+            &["--permutations", "at least 0"],
+        ),
+        (
+            vec!["heads", &r, &t, "--permutation-seed", "-1"],
+            &["--permutation-seed", "invalid digit"],
+        ),
+        (
+            vec!["ablate", &r, "--top-k", "-1", "-o", o],
+            &["--top-k", "invalid digit"],
+        ),
+        (
+            vec!["perturb", &r, "--match", &t, "--seed", "-1", "-o", o],
+            &["--seed", "invalid digit"],
+        ),
+        (
+            vec![
+                "repair-heads",
+                "--ref",
+                &r,
+                &t,
+                "--heads",
+                "top:2",
+                "--n",
+                "-1",
+                "-o",
+                o,
+            ],
+            &["--n", "invalid digit"],
+        ),
+        (
+            vec![
+                "repair-heads",
+                "--ref",
+                &r,
+                &t,
+                "--heads",
+                "random:2",
+                "--seed",
+                "-1",
+                "-o",
+                o,
+            ],
+            &["--seed", "invalid digit"],
+        ),
+        (
+            vec![
+                "repair-heads",
+                "--ref",
+                &r,
+                &t,
+                "--heads",
+                "top:2",
+                "--last",
+                "-1",
+                "-o",
+                o,
+            ],
+            &["--last", "invalid digit"],
+        ),
+        (
+            vec![
+                "repair-heads",
+                "--ref",
+                &r,
+                &t,
+                "--heads",
+                "top:2",
+                "--n",
+                "5",
+                "--prompt-seed",
+                "-1",
+                "-o",
+                o,
+            ],
+            &["--prompt-seed", "invalid digit"],
+        ),
+        (
+            merge("dare", &["--density", "0.5", "--seed", "-1"]),
+            &["--seed", "invalid digit"],
+        ),
+    ];
+    for (args, needles) in parsed {
+        let err = sinkmerge(&args).refused_with_usage(needles);
+        assert!(!err.contains("unexpected argument"), "{args:?}: {err}");
+    }
+    // Refused by the command's own checks: one line, exit 2.
+    let checked: Vec<(Vec<&str>, &[&str])> = vec![
+        (
+            vec!["predict", "--similar-within", "-0.5"],
+            &["--similar-within", "-0.5"],
+        ),
+        (
+            vec![
+                "repair-heads",
+                "--ref",
+                &r,
+                &t,
+                "--heads",
+                "1.1",
+                "--lambda",
+                "-0.5",
+                "-o",
+                o,
+            ],
+            &["--lambda -0.5 is outside [0, 1]"],
+        ),
+        (
+            merge("ties", &["--density", "-0.1"]),
+            &["density -0.1", "outside (0, 1]"],
+        ),
+        (
+            merge("dare", &["--density", "-0.1"]),
+            &["density -0.1", "outside (0, 1]"],
+        ),
+        (
+            merge("dare", &["--drop-rate", "-0.1"]),
+            &["density 1.1", "outside (0, 1]"],
+        ),
+        (
+            merge("star", &["--eta", "-5"]),
+            &["eta -5", "outside (0, 100]"],
+        ),
+        (
+            vec![
+                "visual-sinks",
+                &r,
+                "--question",
+                "q",
+                "--image",
+                "no-such.png",
+                "--gate",
+                "-0.5",
+                "--box",
+                "-1,0,10,10",
+            ],
+            &["no-such.png", "no such image"],
+        ),
+    ];
+    for (args, needles) in checked {
+        sinkmerge(&args).refused(needles);
+    }
+    assert!(!out.exists());
+    // Valid negative values are used.
+    let report = sinkmerge(["predict", "--s", "-1.5", "--json"]).json();
+    assert_eq!(report["query"]["sink_strength"], -1.5, "{report}");
+    for args in [
+        vec![
+            "linear",
+            "--models",
+            &r,
+            &t,
+            "--weights",
+            "-0.5,1.5",
+            "-o",
+            o,
+        ],
+        merge(
+            "task-arithmetic",
+            &["--weights", "-2", "--lambda", "-1e-3", "--force"],
+        ),
+        merge("tsv", &["--alpha", "-1e-3", "--force"]),
+    ] {
+        sinkmerge(&args).ok();
+    }
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sha1::Digest as _;
 
-use crate::util::{fixture, ok, refused, sinkmerge};
+use crate::util::{fixture, ok, refused, sinkmerge, Sinkmerge};
 
 /// One file of a served repository.
 #[derive(Clone)]
@@ -52,6 +52,9 @@ struct Faults {
     api_status: Option<&'static str>,
     /// File requests get no answer: the connection stays open, silent.
     stall: bool,
+    /// Files whose body (beyond one byte) comes a byte every 0.1 s: never silent for long, never
+    /// done.
+    trickle: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -325,7 +328,23 @@ fn send_body(
             return;
         }
     }
+    let trickle = faults.trickle.iter().any(|t| t == name) && body.len() > 1;
     drop(faults);
+    if trickle {
+        let mut head = format!("HTTP/1.1 {status}\r\nConnection: close\r\n");
+        for (k, v) in &headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        let _ = stream.write_all(head.as_bytes());
+        for byte in &body {
+            if stream.write_all(&[*byte]).is_err() || stream.flush().is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        return;
+    }
     respond(stream, status, &headers, &body);
 }
 
@@ -456,13 +475,16 @@ impl User {
     }
 
     fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.command(args, env).output()
+    }
+
+    fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Sinkmerge {
         sinkmerge(args)
             .current_dir(self.home.path())
             .env_remove("HF_HUB_CACHE")
             .env("HF_HOME", self.home.path().join("hf"))
             .env("HF_ENDPOINT", &self.endpoint)
             .envs(env.iter().copied())
-            .output()
     }
 
     /// Every file under the cache, relative, sorted (links as they are).
@@ -1115,6 +1137,82 @@ fn a_silent_server_times_out_naming_the_endpoint_and_the_limit() {
                 &[("HF_HUB_DOWNLOAD_TIMEOUT", bad)],
             ),
             &[&format!("HF_HUB_DOWNLOAD_TIMEOUT={bad}")],
+        );
+    }
+}
+
+/// A server that sends a file a byte every 0.1 s is never silent for the read timeout, so only
+/// the least speed stops it: fewer than SINKMERGE_HUB_MIN_SPEED bytes a second over
+/// SINKMERGE_HUB_SPEED_TIME seconds ends the transfer (retried as a dropped one), then the run,
+/// with exit 1 naming the endpoint and the limit. Nothing is cached; the part stays in the
+/// staging cache, and the next run resumes it.
+#[test]
+fn a_trickling_server_is_stopped_by_the_least_speed_and_the_part_resumed() {
+    let faults = Faults {
+        trickle: vec!["model.safetensors".to_string()],
+        ..Faults::default()
+    };
+    let server = Server::start(repos(), faults);
+    let user = User::new(server.endpoint());
+    let start = Instant::now();
+    let output = user
+        .command(
+            &["fetch", "test-org/tiny-qwen2"],
+            &[("SINKMERGE_HUB_SPEED_TIME", "1")],
+        )
+        .output_within(Duration::from_secs(40))
+        .expect("the trickling download still ran after 40 s");
+    failed(
+        &output,
+        &[
+            &server.endpoint(),
+            "SINKMERGE_HUB_MIN_SPEED",
+            "SINKMERGE_HUB_SPEED_TIME",
+            "run again to resume",
+        ],
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(user.cached_files().is_empty(), "{:?}", user.cached_files());
+    let weights = std::fs::read(fixture("qwen2").join("model.safetensors")).unwrap();
+    let part = user.cache().join(format!(
+        ".sinkmerge-staging/models--test-org--tiny-qwen2/blobs/{}.part",
+        sha256(&weights)
+    ));
+    let kept = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
+    assert!(kept > 0, "the part is kept for the next run");
+
+    let server = Server::start(repos(), Faults::default());
+    let user = User {
+        endpoint: server.endpoint(),
+        ..user
+    };
+    ok(&user.run(&["fetch", "test-org/tiny-qwen2"], &[]));
+    let ranges: Vec<String> = (server.requests().iter())
+        .filter(|r| r.path.starts_with("/lfs/"))
+        .filter_map(|r| r.range.clone())
+        .collect();
+    assert!(ranges.contains(&format!("bytes={kept}-")), "{ranges:?}");
+    let cached = user.cache().join(format!(
+        "models--test-org--tiny-qwen2/snapshots/{COMMIT_A}/model.safetensors"
+    ));
+    assert_eq!(std::fs::read(cached).unwrap(), weights);
+
+    // The limits are numbers above 0, as HF_HUB_DOWNLOAD_TIMEOUT is.
+    for (name, bad) in [
+        ("SINKMERGE_HUB_SPEED_TIME", "0"),
+        ("SINKMERGE_HUB_SPEED_TIME", "ten"),
+        ("SINKMERGE_HUB_SPEED_TIME", "1e9"),
+        ("SINKMERGE_HUB_MIN_SPEED", "-1"),
+        ("SINKMERGE_HUB_MIN_SPEED", "nan"),
+    ] {
+        let user = User::new(server.endpoint());
+        refused(
+            &user.run(&["fetch", "test-org/tiny-qwen2"], &[(name, bad)]),
+            &[&format!("{name}={bad}")],
         );
     }
 }

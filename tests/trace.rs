@@ -279,6 +279,29 @@ fn a_plain_llm_traces_text_with_plain_positions() {
     assert_eq!(t["logits"].shape[0], seq);
 }
 
+/// The same run writes the same bytes: the header's `__metadata__` keys are in a fixed order, not
+/// a hash map's.
+#[test]
+fn the_same_trace_twice_gives_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let outs = ["a", "b"].map(|n| dir.path().join(format!("{n}.safetensors")));
+    for out in &outs {
+        sinkmerge([
+            "trace",
+            "assets/models/tiny-qwen2/ref",
+            "--prompt",
+            "The capital of France is",
+            "--layers",
+            "0",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+        .ok();
+    }
+    let [a, b] = outs.map(|p| std::fs::read(p).unwrap());
+    assert!(a == b, "two runs of the same trace differ");
+}
+
 /// One clear line naming the problem, exit 2, and no output file.
 fn refused_without_output(args: &[&str], needles: &[&str]) {
     let dir = tempfile::tempdir().unwrap();

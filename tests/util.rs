@@ -63,15 +63,17 @@ pub fn read_json<T: DeserializeOwned>(path: impl AsRef<Path>) -> T {
         .unwrap_or_else(|e| panic!("{} is not the JSON expected: {e}", path.display()))
 }
 
-/// The Hugging Face variables a run starts without (docs/reference/hub.md): a token, a token
-/// file, another endpoint, offline mode or a timeout of the user's must not change what a test
-/// sees.
-const CLEARED_HF_VARIABLES: [&str; 5] = [
+/// The Hugging Face variables a run starts without, and sinkmerge's own Hub limits
+/// (docs/reference/hub.md): a token, a token file, another endpoint, offline mode or a limit of
+/// the user's must not change what a test sees.
+const CLEARED_HF_VARIABLES: [&str; 7] = [
     "HF_TOKEN",
     "HF_TOKEN_PATH",
     "HF_ENDPOINT",
     "HF_HUB_OFFLINE",
     "HF_HUB_DOWNLOAD_TIMEOUT",
+    "SINKMERGE_HUB_MIN_SPEED",
+    "SINKMERGE_HUB_SPEED_TIME",
 ];
 
 /// One run of the `sinkmerge` binary, built up like a [`Command`]. `HF_HOME` and `HF_HUB_CACHE`
@@ -157,6 +159,33 @@ impl Sinkmerge {
         self.command.output().expect("the binary runs")
     }
 
+    /// Run for at most `limit`: the output, or `None` when the run had to be killed (a test of a
+    /// bound that does not hold then fails instead of hanging). For runs that print little: the
+    /// pipes are read at the end, so one that fills a pipe's buffer first is killed too.
+    pub fn output_within(mut self, limit: std::time::Duration) -> Option<Output> {
+        use std::process::Stdio;
+        let mut child = (self.command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let start = std::time::Instant::now();
+        while child
+            .try_wait()
+            .expect("the run can be waited for")
+            .is_none()
+        {
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Some(child.wait_with_output().expect("the run's output"))
+    }
+
     /// Run, expect success, return stdout.
     pub fn ok(self) -> String {
         let (args, output) = self.output_and_args();
@@ -213,6 +242,63 @@ impl Sinkmerge {
             stderr(&output)
         );
         output
+    }
+
+    /// Run with `input` on standard input, killed past `limit`: the output (`None` when it had to
+    /// be killed, say blocked on a FIFO) and the peak resident memory in KiB (`VmHWM` of
+    /// `/proc/PID/status`, sampled while it runs).
+    pub fn watch(mut self, input: &[u8], limit: std::time::Duration) -> (Option<Output>, u64) {
+        use std::io::{Read, Write};
+        use std::process::Stdio;
+        let mut child = self
+            .command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let status_file = format!("/proc/{}/status", child.id());
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        // A run that stops reading early closes the pipe; that is not the test's failure.
+        let writer = std::thread::spawn(move || drop(stdin.write_all(&input)));
+        let drain = |mut pipe: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                pipe.read_to_end(&mut bytes).unwrap();
+                bytes
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        let started = std::time::Instant::now();
+        let mut peak = 0;
+        let status = loop {
+            if let Ok(text) = std::fs::read_to_string(&status_file) {
+                let hwm = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok());
+                peak = peak.max(hwm.unwrap_or(0));
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > limit {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        writer.join().unwrap();
+        let (stdout, stderr) = (stdout.join().unwrap(), stderr.join().unwrap());
+        let output = status.map(|status| Output {
+            status,
+            stdout,
+            stderr,
+        });
+        (output, peak)
     }
 
     fn output_and_args(self) -> (Vec<String>, Output) {

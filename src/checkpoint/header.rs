@@ -269,7 +269,16 @@ pub fn serialize(tensors: &[TensorInfo], metadata: &BTreeMap<String, String>) ->
     });
     let header = safetensors::tensor::Metadata::new(meta, infos)
         .map_err(|e| crate::internal!("internal: cannot build a safetensors header: {e}"))?;
-    let mut json = serde_json::to_vec(&header)
+    let mut value = serde_json::to_value(&header)
+        .map_err(|e| crate::internal!("internal: cannot serialize header: {e}"))?;
+    // The crate keeps `__metadata__` in a HashMap, whose order changes from run to run; the
+    // BTreeMap's sorted order makes the same output the same bytes. The entry keeps its place
+    // (serde_json's `preserve_order`).
+    if let Some(entry) = value.get_mut("__metadata__") {
+        *entry = serde_json::to_value(metadata)
+            .map_err(|e| crate::internal!("internal: cannot serialize header: {e}"))?;
+    }
+    let mut json = serde_json::to_vec(&value)
         .map_err(|e| crate::internal!("internal: cannot serialize header: {e}"))?;
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut out = Vec::with_capacity(8 + json.len());

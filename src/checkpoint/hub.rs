@@ -4,7 +4,9 @@
 //!
 //! The Hub's answers are untrusted input: the commit and each etag become path components, so
 //! they are checked ([`parse_repo_info`], [`parse_file_meta`]) before any path is built from
-//! them, and every request has connect and read timeouts (`HF_HUB_DOWNLOAD_TIMEOUT`).
+//! them, and every request has connect and read timeouts (`HF_HUB_DOWNLOAD_TIMEOUT`). A body
+//! must also keep a least speed (`SINKMERGE_HUB_MIN_SPEED` over `SINKMERGE_HUB_SPEED_TIME`), so
+//! that a server trickling bytes inside the read timeout cannot hold a download forever.
 //!
 //! Each file is downloaded to `blobs/<etag>.part` in a staging cache beside the real one
 //! (`<cache>/.sinkmerge-staging`, where parts survive an interrupted run for the next to
@@ -15,7 +17,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use sha2::Digest;
@@ -28,8 +30,17 @@ use crate::error::{Error, Result};
 const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 /// `HF_HUB_DOWNLOAD_TIMEOUT`'s default in seconds, as huggingface_hub's `constants.py`.
 const DEFAULT_TIMEOUT_S: f64 = 10.0;
-/// The longest `HF_HUB_DOWNLOAD_TIMEOUT` taken: a day.
+/// The longest `HF_HUB_DOWNLOAD_TIMEOUT` (and `SINKMERGE_HUB_SPEED_TIME`) taken: a day.
 const MAX_TIMEOUT_S: f64 = 86_400.0;
+/// `SINKMERGE_HUB_MIN_SPEED`'s default, bytes a second: a body slower than this over a whole
+/// window is stopped, as curl's `--speed-limit`. A Hub download runs at megabytes a second; a
+/// kilobyte a second would take days for the smallest model.
+const DEFAULT_MIN_SPEED: u64 = 1024;
+/// The largest `SINKMERGE_HUB_MIN_SPEED` taken: a terabyte a second, more than any link.
+const MAX_MIN_SPEED: u64 = 1 << 40;
+/// `SINKMERGE_HUB_SPEED_TIME`'s default in seconds, as curl's `--speed-time`: three read
+/// timeouts, so a stall that the read timeout would end is not taken for a slow body.
+const DEFAULT_SPEED_TIME_S: f64 = 30.0;
 /// How many times an interrupted transfer is resumed within one run.
 const RETRIES: u32 = 3;
 /// The most bytes read of an API answer (a repository's file list is a few kB).
@@ -46,6 +57,10 @@ pub struct Hub {
     pub progress: bool,
     /// The connect and read timeout of every request (`HF_HUB_DOWNLOAD_TIMEOUT`).
     pub timeout: Duration,
+    /// The least speed of a body, in bytes a second (`SINKMERGE_HUB_MIN_SPEED`; 0: none)...
+    pub min_speed: u64,
+    /// ...averaged over windows this long (`SINKMERGE_HUB_SPEED_TIME`).
+    pub speed_time: Duration,
 }
 
 impl Hub {
@@ -75,13 +90,25 @@ impl Hub {
         let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
             matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
         });
-        let timeout = match var("HF_HUB_DOWNLOAD_TIMEOUT") {
-            None => DEFAULT_TIMEOUT_S,
-            Some(v) => match v.trim().parse::<f64>() {
-                Ok(s) if s > 0.0 && s <= MAX_TIMEOUT_S => s,
+        let seconds = |name: &str, default: f64| -> Result<Duration> {
+            let s = match var(name) {
+                None => default,
+                Some(v) => match v.trim().parse::<f64>() {
+                    Ok(s) if s > 0.0 && s <= MAX_TIMEOUT_S => s,
+                    _ => bail!(
+                        "{name}={v}: not a number of seconds above 0 and at most {MAX_TIMEOUT_S}"
+                    ),
+                },
+            };
+            Ok(Duration::from_secs_f64(s))
+        };
+        let min_speed = match var("SINKMERGE_HUB_MIN_SPEED") {
+            None => DEFAULT_MIN_SPEED,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(b) if b <= MAX_MIN_SPEED => b,
                 _ => bail!(
-                    "HF_HUB_DOWNLOAD_TIMEOUT={v}: not a number of seconds above 0 and at most \
-                     {MAX_TIMEOUT_S}"
+                    "SINKMERGE_HUB_MIN_SPEED={v}: not a whole number of bytes a second from 0 \
+                     (no least speed) to {MAX_MIN_SPEED}"
                 ),
             },
         };
@@ -93,7 +120,9 @@ impl Hub {
             token,
             offline,
             progress: false,
-            timeout: Duration::from_secs_f64(timeout),
+            timeout: seconds("HF_HUB_DOWNLOAD_TIMEOUT", DEFAULT_TIMEOUT_S)?,
+            min_speed,
+            speed_time: seconds("SINKMERGE_HUB_SPEED_TIME", DEFAULT_SPEED_TIME_S)?,
         })
     }
 }
@@ -427,7 +456,7 @@ impl<'a> Client<'a> {
             .call()
             .map_err(|e| self.failed(e))?;
         let mut body = Vec::new();
-        (answer.into_reader().take(MAX_ANSWER_BYTES))
+        self.paced(answer.into_reader().take(MAX_ANSWER_BYTES))
             .read_to_end(&mut body)
             .map_err(|e| self.dropped(&e))?;
         parse_repo_info(&body).map_err(|why| self.unusable("", &why))
@@ -546,7 +575,7 @@ impl<'a> Client<'a> {
             0
         };
         bar.set_position(start);
-        let mut body = answer.into_reader().take(size - start);
+        let mut body = self.paced(answer.into_reader().take(size - start));
         let mut buf = vec![0u8; 1 << 16];
         loop {
             let n = match body.read(&mut buf) {
@@ -576,10 +605,33 @@ impl<'a> Client<'a> {
         ))
     }
 
+    /// `body`, failing once it falls below the least speed.
+    fn paced<R: Read>(&self, body: R) -> Paced<R> {
+        Paced {
+            body,
+            min_speed: self.hub.min_speed,
+            window: self.hub.speed_time,
+            since: Instant::now(),
+            got: 0,
+        }
+    }
+
     /// A connection that failed while a body was read.
     fn dropped(&self, e: &std::io::Error) -> Error {
         if is_timeout(e) {
             return self.timed_out();
+        }
+        if e.get_ref().is_some_and(|inner| inner.is::<TooSlow>()) {
+            return Error::Internal(format!(
+                "{}@{}: the Hub at {} sent fewer than {} bytes a second for {} s \
+                 (SINKMERGE_HUB_MIN_SPEED, SINKMERGE_HUB_SPEED_TIME); run again to resume, or \
+                 lower SINKMERGE_HUB_MIN_SPEED for a slow link",
+                self.repo,
+                self.rev,
+                self.hub.endpoint,
+                self.hub.min_speed,
+                self.hub.speed_time.as_secs_f64()
+            ));
         }
         Error::Internal(format!(
             "{}@{}: the connection to the Hub at {} failed ({e}); run again to resume",
@@ -657,6 +709,48 @@ impl<'a> Client<'a> {
                 ))
             }
         })
+    }
+}
+
+/// A body that fails once fewer than `min_speed` bytes a second arrived over a window of at
+/// least `window`, as curl's `--speed-limit` and `--speed-time` do. A server that sends a byte
+/// now and then never trips the read timeout, which only bounds one silent read.
+struct Paced<R> {
+    body: R,
+    min_speed: u64,
+    window: Duration,
+    /// When the current window began, and the bytes read since.
+    since: Instant,
+    got: u64,
+}
+
+/// The error [`Paced`] fails with, which [`Client::dropped`] names.
+#[derive(Debug)]
+struct TooSlow;
+
+impl std::fmt::Display for TooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the body arrived below the least speed")
+    }
+}
+
+impl std::error::Error for TooSlow {}
+
+impl<R: Read> Read for Paced<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.body.read(buf)?;
+        self.got += n as u64;
+        let elapsed = self.since.elapsed();
+        if n > 0 && elapsed >= self.window {
+            // The average over the whole window: a read that blocked past its end counts
+            // its wait.
+            if (self.got as f64) < self.min_speed as f64 * elapsed.as_secs_f64() {
+                return Err(std::io::Error::other(TooSlow));
+            }
+            self.since = Instant::now();
+            self.got = 0;
+        }
+        Ok(n)
     }
 }
 
@@ -910,6 +1004,8 @@ mod tests {
             offline: false,
             progress: false,
             timeout: Duration::from_secs(1),
+            min_speed: DEFAULT_MIN_SPEED,
+            speed_time: Duration::from_secs(1),
         };
         let err = guarded::<()>("org/name", &hub, || panic!("boom")).unwrap_err();
         assert_eq!(err.exit_code(), crate::error::EXIT_FAILURE);

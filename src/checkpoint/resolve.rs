@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bail;
 use crate::error::Result;
+use crate::shell::quote;
 
 /// A resolved model reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,8 +342,8 @@ pub fn find_cached(repo: &str, revision: Option<&str>) -> Result<ModelRef> {
         bail!("{repo}@{}: {why}", rev.escape_debug());
     }
     let download = match revision {
-        Some(r) => format!("hf download {repo} --revision {r}"),
-        None => format!("hf download {repo}"),
+        Some(r) => format!("hf download {} --revision {}", quote(repo), quote(r)),
+        None => format!("hf download {}", quote(repo)),
     };
     if !repo_dir.is_dir() {
         bail!(

@@ -44,7 +44,12 @@ pub struct Args {
     pub norms: Vec<String>,
 
     /// Entries replaced per tensor (largest |gamma| first)
-    #[arg(long, default_value_t = 10, value_name = "K")]
+    #[arg(
+        long,
+        default_value_t = 10,
+        value_name = "K",
+        allow_negative_numbers = true
+    )]
     pub top_k: usize,
 
     /// Layers to ablate: `0-3,7` (0-based, inclusive ranges) or `20:28` (a half-open slice; `20:`

@@ -39,7 +39,7 @@ impl PixelData {
 /// `pixel_values` with `image_grid_thw` (Qwen-VL) or `num_patches` (InternVL) from a
 /// safetensors file, as transformers' processors return them.
 pub fn read_pixel_file(path: &Path) -> Result<PixelData> {
-    let bytes = std::fs::read(path).map_err(|e| bad!("{}: {e}", path.display()))?;
+    let bytes = crate::input::read(path, crate::input::PIXEL_VALUES)?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| bad!("{}: not a safetensors file: {e}", path.display()))?;
     let tensor = |name: &str| {
@@ -96,6 +96,27 @@ pub fn read_pixel_file(path: &Path) -> Result<PixelData> {
             path.display()
         );
     };
+    // Summed without wrapping: a grid of 1·4·(6+2⁶²) patches is 24 modulo 2⁶⁴, which the
+    // values would match before the towers allocate from the grid itself.
+    let (name, total) = match &grid {
+        Grid::Thw(g) => (
+            "image_grid_thw",
+            g.iter().try_fold(0usize, |sum, &[t, h, w]| {
+                t.checked_mul(h)?.checked_mul(w)?.checked_add(sum)
+            }),
+        ),
+        Grid::NumPatches(n) => (
+            "num_patches",
+            n.iter().try_fold(0usize, |sum, &n| sum.checked_add(n)),
+        ),
+    };
+    if total.is_none_or(|total| total > values.len()) {
+        bail!(
+            "{}: tensor `{name}` counts more rows than the {} values of `pixel_values` hold",
+            path.display(),
+            values.len()
+        );
+    }
     Ok(PixelData {
         values,
         shape: pv.shape().to_vec(),
@@ -113,6 +134,8 @@ pub struct Prompter {
     model_type: String,
     has_vision_config: bool,
     mrope_merge: Option<usize>,
+    /// The model's `max_position_embeddings`: no prompt is longer.
+    max_positions: usize,
 }
 
 impl Prompter {
@@ -146,6 +169,7 @@ impl Prompter {
                 .to_string(),
             has_vision_config: ckpt.config.get("vision_config").is_some(),
             mrope_merge,
+            max_positions: model.spec.max_position_embeddings,
         })
     }
 
@@ -170,20 +194,76 @@ impl Prompter {
         );
     }
 
-    /// The processor's output for `images` (decoded and preprocessed), or `file`'s.
-    pub fn pixels(&self, images: &[PathBuf], file: Option<PixelData>) -> Result<PixelData> {
-        self.require_tower()?;
-        match file {
-            Some(p) => Ok(p),
-            None => {
-                let p = Processor::from_dir(&self.dir)?.preprocess(images)?;
-                Ok(PixelData {
-                    values: p.values,
-                    shape: p.shape,
-                    grid: p.grid,
-                })
+    /// The processor's output for `images` (decoded and preprocessed), or that of `file`, read
+    /// from its path: checked as the processor's own would be, its shape the one the tower reads
+    /// and its values finite (a NaN would surface deep in the tower as an overflow).
+    pub fn pixels(
+        &self,
+        images: &[PathBuf],
+        file: Option<(&Path, PixelData)>,
+    ) -> Result<PixelData> {
+        let tower = self.require_tower()?;
+        let Some((path, p)) = file else {
+            let processor = Processor::from_dir(&self.dir)?;
+            self.check_processor(tower, &processor)?;
+            let p = processor.preprocess(images)?;
+            return Ok(PixelData {
+                values: p.values,
+                shape: p.shape,
+                grid: p.grid,
+            });
+        };
+        let row = tower.pixel_row_shape();
+        if p.shape.len() != row.len() + 1 || p.shape[1..] != row[..] {
+            let expected: Vec<String> = row.iter().map(usize::to_string).collect();
+            bail!(
+                "{}: tensor `pixel_values` has shape {:?}, but the model's vision tower reads \
+                 [rows, {}]",
+                path.display(),
+                p.shape,
+                expected.join(", ")
+            );
+        }
+        if let Some(i) = p.values.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{}: tensor `pixel_values` holds {} at flat index {i}",
+                path.display(),
+                p.values[i]
+            );
+        }
+        Ok(p)
+    }
+
+    /// The processor's geometry against the tower's: transformers' processor expands each image
+    /// to the tokens its own patch and merge sizes give, while the model's tower makes those of
+    /// `vision_config`, and the two must agree.
+    fn check_processor(&self, tower: &Tower, processor: &Processor) -> Result<()> {
+        let stated: Vec<(&str, usize)> = match processor {
+            Processor::Qwen2Vl(p) => vec![
+                ("patch_size", p.config.patch_size),
+                ("temporal_patch_size", p.config.temporal_patch_size),
+                ("merge_size", p.config.merge_size),
+            ],
+            Processor::GotOcr2(p) => vec![
+                ("size.height", p.config.size.height),
+                ("size.width", p.config.size.width),
+            ],
+        };
+        for (key, vision_key, tower_value) in tower.processor_geometry() {
+            let Some(&(_, value)) = stated.iter().find(|(k, _)| *k == key) else {
+                continue;
+            };
+            if value != tower_value {
+                bail!(
+                    "{}: `{key}` {value} differs from `vision_config.{vision_key}` {tower_value} \
+                     of {}; the processor and the vision tower would disagree on each image's \
+                     patches",
+                    self.dir.join("preprocessor_config.json").display(),
+                    self.dir.join("config.json").display()
+                );
             }
         }
+        Ok(())
     }
 
     /// How many tokens each image of `pixels` becomes.
@@ -194,6 +274,17 @@ impl Prompter {
     /// The token ids of `prompt` (raw, with `<image>` markers; or rendered by the chat template
     /// with `chat`), each image expanded to its `image_tokens`.
     pub fn token_ids(&self, prompt: &str, chat: bool, image_tokens: &[usize]) -> Result<Vec<u32>> {
+        let max = self.max_positions;
+        // Before the placeholders are expanded into text of that many tokens.
+        let images = (image_tokens.iter()).try_fold(0usize, |sum, &n| sum.checked_add(n));
+        if images.is_none_or(|n| n > max) {
+            bail!(
+                "the images give {} image tokens, more than the model's max_position_embeddings \
+                 {max} ({})",
+                images.map_or("over 2⁶⁴".into(), |n| n.to_string()),
+                self.dir.join("config.json").display()
+            );
+        }
         let text = match (self.placeholders, chat) {
             (Some(_), true) => self.encoder.render_with_images(prompt, IMAGE_MARKER)?,
             (Some(ph), false) => ph.raw_prompt(prompt),
@@ -207,6 +298,13 @@ impl Prompter {
         let ids = self.encoder.encode_text(&text, !chat)?;
         if ids.is_empty() {
             bail!("the prompt has no tokens");
+        }
+        if ids.len() > max {
+            bail!(
+                "the prompt has {} tokens, more than the model's max_position_embeddings {max} ({})",
+                ids.len(),
+                self.dir.join("config.json").display()
+            );
         }
         Ok(ids)
     }

@@ -55,7 +55,7 @@ pub struct Weights {
     #[arg(
         long,
         value_delimiter = ',',
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_name = "W,..."
     )]
     pub weights: Vec<f64>,
@@ -68,7 +68,7 @@ pub struct Lambda {
     #[arg(
         long = "lambda",
         default_value_t = 1.0,
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_name = "L"
     )]
     pub lambda: f64,
@@ -142,7 +142,7 @@ pub struct TiesArgs {
         long,
         required = true,
         value_delimiter = ',',
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_name = "D,..."
     )]
     pub density: Vec<f64>,
@@ -188,7 +188,7 @@ pub struct DareArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_name = "D,..."
     )]
     pub density: Vec<f64>,
@@ -196,7 +196,7 @@ pub struct DareArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        allow_negative_numbers = true,
+        allow_hyphen_values = true,
         value_name = "P,..."
     )]
     pub drop_rate: Vec<f64>,
@@ -207,7 +207,7 @@ pub struct DareArgs {
     #[arg(long, value_enum, default_value = "l1")]
     pub rescale: Rescale,
     /// Seed of the drop masks
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
     #[command(flatten)]
     pub combine: ScaledSum,
@@ -226,7 +226,7 @@ pub struct TsvArgs {
     #[command(flatten)]
     pub models: TaskModels,
     /// Scale of the merged task vector
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, allow_hyphen_values = true)]
     pub alpha: f64,
     /// Also decompose embed_tokens and lm_head, as the official code does
     #[arg(long)]
@@ -246,7 +246,7 @@ pub struct StarArgs {
     #[command(flatten)]
     pub models: TaskModels,
     /// Percent of each task vector's nuclear norm kept, in (0, 100]
-    #[arg(long, default_value_t = 40.0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 40.0, allow_hyphen_values = true)]
     pub eta: f64,
     /// Also decompose embed_tokens and lm_head
     #[arg(long)]
@@ -273,6 +273,11 @@ fn per_model(
     models: usize,
     default: Option<f64>,
 ) -> Result<Vec<Option<f64>>> {
+    // clap parses `nan` and `inf` as numbers; a weight of either would only surface as an
+    // overflow in the merged tensors (the YAML path refuses them, merge/params.rs).
+    if let Some(v) = values.iter().find(|v| !v.is_finite()) {
+        crate::bail!("--{flag}: {v} is not a finite number");
+    }
     match values.len() {
         0 => Ok(vec![default; models]),
         1 => Ok(vec![Some(values[0]); models]),
@@ -333,6 +338,14 @@ fn merge_with(
     common: &CommonArgs,
     progress: bool,
 ) -> Result<()> {
+    // As for --weights: clap parses `nan` and `inf` as numbers, which the YAML path refuses.
+    for (name, setting) in &params {
+        if let Setting::Scalar(ParamValue::Number(x)) = setting {
+            if !x.is_finite() {
+                crate::bail!("--{}: {x} is not a finite number", name.replace('_', "-"));
+            }
+        }
+    }
     let mut warnings = Vec::new();
     let method = merge::method(method).expect("registered");
     let tokenizer = common

@@ -9,6 +9,7 @@ pub mod heads;
 pub mod image_prompt;
 pub mod inject_qknorm;
 pub mod inspect;
+pub mod manifest;
 pub mod merge;
 pub mod methods;
 pub mod norms;

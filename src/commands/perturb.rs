@@ -43,7 +43,7 @@ pub struct Args {
     pub target: String,
 
     /// Seed of the noise
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
 
     #[command(flatten)]

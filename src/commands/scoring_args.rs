@@ -19,16 +19,27 @@ pub struct ScoringArgs {
 
     /// Draw N prompts from the built-in pool of 100 instead (kept apart from the 15 defaults, as
     /// the paper's N-sweep pool is, Appendix D.1; `--n 100` takes the whole pool)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub n: Option<usize>,
 
     /// Seed of the --n draw (SplitMix64, docs/reference/sink-metrics.md; the same N and seed give
     /// the same prompts everywhere)
-    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "n")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        requires = "n",
+        allow_negative_numbers = true
+    )]
     pub seed: u64,
 
     /// Window: the last K decoder layers (all layers if the model has fewer). Paper: 10
-    #[arg(long, value_name = "K", default_value_t = 10)]
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 10,
+        allow_negative_numbers = true
+    )]
     pub last: usize,
 
     /// Render each prompt with the tokenizer's chat template as one user message with the
@@ -55,7 +66,7 @@ pub struct ScoringArgs {
     /// By default the next layer is read and decoded while one computes, two layers at most;
     /// under one layer more than the largest layer, less is read ahead, and nothing at one layer
     /// or less
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, allow_negative_numbers = true)]
     pub max_memory: Option<u64>,
 }
 

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::arch::layer_list::LayerList;
 use crate::bail;
-use crate::checkpoint::output::{check_report_file, write_file_atomic};
+use crate::checkpoint::output::{write_file_atomic, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::{Backend, Precision};
@@ -154,10 +154,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let pixel_file = args
         .pixel_values
         .as_deref()
-        .map(read_pixel_file)
+        .map(|path| read_pixel_file(path).map(|p| (path, p)))
         .transpose()?;
     let images = match &pixel_file {
-        Some(p) => p.images(),
+        Some((_, p)) => p.images(),
         None => args.image.len(),
     };
     if markers != images {
@@ -168,15 +168,16 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         bail!("the prompt has {markers} `{IMAGE_MARKER}` marker(s) but {given}");
     }
     for image in &args.image {
-        if !image.is_file() {
-            bail!("{}: no such image file", image.display());
-        }
+        crate::input::check(image, crate::input::IMAGE)?;
     }
     let ckpt = Checkpoint::open_ref(&args.model)?;
     let mut inputs: Vec<&Path> = vec![ckpt.dir.as_path()];
     inputs.extend(args.image.iter().map(PathBuf::as_path));
     inputs.extend(args.pixel_values.as_deref());
-    check_report_file(&args.output, &inputs)?;
+    Outputs::new(false)
+        .output("-o", Some(&args.output), OutputKind::File)
+        .inputs("input", inputs.iter().copied())
+        .check()?;
     let model = Model::new(&ckpt)?;
     let layers = match &args.layers {
         Some(list) => list.resolve(model.spec.num_layers())?,
@@ -193,6 +194,11 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         None => Vec::new(),
     };
     let ids = prompter.token_ids(&args.prompt, args.chat, &image_tokens)?;
+    crate::forward::memory::check(
+        capture::peak_bytes(&model.spec, ids.len(), &args.capture, layers.len()),
+        &format!("tracing {} tokens", ids.len()),
+        "keep fewer layers with --layers, or fewer kinds with --capture",
+    )?;
     let prompt = prompter.prompt(ids, pixels.as_ref())?;
     let tokens = prompt.ids.len();
     let job = TraceJob {

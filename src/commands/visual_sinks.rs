@@ -5,15 +5,15 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::arch::layer_list::LayerList;
-use crate::checkpoint::output::{check_destination, write_file_atomic, OutputDir};
+use crate::checkpoint::output::{write_file_atomic, OutputDir, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::{Backend, Precision};
 use crate::forward::decoder::{KeyStage, Model};
 use crate::forward::device::{BackendJob, ComputeDevice};
+use crate::forward::model::DecoderSpec;
 use crate::forward::vlm::{image_rows, Placeholders, IMAGE_MARKER};
 use crate::image::{Grid, Processor};
 use crate::report::json_text;
@@ -24,6 +24,8 @@ use crate::sink::visual::{self, ImageReport, ImageTokens, Measured, Measurement,
 use crate::{bad, bail};
 
 use super::image_prompt::{read_pixel_file, PixelData, Prompter};
+use super::manifest::{self, Entry as Item};
+use crate::input;
 
 /// `sinkmerge visual-sinks --help`.
 pub const LONG_ABOUT: &str = "Measure the visual attention sinks of a VLM on images: the few \
@@ -66,12 +68,13 @@ pub struct Args {
     pub prompt: Option<String>,
 
     /// One JSON object a line: `image`, `question` or `prompt`, optional `box` and
-    /// `pixel_values` (paths relative to the manifest)
+    /// `pixel_values` (paths relative to the manifest); `-` reads standard input
     #[arg(long, value_name = "FILE.jsonl", conflicts_with_all = ["image", "pixel_values", "target_box"])]
     pub manifest: Option<PathBuf>,
 
     /// The target box `x0,y0,x1,y1` in the image's pixels (one image); sinks lie outside it
-    #[arg(long = "box", value_name = "X0,Y0,X1,Y1", value_parser = parse_box)]
+    #[arg(long = "box", value_name = "X0,Y0,X1,Y1", value_parser = parse_box,
+          allow_hyphen_values = true)]
     pub target_box: Option<[f64; 4]>,
 
     /// Take the processor's output from this safetensors file (`pixel_values` with
@@ -84,11 +87,11 @@ pub struct Args {
     pub layers: Option<LayerList>,
 
     /// A visual sink takes at least this many times the uniform share of the image's attention
-    #[arg(long, value_name = "X", default_value_t = 100.0, value_parser = parse_ratio)]
+    #[arg(long, value_name = "X", default_value_t = 100.0, value_parser = parse_ratio, allow_hyphen_values = true)]
     pub ratio: f64,
 
     /// The gate: image tokens whose centred key cosine with the text sink is at least this
-    #[arg(long, value_name = "COS", default_value_t = 0.5, value_parser = parse_gate)]
+    #[arg(long, value_name = "COS", default_value_t = 0.5, value_parser = parse_gate, allow_hyphen_values = true)]
     pub gate: f64,
 
     /// The keys the cosines use and the edit acts on: before or after RoPE
@@ -108,7 +111,7 @@ pub struct Args {
     pub controls: bool,
 
     /// Seed of the controls and of align's token choice
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
 
     /// Arithmetic of the forward pass: f32, or transformers' bf16 path
@@ -132,7 +135,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
 
-    /// Replace a non-empty --plot directory
+    /// Replace a --plot directory of earlier figures (one that holds only SVG, HTML, PNG, JSON and
+    /// CSV files; any other folder, the working folder and $HOME are refused)
     #[arg(long)]
     pub force: bool,
 }
@@ -203,77 +207,11 @@ fn parse_gate(s: &str) -> std::result::Result<f64, String> {
     Ok(g)
 }
 
-/// One prompt to measure, as the command line or a manifest line gives it.
-struct Item {
-    /// Where it came from, for messages: `--question`, or `FILE:LINE`.
-    origin: String,
-    images: Vec<PathBuf>,
-    text: String,
-    chat: bool,
-    target_box: Option<[f64; 4]>,
-    pixel_values: Option<PathBuf>,
-}
-
-fn manifest_items(path: &Path) -> Result<Vec<Item>> {
-    let text = std::fs::read_to_string(path).map_err(|e| bad!("{}: {e}", path.display()))?;
-    let dir = path.parent().unwrap_or(Path::new(""));
-    let mut items = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let origin = format!("{}:{}", path.display(), n + 1);
-        let value: Value =
-            serde_json::from_str(line).map_err(|e| bad!("{origin}: not a JSON object: {e}"))?;
-        let Value::Object(obj) = value else {
-            bail!("{origin}: not a JSON object");
-        };
-        let images: Vec<PathBuf> = match obj.get("image") {
-            Some(Value::String(s)) => vec![dir.join(s)],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(|s| dir.join(s)))
-                .collect::<Option<_>>()
-                .ok_or_else(|| bad!("{origin}: `image` must be a path or a list of paths"))?,
-            _ => bail!("{origin}: `image` (a path) is missing"),
-        };
-        let (text, chat) = match (obj.get("question"), obj.get("prompt")) {
-            (Some(Value::String(q)), None) => (q.clone(), true),
-            (None, Some(Value::String(p))) => (p.clone(), false),
-            _ => bail!("{origin}: give exactly one of `question` and `prompt`, as a string"),
-        };
-        let target_box = match obj.get("box") {
-            None | Some(Value::Null) => None,
-            Some(b) => Some(
-                serde_json::from_value::<[f64; 4]>(b.clone())
-                    .map_err(|_| bad!("{origin}: `box` must be [x0, y0, x1, y1]"))?,
-            ),
-        };
-        let pixel_values = match obj.get("pixel_values") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(p)) => Some(dir.join(p)),
-            _ => bail!("{origin}: `pixel_values` must be a path"),
-        };
-        items.push(Item {
-            origin,
-            images,
-            text,
-            chat,
-            target_box,
-            pixel_values,
-        });
-    }
-    if items.is_empty() {
-        bail!("{}: the manifest has no lines", path.display());
-    }
-    Ok(items)
-}
-
 /// The items of the command line or the manifest, checked without the model: images exist,
 /// markers match, boxes lie in their image.
 fn items(args: &Args) -> Result<Vec<Item>> {
     let items = match (&args.manifest, &args.question, &args.prompt) {
-        (Some(m), _, _) => manifest_items(m)?,
+        (Some(m), _, _) => manifest::read(m)?,
         (None, Some(q), None) => vec![Item {
             origin: "--question".into(),
             images: args.image.clone(),
@@ -298,9 +236,10 @@ fn items(args: &Args) -> Result<Vec<Item>> {
             bail!("{o}: no image was given (--image FILE)");
         }
         for image in &item.images {
-            if !image.is_file() {
-                bail!("{o}: {}: no such image file", image.display());
-            }
+            input::check(image, input::IMAGE).map_err(|e| e.context(o))?;
+        }
+        if let Some(p) = &item.pixel_values {
+            input::check(p, input::PIXEL_VALUES).map_err(|e| e.context(o))?;
         }
         if item.chat {
             if item.images.len() != 1 {
@@ -348,28 +287,29 @@ fn image_size(path: &Path) -> Result<(u32, u32)> {
     Ok(crate::image::decode::load_rgb(path, true)?.dimensions())
 }
 
-/// One item ready to run: its token ids, pixels, image token positions and geometry.
+/// One item ready to run: its token ids, image token positions and geometry. Its pixels are
+/// held apart, by its own pass only, so that a manifest holds one line's pixels at a time.
 struct Prepared {
     item: Item,
     ids: Vec<u32>,
-    pixels: PixelData,
     question: std::ops::Range<usize>,
     images: Vec<ImageTokens>,
     regions: Vec<Vec<TokenRegion>>,
 }
 
-/// Tokenize `item`, find its image blocks and question rows, and place its tokens.
+/// Read `item`'s pixels, tokenize it, find its image blocks and question rows, and place its
+/// tokens.
 fn prepare(
     item: Item,
     prompter: &Prompter,
     processor: &Processor,
     merge: usize,
-) -> Result<Prepared> {
+) -> Result<(Prepared, PixelData)> {
     let o = item.origin.clone();
     let file = item
         .pixel_values
         .as_deref()
-        .map(read_pixel_file)
+        .map(|path| read_pixel_file(path).map(|p| (path, p)))
         .transpose()?;
     let pixels = prompter.pixels(&item.images, file)?;
     if pixels.images() != item.images.len() {
@@ -440,57 +380,71 @@ fn prepare(
         });
         regions.push(r);
     }
-    Ok(Prepared {
-        item,
-        ids,
+    Ok((
+        Prepared {
+            item,
+            ids,
+            question,
+            images,
+            regions,
+        },
         pixels,
-        question,
-        images,
-        regions,
-    })
+    ))
 }
 
-/// The job `--device` runs: every prompt in turn.
+/// The job `--device` runs: every prompt in turn, each prepared (its pixels read) just before
+/// its passes.
 struct Job<'a> {
     model: &'a Model<'a>,
     prompter: &'a Prompter,
-    prepared: &'a [Prepared],
+    processor: &'a Processor,
+    merge: usize,
+    items: Vec<Item>,
     settings: &'a Settings,
     progress: bool,
 }
 
 impl BackendJob for Job<'_> {
-    type Output = Vec<Measurement>;
+    type Output = Vec<(Prepared, Measurement)>;
 
-    fn run<B: Backend>(self, backend: &B) -> Result<Vec<Measurement>> {
+    fn run<B: Backend>(self, backend: &B) -> Result<Vec<(Prepared, Measurement)>> {
         let passes = 1 + match (self.settings.edit, self.settings.controls) {
             (EditKind::None, _) => 0,
             (_, false) => 1,
             (_, true) => 2,
         };
-        let steps = self.prepared.len() * (passes * (self.model.spec.num_layers() + 1) + 1);
+        let steps = self.items.len() * (passes * (self.model.spec.num_layers() + 1) + 1);
         let bar = crate::progress::items(steps as u64, "visual-sinks", self.progress);
         let mut out = Vec::new();
-        for p in self.prepared {
+        for item in self.items {
+            let (p, pixels) = prepare(item, self.prompter, self.processor, self.merge)?;
+            check_memory(&self.model.spec, &p)?;
             let measured = Measured {
-                prompt: self.prompter.prompt(p.ids.clone(), Some(&p.pixels))?,
+                prompt: self.prompter.prompt(p.ids.clone(), Some(&pixels))?,
                 question: p.question.clone(),
                 images: p.images.clone(),
             };
-            out.push(visual::measure(
-                backend,
-                self.model,
-                &measured,
-                self.settings,
-                |stage| {
-                    bar.set_message(stage.to_string());
-                    bar.inc(1);
-                },
-            )?);
+            let m = visual::measure(backend, self.model, &measured, self.settings, |stage| {
+                bar.set_message(stage.to_string());
+                bar.inc(1);
+            })?;
+            out.push((p, m));
         }
         bar.finish_and_clear();
         Ok(out)
     }
+}
+
+/// Refuse `p` when its passes need more memory than is free: one layer's attention in flight
+/// and the question's rows of every head's scores and probabilities.
+fn check_memory(spec: &DecoderSpec, p: &Prepared) -> Result<()> {
+    let seq = p.ids.len();
+    let rows = 2.0 * spec.num_heads as f64 * 4.0 * (p.question.len() * seq) as f64;
+    crate::forward::memory::check(
+        crate::forward::memory::attention_scratch(spec, seq) + rows,
+        &format!("{}: a forward pass over {seq} tokens", p.item.origin),
+        "use a shorter prompt or smaller images",
+    )
 }
 
 /// One image in the JSON report.
@@ -530,11 +484,10 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if args.median_target && args.edit != EditKind::Remove {
         bail!("--median-target applies to --edit remove");
     }
-    let outputs: Vec<(&str, &Path)> = [("--csv", &args.csv), ("--plot", &args.plot)]
-        .into_iter()
-        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-        .collect();
-    crate::cli::check_output_paths(&outputs, &[])?;
+    let outputs = Outputs::new(args.force)
+        .output("--csv", args.csv.as_deref(), OutputKind::File)
+        .output("--plot", args.plot.as_deref(), OutputKind::Figures);
+    outputs.check_before_inputs()?;
     let items = items(&args)?;
     let ckpt = Checkpoint::open_ref(&args.model)?;
     let mut input_paths: Vec<PathBuf> = vec![ckpt.dir.clone()];
@@ -542,12 +495,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     input_paths.extend(items.iter().filter_map(|i| i.pixel_values.clone()));
     input_paths.extend(args.manifest.clone());
     let inputs: Vec<&Path> = input_paths.iter().map(PathBuf::as_path).collect();
-    if let Some(csv) = &args.csv {
-        crate::checkpoint::output::check_report_file(csv, &inputs)?;
-    }
-    if let Some(dir) = &args.plot {
-        check_destination(dir, &inputs, args.force)?;
-    }
+    outputs.inputs("input", inputs.iter().copied()).check()?;
     let model = Model::new(&ckpt)?;
     let prompter = Prompter::new(&ckpt, &model, items.iter().any(|i| i.chat))?;
     prompter.require_tower()?;
@@ -558,18 +506,17 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .and_then(|v| v.as_u64())
         .unwrap_or(2) as usize;
     let settings = args.settings(model.spec.num_layers())?;
-    let prepared = items
-        .into_iter()
-        .map(|item| prepare(item, &prompter, &processor, merge))
-        .collect::<Result<Vec<_>>>()?;
     let job = Job {
         model: &model,
         prompter: &prompter,
-        prepared: &prepared,
+        processor: &processor,
+        merge,
+        items,
         settings: &settings,
         progress,
     };
-    let (measurements, _gpu) = args.device.run(args.precision, job)?;
+    let (measured, _gpu) = args.device.run(args.precision, job)?;
+    let (prepared, measurements): (Vec<Prepared>, Vec<Measurement>) = measured.into_iter().unzip();
 
     let mut images = Vec::new();
     for (pi, (p, m)) in prepared.iter().zip(&measurements).enumerate() {
@@ -605,7 +552,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         write_file_atomic(csv, render_csv(&report).as_bytes())?;
     }
     if let Some(dir) = &args.plot {
-        let out = OutputDir::create(dir, &inputs, args.force)?;
+        let out = OutputDir::create(dir, OutputKind::Figures, &inputs, args.force)?;
         for (name, svg) in figures(&report, &prepared)? {
             out.write_file(&name, svg.as_bytes())?;
         }
@@ -893,6 +840,7 @@ fn figures(r: &Report, prepared: &[Prepared]) -> Result<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use serde_json::Value;
 
     use super::*;
     use crate::forward::backend::cpu::CpuBackend;
@@ -950,19 +898,21 @@ mod tests {
         let model = Model::new(&ckpt).unwrap();
         let prompter = Prompter::new(&ckpt, &model, true).unwrap();
         let processor = Processor::from_dir(&ckpt.dir).unwrap();
-        let prepared: Vec<Prepared> = items
-            .into_iter()
-            .map(|i| prepare(i, &prompter, &processor, 2).unwrap())
-            .collect();
         let settings = args.settings(model.spec.num_layers()).unwrap();
         let job = Job {
             model: &model,
             prompter: &prompter,
-            prepared: &prepared,
+            processor: &processor,
+            merge: 2,
+            items,
             settings: &settings,
             progress: false,
         };
-        job.run(backend).unwrap()
+        job.run(backend)
+            .unwrap()
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect()
     }
 
     fn max_diff(a: &[f32], b: &[f64]) -> f64 {

@@ -7,10 +7,13 @@ use std::str::FromStr;
 
 use super::backend::Backend;
 use super::decoder::{HeadView, Model, State};
+use super::memory;
+use super::model::DecoderSpec;
 use super::vision::{ImageFeatures, Pixels, Tower};
 use super::vlm;
+use crate::bail;
+use crate::checkpoint::header::{self, TensorInfo};
 use crate::error::{Error, Result};
-use crate::{bad, bail};
 
 /// What `--capture` can keep. Per-layer kinds are kept for the `--layers` chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -242,6 +245,38 @@ pub fn after_layer<B: Backend>(
     Ok(())
 }
 
+/// The bytes [`run`] then [`to_safetensors`] hold at their peak for a prompt of `seq` tokens,
+/// keeping `capture` for `layers` decoder layers: the kept tensors, up to twice their size again
+/// while the file's bytes are made from them, one layer's attention in flight, and the working
+/// rows.
+pub fn peak_bytes(spec: &DecoderSpec, seq: usize, capture: &CaptureSet, layers: usize) -> f64 {
+    let (seq_f, layers_f) = (seq as f64, layers as f64);
+    let rows = |width: usize| 4.0 * seq_f * width as f64;
+    let mut kept = 0.0;
+    if capture.has(Capture::Attentions) {
+        kept += layers_f * spec.num_heads as f64 * memory::square_f32(seq);
+    }
+    for c in [Capture::Keys, Capture::Values, Capture::KeysPreRope] {
+        if capture.has(c) {
+            kept += layers_f * rows(spec.num_kv_heads * spec.head_dim);
+        }
+    }
+    if capture.has(Capture::HiddenStates) {
+        kept += (layers_f + 1.0) * rows(spec.hidden_size);
+    }
+    if capture.has(Capture::Logits) {
+        kept += rows(spec.vocab_size);
+    }
+    let in_flight = memory::attention_scratch(spec, seq)
+        + if capture.has(Capture::Attentions) {
+            spec.num_heads as f64 * memory::square_f32(seq)
+        } else {
+            0.0
+        };
+    let working = rows(4 * spec.hidden_size + 3 * spec.intermediate_size) + rows(spec.vocab_size);
+    3.0 * kept + in_flight + working
+}
+
 /// Run `prompt` through `model` on `backend` (the tower first when it has images) and keep what
 /// `capture` names; per-layer kinds for `layers` (decoder layer indices). `hidden_states.L` is
 /// the input of layer L and `hidden_states.{L+1}` its output, for each chosen L; the last one is
@@ -393,34 +428,41 @@ pub fn run<B: Backend>(
     Ok(kept)
 }
 
-/// The kept tensors as one safetensors file's bytes, in name order.
+/// The kept tensors as one safetensors file's bytes: laid out as the reference writer lays them
+/// (the widest dtype first, then by name), under a header whose metadata keys are sorted, so that
+/// the same trace gives the same bytes run after run.
 pub fn to_safetensors(kept: &[Kept], metadata: Vec<(String, String)>) -> Result<Vec<u8>> {
-    let bytes: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = kept
-        .iter()
-        .map(|k| {
-            let (dtype, data) = match &k.values {
-                Values::F32(v) => (
-                    safetensors::Dtype::F32,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-                Values::I64(v) => (
-                    safetensors::Dtype::I64,
-                    v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-            };
-            (k.name.clone(), dtype, k.shape.clone(), data)
-        })
-        .collect();
-    let views = bytes
-        .iter()
-        .map(|(name, dtype, shape, data)| {
-            safetensors::tensor::TensorView::new(*dtype, shape.clone(), data)
-                .map(|v| (name.clone(), v))
-                .map_err(|e| bad!("tensor `{name}`: {e}"))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let metadata = (!metadata.is_empty()).then(|| metadata.into_iter().collect());
-    safetensors::tensor::serialize(views, metadata).map_err(|e| bad!("safetensors: {e}"))
+    let dtype = |k: &Kept| match k.values {
+        Values::F32(_) => safetensors::Dtype::F32,
+        Values::I64(_) => safetensors::Dtype::I64,
+    };
+    let mut order: Vec<&Kept> = kept.iter().collect();
+    order.sort_by(|a, b| dtype(b).cmp(&dtype(a)).then_with(|| a.name.cmp(&b.name)));
+    let mut infos = Vec::with_capacity(order.len());
+    let mut end = 0;
+    for k in &order {
+        let begin = end;
+        end += match &k.values {
+            Values::F32(v) => v.len() * 4,
+            Values::I64(v) => v.len() * 8,
+        };
+        infos.push(TensorInfo {
+            name: k.name.clone(),
+            dtype: dtype(k),
+            shape: k.shape.clone(),
+            begin,
+            end,
+        });
+    }
+    let mut out = header::serialize(&infos, &metadata.into_iter().collect())?;
+    out.reserve(end);
+    for k in order {
+        match &k.values {
+            Values::F32(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+            Values::I64(v) => out.extend(v.iter().flat_map(|x| x.to_le_bytes())),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

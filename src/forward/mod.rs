@@ -9,6 +9,7 @@
 //!   visitors, never stored for all layers; [`decoder::trace`] keeps everything for parity tests.
 //! - [`vision`]: the VLMs' vision towers, one file per family, over the same backend.
 //! - [`capture`]: one full forward pass keeping the activations `trace` writes.
+//! - [`memory`]: the host memory a pass over a long prompt will hold, checked before it runs.
 //! - [`vlm`]: a VLM prompt as its processor builds it: placeholders and M-RoPE positions.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.
 
@@ -16,6 +17,7 @@ pub mod backend;
 pub mod capture;
 pub mod decoder;
 pub mod device;
+pub mod memory;
 pub mod model;
 pub mod rope;
 pub mod vision;

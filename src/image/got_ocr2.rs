@@ -46,6 +46,10 @@ fn twelve() -> usize {
     12
 }
 
+/// The most tiles an image is cut into: the tiling looks at max_patches² grids, and 256 is over
+/// 20 times the processor's default of 12.
+pub const MAX_PATCHES: usize = 256;
+
 /// A GotOcr2 processor with its config checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GotOcr2 {
@@ -57,10 +61,42 @@ pub struct GotOcr2 {
 
 impl GotOcr2 {
     pub fn from_config(config: Config, image_seq_length: usize, path: &Path) -> Result<Self> {
-        if config.size.height == 0 || config.size.width == 0 {
+        let TileSize { height, width } = config.size;
+        if height == 0 || width == 0 {
             bail!(
                 "{}: size.height and size.width must be positive",
                 path.display()
+            );
+        }
+        // The bounds that keep the tiling and its output finite (docs/reference/images.md,
+        // "Bounds"): a tile and the canvas of tiles no larger than the decoder reads, and the
+        // grids looked at (max_patches² of them) few.
+        let tile = height.checked_mul(width).map(|a| a as u64);
+        if tile.is_none_or(|a| a > decode::MAX_PIXELS) {
+            bail!(
+                "{}: size {width}x{height} is more than the {} pixels an image may have \
+                 (PIL's decompression-bomb limit)",
+                path.display(),
+                decode::MAX_PIXELS
+            );
+        }
+        let tile = tile.unwrap_or(u64::MAX);
+        if config.min_patches == 0 || config.min_patches > config.max_patches {
+            bail!(
+                "{}: min_patches {} must be at least 1 and at most max_patches {}",
+                path.display(),
+                config.min_patches,
+                config.max_patches
+            );
+        }
+        let canvas = (config.max_patches as u64).checked_mul(tile);
+        if config.max_patches > MAX_PATCHES || canvas.is_none_or(|a| a > decode::MAX_PIXELS) {
+            bail!(
+                "{}: max_patches {} is more than {MAX_PATCHES}, or its canvas of {width}x{height} \
+                 tiles more than the {} pixels an image may have",
+                path.display(),
+                config.max_patches,
+                decode::MAX_PIXELS
             );
         }
         let to_float = ToFloat::new(&config.common, path)?;

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::bail;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A processor's output for a batch of images, as transformers' `BatchFeature`.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,7 +131,7 @@ impl InternVl {
 }
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let bytes = std::fs::read(path).map_err(|e| Error::read(path, e))?;
+    let bytes = crate::input::read(path, crate::input::PROCESSOR_CONFIG)?;
     serde_json::from_slice(&bytes).map_err(|e| crate::bad!("{}: {e}", path.display()))
 }
 
@@ -217,12 +217,38 @@ impl ToFloat {
                 common.resample
             );
         }
-        Ok(ToFloat {
+        let to_float = ToFloat {
             rescale: common.do_rescale.then_some(common.rescale_factor),
             normalize: common
                 .do_normalize
                 .then(|| (common.image_mean.to_f32(), common.image_std.to_f32())),
-        })
+        };
+        // normalize divides by the std: a zero (or one so small that a pixel's quotient leaves
+        // f32) would make every pixel value NaN or Inf, which the tower reports as an overflow.
+        let finite = (0..3).all(|c| [0, 255].iter().all(|&v| to_float.apply(v, c).is_finite()));
+        if !finite {
+            let rescaled = |r: f64| ((255.0 * r) as f32).is_finite();
+            let key = match to_float.normalize {
+                _ if !to_float.rescale.is_none_or(rescaled) => "rescale_factor",
+                Some((mean, _)) if !mean.iter().all(|m| m.is_finite()) => "image_mean",
+                _ => "image_std",
+            };
+            let show = |p: PerChannel| match p {
+                PerChannel::All(v) => v.to_string(),
+                PerChannel::Each(v) => format!("{v:?}"),
+            };
+            let value = match key {
+                "rescale_factor" => common.rescale_factor.to_string(),
+                "image_mean" => show(common.image_mean),
+                _ => show(common.image_std),
+            };
+            bail!(
+                "{}: `{key}` {value} makes pixel values NaN or Inf (normalize divides by \
+                 image_std, which must be non-zero)",
+                path.display()
+            );
+        }
+        Ok(to_float)
     }
 
     fn apply(&self, value: u8, channel: usize) -> f32 {

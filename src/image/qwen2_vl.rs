@@ -66,10 +66,58 @@ impl Qwen2Vl {
                 path.display()
             );
         };
+        let name = |legacy: Option<u64>, legacy_name, size_name| match legacy {
+            Some(_) => legacy_name,
+            None => size_name,
+        };
+        let min_name = name(config.min_pixels, "min_pixels", "size.shortest_edge");
+        let max_name = name(config.max_pixels, "max_pixels", "size.longest_edge");
         if config.patch_size == 0 || config.merge_size == 0 || config.temporal_patch_size == 0 {
             bail!(
                 "{}: patch_size, merge_size and temporal_patch_size must be positive",
                 path.display()
+            );
+        }
+        // The bounds that keep the resize and its output finite (docs/reference/images.md,
+        // "Bounds"): no larger image than the decoder reads, a merged patch no larger than
+        // that, and the f32 output within the `--pixel-values` cap.
+        if max_pixels > decode::MAX_PIXELS {
+            bail!(
+                "{}: {max_name} {max_pixels} is more than the {} pixels an image may have \
+                 (PIL's decompression-bomb limit)",
+                path.display(),
+                decode::MAX_PIXELS
+            );
+        }
+        if min_pixels > max_pixels {
+            bail!(
+                "{}: {min_name} {min_pixels} is more than {max_name} {max_pixels}",
+                path.display()
+            );
+        }
+        let factor = config.patch_size.checked_mul(config.merge_size);
+        if factor
+            .and_then(|f| f.checked_mul(f))
+            .is_none_or(|a| a as u64 > max_pixels)
+        {
+            bail!(
+                "{}: patch_size {} · merge_size {} squared is more than {max_name} {max_pixels}: \
+                 one merged patch would not fit the largest image",
+                path.display(),
+                config.patch_size,
+                config.merge_size
+            );
+        }
+        let output = (config.temporal_patch_size as u64)
+            .checked_mul(max_pixels)
+            .and_then(|v| v.checked_mul(3 * 4));
+        if output.is_none_or(|bytes| bytes > crate::input::PIXEL_VALUES.bytes) {
+            bail!(
+                "{}: temporal_patch_size {} makes the output of a {max_name} {max_pixels} image \
+                 larger than the {} a processor's output may be",
+                path.display(),
+                config.temporal_patch_size,
+                crate::report::human_bytes(crate::input::PIXEL_VALUES.bytes)
             );
         }
         let to_float = ToFloat::new(&config.common, path)?;

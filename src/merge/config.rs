@@ -20,6 +20,7 @@ use super::params::{yaml_repr, Scope, Setting, Settings};
 use super::{method, method_names, MergeMethod};
 use crate::dtype::{parse_float_dtype, torch_name};
 use crate::error::Result;
+use crate::shell::quote;
 use crate::{bad, bail};
 
 /// One input model and its per-model parameter settings.
@@ -360,17 +361,17 @@ fn repair_heads_recipe(top: &Mapping) -> String {
         _ => k.to_ascii_uppercase(),
     };
     let into_vlm = match top.get("into_vlm") {
-        Some(Yaml::String(v)) => format!(" --into-vlm {v}"),
+        Some(Yaml::String(v)) => format!(" --into-vlm {}", quote(v)),
         _ => String::new(),
     };
     format!(
         "this is a repair-heads recipe (`method: repair_heads`), not a merge config; replay it \
          with `sinkmerge repair-heads --ref {} {} --heads {} --modules {} --lambda {}{into_vlm} -o OUT`",
-        text("reference"),
-        text("target"),
-        text("heads"),
-        text("modules"),
-        text("lambda"),
+        quote(&text("reference")),
+        quote(&text("target")),
+        quote(&text("heads")),
+        quote(&text("modules")),
+        quote(&text("lambda")),
     )
 }
 

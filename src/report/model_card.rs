@@ -19,6 +19,7 @@ use crate::checkpoint::resolve::HubRef;
 use crate::checkpoint::rewrite::ExtraFile;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
+use crate::shell::quote;
 
 /// The card's file name in the output directory.
 pub const FILE: &str = "README.md";
@@ -200,7 +201,7 @@ impl ModelCard {
         text += &self
             .replay
             .iter()
-            .map(|w| shell_word(w))
+            .map(|w| quote(w))
             .collect::<Vec<_>>()
             .join(" ");
         text += "\n```\n";
@@ -221,19 +222,6 @@ impl ModelCard {
 impl ExtraFile for ModelCard {
     fn write_into(&self, out: &OutputDir) -> Result<()> {
         self.write(out)
-    }
-}
-
-/// `word` as one POSIX shell word: as is when it is plain, else single-quoted.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:@,=+%".contains(c));
-    if plain {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 
@@ -323,13 +311,5 @@ mod tests {
             "| source | `{}` | local directory |",
             path.display()
         )));
-    }
-
-    #[test]
-    fn shell_words_are_quoted_when_needed() {
-        assert_eq!(shell_word("Org/Name@abc"), "Org/Name@abc");
-        assert_eq!(shell_word("a b"), "'a b'");
-        assert_eq!(shell_word("it's"), "'it'\\''s'");
-        assert_eq!(shell_word(""), "''");
     }
 }

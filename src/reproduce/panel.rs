@@ -13,6 +13,10 @@ use crate::error::Result;
 use crate::report::plot::Scatter;
 use crate::{bad, bail};
 
+/// The longest pair name: it is a folder name, and the writer's temporary names beside it
+/// (`.NAME.sinkmerge-partial-PID-…`) must stay within the file system's 255 bytes.
+pub const MAX_NAME: usize = 100;
+
 /// One row of the panel CSV.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pair {
@@ -27,11 +31,9 @@ pub struct Pair {
 /// Read the panel: a header with `name`, `ref`, `vlm` and optionally `base` and `delta`; one
 /// pair per line. Names become folder names, so they are plain and unique.
 pub fn load(path: &Path) -> Result<Vec<Pair>> {
-    let text = std::fs::read_to_string(path).map_err(|source| crate::error::Error::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::input::read(path, crate::input::PANEL)?;
     let source = path.display().to_string();
+    let text = String::from_utf8(bytes).map_err(|_| bad!("{source}: the panel is not UTF-8"))?;
     let mut lines = text
         .lines()
         .enumerate()
@@ -42,6 +44,11 @@ pub fn load(path: &Path) -> Result<Vec<Pair>> {
         .into_iter()
         .map(|h| h.trim().to_lowercase())
         .collect();
+    for (i, h) in header.iter().enumerate() {
+        if header[..i].contains(h) {
+            bail!("{source}:{header_line}: the header names the column `{h}` twice");
+        }
+    }
     let column = |name: &str| header.iter().position(|h| h == name);
     let (Some(name_col), Some(ref_col), Some(vlm_col)) =
         (column("name"), column("ref"), column("vlm"))
@@ -69,6 +76,13 @@ pub fn load(path: &Path) -> Result<Vec<Pair>> {
                 .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         {
             bail!("{source}:{line}: the name `{name}` is also a folder name: use letters, digits, `-`, `_` and `.`");
+        }
+        if name.len() > MAX_NAME {
+            bail!(
+                "{source}:{line}: the name `{name}` is {} bytes, longer than the {MAX_NAME} a pair's \
+                 folder name may be",
+                name.len()
+            );
         }
         if [
             super::PANEL,

@@ -15,7 +15,7 @@ use rand::{RngCore, SeedableRng};
 use rand_xoshiro::SplitMix64;
 
 use crate::bail;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The 15 default prompts.
 pub const DEFAULT: &str = include_str!("../../assets/prompts/default.txt");
@@ -121,16 +121,11 @@ pub fn draw(n: usize, seed: u64) -> Result<Vec<String>> {
     Ok(picked.into_iter().map(|i| pool[i].clone()).collect())
 }
 
-/// Prompts from a file.
+/// Prompts from a file, or from standard input for `-` (docs/reference/checkpoints.md, "Input
+/// files and their caps").
 pub fn read_file(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            crate::bad!("{}: prompt file is missing", path.display())
-        } else {
-            Error::read(path, e)
-        }
-    })?;
-    parse(&text, &path.display().to_string())
+    let text = crate::input::read_stream_text(path, crate::input::PROMPTS)?;
+    parse(&text, &crate::input::shown(path).display().to_string())
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@ pub struct TextEncoder {
 struct ChatTemplate {
     source: String,
     origin: TemplateSource,
+    /// The file it came from, which errors name.
+    file: PathBuf,
     /// bos_token, eos_token, ... as the template sees them.
     special_tokens: Vec<(String, String)>,
 }
@@ -61,6 +63,14 @@ impl TextEncoder {
         }
         let tokenizer = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| bad!("{}: not a valid tokenizer: {e}", path.display()))?;
+        // A model with no vocabulary encodes text to nothing but the special tokens, and a
+        // run over such prompts would measure nothing.
+        if tokenizer.get_vocab_size(false) == 0 {
+            bail!(
+                "{}: the model's vocabulary (`model.vocab`) is empty",
+                path.display()
+            );
+        }
         let chat = template.map(ChatTemplate::load).transpose()?;
         Ok(TextEncoder {
             tokenizer,
@@ -122,7 +132,7 @@ impl TextEncoder {
                 ]));
             }
         }
-        chat.render_content(Value::from(items))
+        chat.render_content(Value::from(items), prompt.len())
     }
 
     /// The rendered chat text of a prompt (for `--chat-template`), or the prompt itself.
@@ -133,6 +143,14 @@ impl TextEncoder {
         }
     }
 }
+
+/// The work (minijinja fuel: about one instruction, or 64 bytes of data made) a chat template may
+/// do to render one prompt, besides one fuel per byte of the prompt. Measured on a 100-byte
+/// prompt, Qwen3's, Llama 3.1's, Qwen2.5-VL's and InternVL's templates spend 50 to 125, and on a
+/// long one at most one per 13 bytes: this is 10^4 times the first and 13 times the second. A
+/// template that loops without end stops within a fraction of a second, having made at most
+/// about 64 bytes per fuel (docs/reference/sink-metrics.md, "Chat templates").
+const TEMPLATE_FUEL: u64 = 1_000_000;
 
 /// The special-token attributes transformers passes to chat templates.
 const SPECIAL_TOKEN_KEYS: [&str; 7] = [
@@ -183,10 +201,11 @@ impl ChatTemplate {
             }
         }
         let jinja = dir.join("chat_template.jinja");
-        let (source, origin) = if jinja.is_file() {
+        let processor_json = dir.join("chat_template.json");
+        let (source, origin, file) = if jinja.is_file() {
             let text = std::fs::read_to_string(&jinja)
                 .map_err(|e| crate::error::Error::read(&jinja, e))?;
-            (text, TemplateSource::JinjaFile)
+            (text, TemplateSource::JinjaFile, jinja)
         } else if let Some(t) = config
             .as_ref()
             .and_then(|c| c.get("chat_template"))
@@ -200,18 +219,14 @@ impl ChatTemplate {
                     )
                 })?,
                 TemplateSource::TokenizerConfig,
+                config_path,
             )
-        } else if let Some(t) = read_json(&dir.join("chat_template.json"))? {
+        } else if let Some(t) = read_json(&processor_json)? {
             let text = t
                 .get("chat_template")
                 .and_then(template_text)
-                .ok_or_else(|| {
-                    bad!(
-                        "{}: no `chat_template` string",
-                        dir.join("chat_template.json").display()
-                    )
-                })?;
-            (text, TemplateSource::ProcessorJson)
+                .ok_or_else(|| bad!("{}: no `chat_template` string", processor_json.display()))?;
+            (text, TemplateSource::ProcessorJson, processor_json)
         } else {
             bail!(
                 "{}: --chat-template was given but the model has no chat template \
@@ -222,12 +237,11 @@ impl ChatTemplate {
         let template = ChatTemplate {
             source,
             origin,
+            file,
             special_tokens,
         };
         // Fail on a broken template now, not in the middle of scoring.
-        template
-            .render("test")
-            .map_err(|e| bad!("{}: {e}", dir.display()))?;
+        template.render("test")?;
         Ok(template)
     }
 
@@ -240,20 +254,23 @@ impl ChatTemplate {
         } else {
             Value::from(prompt)
         };
-        self.render_content(content)
+        self.render_content(content, prompt.len())
     }
 
     /// One user message of `content` (a string, or a list of content items), with the
-    /// generation prompt.
-    fn render_content(&self, content: Value) -> Result<String> {
+    /// generation prompt, within [`TEMPLATE_FUEL`] and one fuel per byte of `prompt_bytes`.
+    fn render_content(&self, content: Value, prompt_bytes: usize) -> Result<String> {
+        let file = self.file.display();
+        let budget = TEMPLATE_FUEL.saturating_add(prompt_bytes as u64);
         let mut env = Environment::new();
+        env.set_fuel(Some(budget));
         let syntax = env
             .syntax()
             .to_builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| bad!("chat template: {e}"))?;
+            .map_err(|e| bad!("{file}: chat template: {e}"))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -266,7 +283,7 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         let template = env
             .template_from_str(&self.source)
-            .map_err(|e| bad!("chat template does not parse: {e}"))?;
+            .map_err(|e| bad!("{file}: the chat template does not parse: {e}"))?;
         let message = Value::from_pairs([("role", Value::from("user")), ("content", content)]);
         let mut ctx: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from(vec![message])),
@@ -279,7 +296,13 @@ impl ChatTemplate {
         }
         template
             .render(Value::from_pairs(ctx))
-            .map_err(|e| bad!("chat template failed to render: {e}"))
+            .map_err(|e| match e.kind() {
+                ErrorKind::OutOfFuel => bad!(
+                    "{file}: the chat template did not finish within its budget of {budget} \
+                     steps (minijinja fuel); a real template renders a prompt in a few hundred"
+                ),
+                _ => bad!("{file}: the chat template failed to render: {e}"),
+            })
     }
 }
 
@@ -476,5 +499,19 @@ mod tests {
             &mut out,
         );
         assert_eq!(out, "{\n  \"a\": [\n    2\n  ],\n  \"b\": 1\n}");
+    }
+
+    /// The budget grows with the prompt: the fixtures' templates (a tokenizer's and a processor's)
+    /// render a 5 MiB prompt, whose bytes alone are five times the fixed budget.
+    #[test]
+    fn long_prompts_render_within_the_budget() {
+        let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/models");
+        let prompt = "word ".repeat(1 << 20);
+        assert!(prompt.len() as u64 > 5 * TEMPLATE_FUEL);
+        for model in ["qwen3", "qwen2_5_vl"] {
+            let encoder = TextEncoder::load(&models.join(model), true).unwrap();
+            let text = encoder.render(&prompt).unwrap();
+            assert!(text.contains(&prompt), "{model}");
+        }
     }
 }

@@ -105,6 +105,39 @@ impl Tower {
         })
     }
 
+    /// The dimensions of `pixel_values` after the first (patch rows or tiles) that this tower
+    /// reads: `[C·T·P·P]` for the Qwen-VL towers, `[C, H, W]` for InternVL.
+    pub fn pixel_row_shape(&self) -> Vec<usize> {
+        match self {
+            Tower::Qwen3Vl(t) => vec![t.patch_width()],
+            Tower::Qwen2Vl(v) => vec![v.patch_values()],
+            Tower::InternVl(t) => t.tile_shape().to_vec(),
+        }
+    }
+
+    /// The geometry the image processor must share with this tower: (the processor's key, the
+    /// `vision_config` key, the tower's value).
+    pub fn processor_geometry(&self) -> Vec<(&'static str, &'static str, usize)> {
+        let patches = |patch, temporal, merge| {
+            vec![
+                ("patch_size", "patch_size", patch),
+                ("temporal_patch_size", "temporal_patch_size", temporal),
+                ("merge_size", "spatial_merge_size", merge),
+            ]
+        };
+        match self {
+            Tower::Qwen3Vl(t) => patches(t.patch_size(), t.temporal_patch_size(), t.merge_size()),
+            Tower::Qwen2Vl(v) => patches(v.patch, v.temporal_patch, v.merge),
+            Tower::InternVl(t) => {
+                let [_, side, _] = t.tile_shape();
+                vec![
+                    ("size.height", "image_size", side),
+                    ("size.width", "image_size", side),
+                ]
+            }
+        }
+    }
+
     /// How many image tokens each image of `pixels` becomes in the prompt; errors when `pixels`
     /// does not have the layout or shape this tower reads.
     pub fn tokens_per_image(&self, pixels: &Pixels) -> Result<Vec<usize>> {
@@ -208,7 +241,7 @@ fn patch_grids<'p>(
             "pixel_values: {family} reads patch rows with image_grid_thw, not image tiles"
         );
     };
-    let mut patches = 0;
+    let mut patches = 0usize;
     for (i, &[t, h, w]) in grid_thw.iter().enumerate() {
         if t == 0 || h == 0 || w == 0 || !h.is_multiple_of(merge) || !w.is_multiple_of(merge) {
             crate::bail!(
@@ -216,9 +249,20 @@ fn patch_grids<'p>(
                  {merge}×{merge} merge blocks"
             );
         }
-        patches += t * h * w;
+        // Checked: a product or sum that wraps could match the values' length by accident.
+        patches = t
+            .checked_mul(h)
+            .and_then(|p| p.checked_mul(w))
+            .and_then(|p| p.checked_add(patches))
+            .filter(|&p| p <= values.len())
+            .ok_or_else(|| {
+                crate::bad!(
+                    "image_grid_thw[{i}] = [{t}, {h}, {w}]: more patches than the {} values hold",
+                    values.len()
+                )
+            })?;
     }
-    if values.len() != patches * patch_values {
+    if Some(values.len()) != patches.checked_mul(patch_values) {
         crate::bail!(
             "pixel_values: {} values, expected [{patches}, {patch_values}] (Σ t·h·w patches of \
              C·T·P·P values) for image_grid_thw {grid_thw:?}",

@@ -58,7 +58,7 @@ pub fn missing_library() -> Option<&'static str> {
 /// stub, another program's library) must be refused before cudarc is touched. The lists are the
 /// driver calls behind the cudarc API `Driver` uses (context, module, stream, event, memory and
 /// launch; error strings), and every NVRTC and cuBLAS call this file makes.
-const LIBRARY_SYMBOLS: [(&[&str], &str, &[&str]); 3] = [
+pub const LIBRARY_SYMBOLS: [(&[&str], &str, &[&str]); 3] = [
     (
         &["cuda", "nvcuda"],
         "the NVIDIA driver",
@@ -337,7 +337,36 @@ pub struct Driver {
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
-    move |e| Error::Internal(format!("CUDA: {what}: {e}"))
+    move |e| Error::Internal(format!("CUDA: {what}: {}", describe(&e)))
+}
+
+/// A driver error as `CUDA error 2 (CUDA_ERROR_OUT_OF_MEMORY: out of memory)`, or as its code
+/// alone when the driver gives no name or description. cudarc's own Display reads the string
+/// `cuGetErrorString` returns without checking it, so a driver (or a stub) that answers success
+/// with a NULL string would crash it; here a string is read only when the call succeeded and the
+/// pointer is not NULL.
+fn describe(e: &cudarc::driver::DriverError) -> String {
+    type Lookup = unsafe fn(driver_sys::CUresult, *mut *const c_char) -> driver_sys::CUresult;
+    let text = |lookup: Lookup| {
+        let mut ptr: *const c_char = std::ptr::null();
+        // SAFETY: one out-parameter, read only when the call succeeded and set it; the driver
+        // documents the string as static.
+        let ok = unsafe { lookup(e.0, &mut ptr) } == driver_sys::CUresult::CUDA_SUCCESS;
+        (ok && !ptr.is_null()).then(|| {
+            unsafe { CStr::from_ptr(ptr) }
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    let code = e.0 as u32;
+    match (
+        text(driver_sys::cuGetErrorName),
+        text(driver_sys::cuGetErrorString),
+    ) {
+        (Some(name), Some(what)) => format!("CUDA error {code} ({name}: {what})"),
+        (Some(one), None) | (None, Some(one)) => format!("CUDA error {code} ({one})"),
+        (None, None) => format!("CUDA error {code}"),
+    }
 }
 
 impl Driver {
@@ -359,7 +388,10 @@ impl Driver {
             ));
         }
         let count = CudaContext::device_count().map_err(|e| {
-            bad!("--device cuda:{ordinal}: the CUDA driver finds no usable GPU: {e}")
+            bad!(
+                "--device cuda:{ordinal}: the CUDA driver finds no usable GPU: {}",
+                describe(&e)
+            )
         })?;
         if count <= 0 {
             return Err(bad!(
