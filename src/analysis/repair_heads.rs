@@ -320,6 +320,10 @@ pub fn blend(
             out[bytes.clone()].copy_from_slice(&reference[bytes]);
             continue;
         }
+        // The reference is not read at 0 (its NaN times 0 would still be NaN).
+        if lambda == 0.0 {
+            continue;
+        }
         let t = dtype::decode(dtype, &target[bytes.clone()], what)?;
         let w = dtype::decode(dtype, &reference[bytes.clone()], what)?;
         let mixed: Vec<f32> = (t.iter().zip(&w))

@@ -31,7 +31,7 @@ pub struct TextConfig {
     pub hidden_act: String,
     pub rms_norm_eps: f64,
     pub max_position_embeddings: usize,
-    /// The tie flag as the config states it (text level first, then top level), else the class default.
+    /// The tie flag as the config states it ([`tie_flag`]), else the class default.
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
     pub mlp_bias: bool,
@@ -204,12 +204,12 @@ impl TextConfig {
             bail!("config ({raw_type}): num_attention_heads {num_attention_heads} is not a multiple of num_key_value_heads {num_key_value_heads}");
         }
 
-        let tie_word_embeddings = section
-            .get("tie_word_embeddings")
-            .or_else(|| top.get("tie_word_embeddings"))
-            .and_then(Value::as_bool)
-            .or_else(|| cfg.get("tie_word_embeddings").and_then(Value::as_bool))
-            .unwrap_or(false);
+        let tie_word_embeddings = match stated_tie(top, Some(section))
+            .map_err(|e| crate::bad!("config ({raw_type}): {e}"))?
+        {
+            Some(tied) => tied,
+            None => c.bool("tie_word_embeddings")?.unwrap_or(false),
+        };
 
         // No layer would score nothing and report an empty table with exit 0; per-layer tables
         // are built from the declared count before any weight is read, and the largest
@@ -228,7 +228,7 @@ impl TextConfig {
             Some(n) if n > 0 => Some(MoeConfig {
                 num_experts: n,
                 num_experts_per_tok: c.usize("num_experts_per_tok")?,
-                norm_topk_prob: c.bool("norm_topk_prob").unwrap_or(false),
+                norm_topk_prob: c.bool("norm_topk_prob")?.unwrap_or(false),
                 expert_intermediate_size: c
                     .opt_usize("moe_intermediate_size")?
                     .map_or_else(|| c.usize("intermediate_size"), Ok)?,
@@ -310,6 +310,24 @@ impl TextConfig {
             .and_then(Value::as_str)
             .map(|s| s.trim_start_matches("torch.").to_string());
 
+        let hidden_act = match c.str("hidden_act")? {
+            Some(act) => act,
+            None => c.str("hidden_activation")?.unwrap_or("silu"),
+        };
+        let (eps_key, rms_norm_eps) = match c.f64("rms_norm_eps")? {
+            Some(eps) => ("rms_norm_eps", eps),
+            None => ("layer_norm_eps", c.f64("layer_norm_eps")?.unwrap_or(1e-6)),
+        };
+        // `x · rsqrt(mean(x²) + eps)`: a negative eps takes the root of a negative number on a
+        // row of small values.
+        if !(rms_norm_eps.is_finite() && rms_norm_eps >= 0.0) {
+            bail!("config ({raw_type}): `{eps_key}` {rms_norm_eps} must be a finite number ≥ 0");
+        }
+        let clip_qkv = c.f64("clip_qkv")?;
+        if let Some(clip) = clip_qkv.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            bail!("config ({raw_type}): `clip_qkv` {clip} must be a finite number > 0");
+        }
+
         Ok(TextConfig {
             model_type,
             vocab_size,
@@ -319,25 +337,18 @@ impl TextConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            hidden_act: c
-                .str("hidden_act")
-                .or_else(|| c.str("hidden_activation"))
-                .unwrap_or("silu")
-                .to_string(),
-            rms_norm_eps: c
-                .f64("rms_norm_eps")
-                .or_else(|| c.f64("layer_norm_eps"))
-                .unwrap_or(1e-6),
+            hidden_act: hidden_act.to_string(),
+            rms_norm_eps,
             max_position_embeddings,
             tie_word_embeddings,
-            attention_bias: c.bool("attention_bias").unwrap_or(false),
-            mlp_bias: c.bool("mlp_bias").unwrap_or(false),
+            attention_bias: c.bool("attention_bias")?.unwrap_or(false),
+            mlp_bias: c.bool("mlp_bias")?.unwrap_or(false),
             layer_types,
             sliding_window,
             rope,
             rope_sliding,
             moe,
-            clip_qkv: c.f64("clip_qkv"),
+            clip_qkv,
             dtype,
         })
     }
@@ -424,6 +435,39 @@ pub fn text_section(config: &Value) -> (&Map<String, Value>, Option<&'static str
             .unwrap_or_else(|| EMPTY.get_or_init(Map::new)),
         None,
     )
+}
+
+/// The tie flag a config states for its language model (docs/reference/vlm-layouts.md#tied-embeddings),
+/// the one rule of every command: transformers 4.x ties on the text config's
+/// `tie_word_embeddings`, 5.x on the top-level one (a composite model's own config), each
+/// falling back to the other; a config is read the way the version that wrote it reads it
+/// (`transformers_version`), defaulting to 4.x, which wrote the Hub configs. `None` when neither
+/// states it; a flag that is not a boolean is an error.
+pub fn tie_flag(config: &Value, section_key: Option<&str>) -> Result<Option<bool>> {
+    let section = section_key
+        .and_then(|k| config.get(k))
+        .and_then(Value::as_object);
+    stated_tie(config, section)
+}
+
+/// [`tie_flag`] with the text section given (the top level itself for a flat config).
+fn stated_tie(top: &Value, section: Option<&Map<String, Value>>) -> Result<Option<bool>> {
+    let flag = |v: Option<&Value>| -> Result<Option<bool>> {
+        match v {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => bail!("`tie_word_embeddings` must be true or false, got {v}"),
+        }
+    };
+    let text = flag(section.and_then(|s| s.get("tie_word_embeddings")))?;
+    let top_level = flag(top.get("tie_word_embeddings"))?;
+    let written_by_5x = (top.get("transformers_version").and_then(Value::as_str))
+        .is_some_and(|v| v.starts_with("5."));
+    Ok(if written_by_5x {
+        top_level.or(text)
+    } else {
+        text.or(top_level)
+    })
 }
 
 /// Map a (possibly VLM) text model type to the causal-LM type with the same math.
@@ -543,14 +587,33 @@ impl Fields<'_> {
             None => bail!("config ({}): `{key}` is missing", self.model_type),
         }
     }
-    fn f64(&self, key: &str) -> Option<f64> {
-        self.map.get(key).and_then(Value::as_f64)
+    /// `key` read by `read`, `None` when absent or null; a value of another type is an error
+    /// that says what `key` must be, not a silent default.
+    fn typed<'v, T>(
+        &'v self,
+        key: &str,
+        read: fn(&'v Value) -> Option<T>,
+        must: &str,
+    ) -> Result<Option<T>> {
+        match self.map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match read(v) {
+                Some(x) => Ok(Some(x)),
+                None => bail!(
+                    "config ({}): `{key}` must be {must}, got {v}",
+                    self.model_type
+                ),
+            },
+        }
     }
-    fn bool(&self, key: &str) -> Option<bool> {
-        self.map.get(key).and_then(Value::as_bool)
+    fn f64(&self, key: &str) -> Result<Option<f64>> {
+        self.typed(key, Value::as_f64, "a number")
     }
-    fn str(&self, key: &str) -> Option<&str> {
-        self.map.get(key).and_then(Value::as_str)
+    fn bool(&self, key: &str) -> Result<Option<bool>> {
+        self.typed(key, Value::as_bool, "true or false")
+    }
+    fn str(&self, key: &str) -> Result<Option<&str>> {
+        self.typed(key, Value::as_str, "a string")
     }
 }
 
@@ -559,7 +622,8 @@ fn sliding_window(c: &Fields, model_type: &str) -> Result<Option<usize>> {
     Ok(match model_type {
         // Qwen configs carry a window even when it is off (`use_sliding_window: false`).
         "qwen2" | "qwen3" | "qwen3_moe" => {
-            window.filter(|_| c.bool("use_sliding_window").unwrap_or(false))
+            let on = c.bool("use_sliding_window")?.unwrap_or(false);
+            window.filter(|_| on)
         }
         _ => window,
     })
@@ -612,8 +676,10 @@ fn rope_pair(c: &Fields, model_type: &str) -> Result<(Rope, Rope)> {
     } else {
         10_000.0
     };
-    let theta = c.f64("rope_theta").unwrap_or(default_theta);
-    let partial = c.f64("partial_rotary_factor").unwrap_or(1.0);
+    let theta = c.f64("rope_theta")?.unwrap_or(default_theta);
+    let partial = c.f64("partial_rotary_factor")?.unwrap_or(1.0);
+    // Unscaled RoPE from the top-level keys, checked as a stated one is.
+    let default = || parse_rope(&Map::new(), theta, partial, model_type);
     if let Some(params) = c.map.get("rope_parameters").and_then(Value::as_object) {
         let nested =
             params.contains_key("full_attention") || params.contains_key("sliding_attention");
@@ -622,11 +688,7 @@ fn rope_pair(c: &Fields, model_type: &str) -> Result<(Rope, Rope)> {
             let sliding = params.get("sliding_attention").and_then(Value::as_object);
             let parse = |m: Option<&Map<String, Value>>| match m {
                 Some(m) => parse_rope(m, theta, partial, model_type),
-                None => Ok(Rope {
-                    theta,
-                    partial_rotary_factor: partial,
-                    scaling: RopeScaling::Default,
-                }),
+                None => default(),
             };
             return Ok((parse(full)?, parse(sliding)?));
         }
@@ -635,22 +697,14 @@ fn rope_pair(c: &Fields, model_type: &str) -> Result<(Rope, Rope)> {
     }
     let full = match c.map.get("rope_scaling") {
         Some(Value::Object(scaling)) => parse_rope(scaling, theta, partial, model_type)?,
-        Some(Value::Null) | None => Rope {
-            theta,
-            partial_rotary_factor: partial,
-            scaling: RopeScaling::Default,
-        },
+        Some(Value::Null) | None => default()?,
         Some(other) => {
             bail!("config ({model_type}): rope_scaling must be an object or null, got {other}")
         }
     };
     // Olmo-3 applies the configured scaling to full-attention layers only.
     let sliding = if model_type == "olmo3" {
-        Rope {
-            theta,
-            partial_rotary_factor: partial,
-            scaling: RopeScaling::Default,
-        }
+        default()?
     } else {
         full.clone()
     };
@@ -658,15 +712,43 @@ fn rope_pair(c: &Fields, model_type: &str) -> Result<(Rope, Rope)> {
 }
 
 fn parse_rope(m: &Map<String, Value>, theta: f64, partial: f64, model_type: &str) -> Result<Rope> {
-    let f = |k: &str| m.get(k).and_then(Value::as_f64);
-    let u = |k: &str| m.get(k).and_then(Value::as_u64).map(|x| x as usize);
-    let kind = m
-        .get("rope_type")
-        .or_else(|| m.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    // Every number RoPE reads must be finite, and those it divides by, takes the logarithm or
+    // the power of must be positive: transformers computes NaN or Inf tables from anything else.
+    let f = |k: &str| -> Result<Option<f64>> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_f64().filter(|x| x.is_finite()) {
+                Some(x) => Ok(Some(x)),
+                None => bail!("config ({model_type}): rope `{k}` must be a finite number, got {v}"),
+            },
+        }
+    };
+    let positive = |k: &str| -> Result<Option<f64>> {
+        match f(k)? {
+            Some(x) if x <= 0.0 => bail!("config ({model_type}): rope `{k}` {x} must be > 0"),
+            x => Ok(x),
+        }
+    };
+    let u = |k: &str| -> Result<Option<usize>> {
+        match m.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64().filter(|&x| x > 0) {
+                Some(x) => Ok(Some(x as usize)),
+                None => {
+                    bail!("config ({model_type}): rope `{k}` must be a positive integer, got {v}")
+                }
+            },
+        }
+    };
+    let kind = match m.get("rope_type").or_else(|| m.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(v) => v.as_str().ok_or_else(|| {
+            crate::bad!("config ({model_type}): `rope_type` must be a string, got {v}")
+        })?,
+    };
     let need = |k: &str| {
-        f(k).ok_or_else(|| crate::bad!("config ({model_type}): {kind} rope scaling lacks `{k}`"))
+        positive(k)?
+            .ok_or_else(|| crate::bad!("config ({model_type}): {kind} rope scaling lacks `{k}`"))
     };
     let scaling = if let Some(Value::Array(sections)) = m.get("mrope_section") {
         RopeScaling::Mrope {
@@ -687,32 +769,40 @@ fn parse_rope(m: &Map<String, Value>, theta: f64, partial: f64, model_type: &str
             "linear" => RopeScaling::Linear { factor: need("factor")? },
             "dynamic" => RopeScaling::Dynamic {
                 factor: need("factor")?,
-                original_max_position_embeddings: u("original_max_position_embeddings"),
+                original_max_position_embeddings: u("original_max_position_embeddings")?,
             },
             "llama3" => RopeScaling::Llama3 {
                 factor: need("factor")?,
                 low_freq_factor: need("low_freq_factor")?,
                 high_freq_factor: need("high_freq_factor")?,
-                original_max_position_embeddings: u("original_max_position_embeddings").ok_or_else(|| {
+                original_max_position_embeddings: u("original_max_position_embeddings")?.ok_or_else(|| {
                     crate::bad!("config ({model_type}): llama3 rope scaling lacks `original_max_position_embeddings`")
                 })?,
             },
             "yarn" => RopeScaling::Yarn {
                 factor: need("factor")?,
-                original_max_position_embeddings: u("original_max_position_embeddings"),
-                attention_factor: f("attention_factor"),
-                beta_fast: f("beta_fast").unwrap_or(32.0),
-                beta_slow: f("beta_slow").unwrap_or(1.0),
-                mscale: f("mscale"),
-                mscale_all_dim: f("mscale_all_dim"),
+                original_max_position_embeddings: u("original_max_position_embeddings")?,
+                attention_factor: positive("attention_factor")?,
+                beta_fast: positive("beta_fast")?.unwrap_or(32.0),
+                beta_slow: positive("beta_slow")?.unwrap_or(1.0),
+                mscale: f("mscale")?,
+                mscale_all_dim: f("mscale_all_dim")?,
                 truncate: m.get("truncate").and_then(Value::as_bool).unwrap_or(true),
             },
             other => RopeScaling::Other { name: other.to_string() },
         }
     };
+    let theta = f("rope_theta")?.unwrap_or(theta);
+    if !(theta.is_finite() && theta > 0.0) {
+        bail!("config ({model_type}): `rope_theta` {theta} must be a finite number > 0");
+    }
+    let partial_rotary_factor = f("partial_rotary_factor")?.unwrap_or(partial);
+    if !(partial_rotary_factor > 0.0 && partial_rotary_factor <= 1.0) {
+        bail!("config ({model_type}): `partial_rotary_factor` {partial_rotary_factor} must be in (0, 1]");
+    }
     Ok(Rope {
-        theta: f("rope_theta").unwrap_or(theta),
-        partial_rotary_factor: f("partial_rotary_factor").unwrap_or(partial),
+        theta,
+        partial_rotary_factor,
         scaling,
     })
 }
@@ -807,6 +897,23 @@ mod tests {
             "{warning}"
         );
         assert_eq!(undeclared_layers("m", &config(3), &names), None);
+    }
+
+    #[test]
+    fn tie_flag_follows_the_writing_version() {
+        let c4 =
+            json!({"tie_word_embeddings": false, "text_config": {"tie_word_embeddings": true}});
+        assert_eq!(tie_flag(&c4, Some("text_config")).unwrap(), Some(true));
+        let mut c5 = c4.clone();
+        c5["transformers_version"] = json!("5.23.0");
+        assert_eq!(tie_flag(&c5, Some("text_config")).unwrap(), Some(false));
+        assert_eq!(tie_flag(&json!({}), None).unwrap(), None);
+        let yes = json!({"text_config": {"tie_word_embeddings": "yes"}});
+        let err = tie_flag(&yes, Some("text_config")).unwrap_err().to_string();
+        assert!(
+            err.contains("`tie_word_embeddings` must be true or false"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -166,6 +166,22 @@ impl<'a> Model<'a> {
                 model.spec.hidden_size
             );
         }
+        // transformers builds the embedding and the head with `vocab_size` rows and refuses a
+        // checkpoint whose tensors have another count (a size mismatch on loading).
+        let vocab = model.spec.vocab_size;
+        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+            let rows = match model.stored.get(name) {
+                Some(stored) => ckpt.require(stored)?.shape.first().copied(),
+                None => None,
+            };
+            if let Some(rows) = rows.filter(|&r| r != vocab) {
+                bail!(
+                    "{}: {rows} rows, but `vocab_size` in {} is {vocab}",
+                    model.describe(name),
+                    ckpt.dir.join("config.json").display()
+                );
+            }
+        }
         Ok(model)
     }
 
@@ -999,7 +1015,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         }
     }
 
-    /// `down(silu(gate(h)) * up(h))` of `rows` tokens, over chunks of [`MLP_ROWS`] tokens.
+    /// `down(act(gate(h)) * up(h))` of `rows` tokens, over chunks of [`MLP_ROWS`] tokens.
     fn dense_mlp(
         &self,
         prefix: &str,
@@ -1015,8 +1031,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.gated_mlp(&[gate, up, down], h, rows)
     }
 
-    /// `down(silu(gate(h)) * up(h))` with the weights `[gate, up, down]`, over chunks of
-    /// [`MLP_ROWS`] tokens.
+    /// `down(act(gate(h)) * up(h))` with the weights `[gate, up, down]`, over chunks of
+    /// [`MLP_ROWS`] tokens (`act` the spec's `hidden_act`).
     fn gated_mlp(
         &self,
         [gate, up, down]: &[LinearWeights<B::Tensor>; 3],
@@ -1027,7 +1043,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         let hidden = self.model.spec.hidden_size;
         let chunk = |x: &B::Tensor, n: usize| -> Result<B::Tensor> {
             let mut a = self.apply(gate, x, n)?;
-            be.silu_mul(&mut a, &self.apply(up, x, n)?)?;
+            be.act_mul(&mut a, &self.apply(up, x, n)?, self.model.spec.hidden_act)?;
             self.apply(down, &a, n)
         };
         if rows <= MLP_ROWS {

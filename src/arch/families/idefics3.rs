@@ -38,7 +38,7 @@ impl Family for Idefics3 {
 
     fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (fields, key) = prefix::text_fields(&ckpt.config, None);
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         prefix::plan(ckpt, self.name(), &LAYOUT, Target::Llama, &fields, tie)
     }
 }

@@ -125,7 +125,7 @@ impl Family for InternVl {
         }
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let eos_note = force_internvl3_eos(&mut fields, &names, target);
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         let mut plan = prefix::plan(ckpt, self.name(), &REMOTE, target, &fields, tie)?;
         plan.notes.extend(eos_note);
         Ok(plan)
@@ -262,7 +262,7 @@ fn plan_internlm2(
     b.finish(
         Target::Llama,
         config,
-        prefix::tie_flag(&ckpt.config, Some("llm_config")),
+        prefix::tie_flag(&ckpt.config, Some("llm_config"))?,
     )
 }
 

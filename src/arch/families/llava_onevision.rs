@@ -81,7 +81,7 @@ pub fn plan_llava_hf(
                     .join(", ")
             )
         })?;
-    let tie = prefix::tie_flag(&ckpt.config, key);
+    let tie = prefix::tie_flag(&ckpt.config, key)?;
     prefix::plan(ckpt, family, layout, target, &fields, tie)
 }
 
@@ -108,7 +108,7 @@ impl Family for LlavaOnevision {
         let (mut fields, key) = prefix::text_fields(&ckpt.config, Some("qwen2"));
         // LlavaQwenForCausalLM.__init__ sets config.rope_scaling = None.
         fields.insert("rope_scaling".into(), Value::Null);
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         prefix::plan(ckpt, self.name(), &LMMS, Target::Qwen2, &fields, tie)
     }
 }

@@ -246,7 +246,7 @@ impl Text {
             q_rows: heads * head_dim,
             kv_rows: kv_heads * head_dim,
             intermediate,
-            tie: prefix::tie_flag(&ckpt.config, Some("text_config")),
+            tie: prefix::tie_flag(&ckpt.config, Some("text_config"))?,
         })
     }
 }

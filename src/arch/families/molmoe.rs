@@ -210,10 +210,10 @@ impl Config {
             experts,
             inter,
             hidden,
-            tie: c
-                .get("weight_tying")
-                .and_then(Value::as_bool)
-                .or_else(|| prefix::tie_flag(c, None)),
+            tie: match c.get("weight_tying").and_then(Value::as_bool) {
+                Some(tied) => Some(tied),
+                None => prefix::tie_flag(c, None)?,
+            },
         })
     }
 }

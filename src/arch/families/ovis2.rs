@@ -59,7 +59,7 @@ impl Family for Ovis2 {
             &HF
         };
         let (fields, key) = prefix::text_fields(&ckpt.config, None);
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         prefix::plan(ckpt, self.name(), layout, Target::Qwen2, &fields, tie)
     }
 }

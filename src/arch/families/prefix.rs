@@ -161,42 +161,12 @@ pub fn text_fields(
     (fields, key)
 }
 
-/// The tie flag the VLM itself used (docs/reference/vlm-layouts.md#tied-embeddings). transformers
-/// 4.x ties on the text config's flag, 5.x on the top-level one; a config is read the way the
-/// version that wrote it reads it (`transformers_version`), defaulting to 4.x, which wrote the Hub
-/// configs.
-pub fn tie_flag(config: &Value, section_key: Option<&str>) -> Option<bool> {
-    let top = config.get("tie_word_embeddings").and_then(Value::as_bool);
-    let text = section_key
-        .and_then(|k| config.get(k))
-        .and_then(|s| s.get("tie_word_embeddings"))
-        .and_then(Value::as_bool);
-    let written_by_5x = config
-        .get("transformers_version")
-        .and_then(Value::as_str)
-        .is_some_and(|v| v.starts_with("5."));
-    if written_by_5x {
-        top.or(text)
-    } else {
-        text.or(top)
-    }
-}
+// The tie flag the VLM itself used: the rule every command applies.
+pub use crate::arch::config::tie_flag;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn tie_flag_follows_the_writing_version() {
-        let c4 =
-            json!({"tie_word_embeddings": false, "text_config": {"tie_word_embeddings": true}});
-        assert_eq!(tie_flag(&c4, Some("text_config")), Some(true));
-        let mut c5 = c4.clone();
-        c5["transformers_version"] = json!("5.23.0");
-        assert_eq!(tie_flag(&c5, Some("text_config")), Some(false));
-        assert_eq!(tie_flag(&json!({}), None), None);
-    }
 
     #[test]
     fn drop_prefixes_win_over_an_enclosing_lm_prefix() {

@@ -38,7 +38,7 @@ pub fn plan_qwen_vl(
         // Flat Hub config: the VLM builds its text config from these keys with the text class's defaults.
         fields.insert("model_type".into(), Value::String(text_type.into()));
     }
-    let tie = prefix::tie_flag(&ckpt.config, key);
+    let tie = prefix::tie_flag(&ckpt.config, key)?;
     prefix::plan(ckpt, family, &LAYOUT, Target::Qwen2, &fields, tie)
 }
 

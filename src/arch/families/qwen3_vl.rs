@@ -40,7 +40,7 @@ impl Family for Qwen3Vl {
 
     fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (fields, key) = prefix::text_fields(&ckpt.config, None);
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         prefix::plan(ckpt, self.name(), &LAYOUT, Target::Qwen3, &fields, tie)
     }
 }

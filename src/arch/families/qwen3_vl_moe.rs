@@ -40,7 +40,7 @@ impl Family for Qwen3VlMoe {
     fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let (mut fields, key) = prefix::text_fields(&ckpt.config, None);
         fields.insert("norm_topk_prob".into(), Value::Bool(true));
-        let tie = prefix::tie_flag(&ckpt.config, key);
+        let tie = prefix::tie_flag(&ckpt.config, key)?;
         let text = TextConfig::from_text_section(&fields, &ckpt.config)?;
         let Some(moe) = text.moe.clone() else {
             bail!(

@@ -1,4 +1,4 @@
-//! The CPU backend: f32 on the host. Linear layers on faer's GEMM, RMSNorm, the SiLU gate, and
+//! The CPU backend: f32 on the host. Linear layers on faer's GEMM, RMSNorm, the gated MLP, and
 //! exact eager attention one (prompt, head) at a time, in parallel. Matrices are row-major
 //! `[rows, cols]` slices (one row per token).
 //!
@@ -534,15 +534,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn silu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>) -> Result<()> {
-        if !self.bf16() {
+    fn act_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, act: Activation) -> Result<()> {
+        // SiLU, the supported architectures' default, keeps its vectorised exponential (and
+        // its results to the byte); the other activations are computed a value at a time.
+        let silu_gate = act == Activation::Silu;
+        if silu_gate && !self.bf16() {
             silu_mul(gate, up);
             return Ok(());
         }
         let p = self.precision;
-        gate.par_iter_mut()
-            .zip(up.par_iter())
-            .for_each(|(g, &u)| *g = p.round(p.round(silu(*g)) * u));
+        gate.par_iter_mut().zip(up.par_iter()).for_each(|(g, &u)| {
+            let a = if silu_gate { silu(*g) } else { act.apply(*g) };
+            *g = p.round(p.round(a) * u)
+        });
         Ok(())
     }
 

@@ -18,7 +18,7 @@ fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,
         mlp_bias: cfg.mlp_bias,
-        ..DecoderSpec::base(cfg)
+        ..DecoderSpec::base(cfg)?
     }
     .with_uniform_window(None))
 }

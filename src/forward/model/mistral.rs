@@ -13,5 +13,5 @@ pub const ARCH: Architecture = Architecture {
 };
 
 fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
-    Ok(DecoderSpec::base(cfg).with_uniform_window(cfg.sliding_window))
+    Ok(DecoderSpec::base(cfg)?.with_uniform_window(cfg.sliding_window))
 }

@@ -23,7 +23,7 @@ use crate::arch::config::{LayerType, Rope, RopeScaling, TextConfig};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
-use crate::forward::backend::Bf16Style;
+use crate::forward::backend::{Activation, Bf16Style};
 
 /// One supported architecture: the `model_type` it answers to and how it reads its config.
 pub struct Architecture {
@@ -96,6 +96,8 @@ pub struct DecoderSpec {
     pub rms_norm_eps: f32,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
+    /// The MLP's activation, `ACT2FN[hidden_act]` as every supported class builds it.
+    pub hidden_act: Activation,
     pub norm_placement: NormPlacement,
     /// Bias on q, k and v.
     pub qkv_bias: bool,
@@ -115,8 +117,18 @@ pub struct DecoderSpec {
 impl DecoderSpec {
     /// The plain pre-norm decoder of `cfg`: no biases, no QK norm, dense MLP, the config's
     /// sliding layers (`layer_types` with `sliding_window`) and per-layer-type RoPE.
-    /// Architecture files start from this and flip their switches.
-    pub fn base(cfg: &TextConfig) -> DecoderSpec {
+    /// Architecture files start from this and flip their switches. A `hidden_act` that
+    /// transformers' `ACT2FN` does not define without learned parameters is an error.
+    pub fn base(cfg: &TextConfig) -> Result<DecoderSpec> {
+        let Some(hidden_act) = Activation::from_hf(&cfg.hidden_act) else {
+            bail!(
+                "config ({}): `hidden_act` \"{}\" is not an activation sinkmerge runs \
+                 (transformers' ACT2FN without learned parameters: {})",
+                cfg.model_type,
+                cfg.hidden_act,
+                Activation::NAMES
+            );
+        };
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| LayerSpec {
                 window: match cfg.layer_types.get(i) {
@@ -127,7 +139,7 @@ impl DecoderSpec {
                 moe: false,
             })
             .collect();
-        DecoderSpec {
+        Ok(DecoderSpec {
             model_type: cfg.model_type.clone(),
             vocab_size: cfg.vocab_size,
             hidden_size: cfg.hidden_size,
@@ -138,6 +150,7 @@ impl DecoderSpec {
             rms_norm_eps: cfg.rms_norm_eps as f32,
             max_position_embeddings: cfg.max_position_embeddings,
             tie_word_embeddings: cfg.tie_word_embeddings,
+            hidden_act,
             norm_placement: NormPlacement::PreNorm,
             qkv_bias: false,
             o_bias: false,
@@ -147,7 +160,7 @@ impl DecoderSpec {
             moe: None,
             bf16_style: Bf16Style::Llama,
             layers,
-        }
+        })
     }
 
     /// Every layer slides with `window` (or none slides when it is `None`).
@@ -195,6 +208,25 @@ impl DecoderSpec {
                 self.num_heads,
                 self.num_kv_heads
             );
+        }
+        // Checked here rather than when the tables are built, so that the error names the
+        // config (crate::forward::rope supports the rope types and whole-head rotation only).
+        for rope in self.layers.iter().map(|l| &l.rope) {
+            if let RopeScaling::Other { name } = &rope.scaling {
+                bail!(
+                    "config ({}): rope type `{name}` is not supported (supported: default, \
+                     linear, dynamic, llama3, yarn, mrope)",
+                    self.model_type
+                );
+            }
+            if rope.partial_rotary_factor != 1.0 {
+                bail!(
+                    "config ({}): partial_rotary_factor {} is not supported (the scorer's \
+                     architectures rotate the whole head)",
+                    self.model_type,
+                    rope.partial_rotary_factor
+                );
+            }
         }
         if let Some(w) = self.layers.iter().find_map(|l| l.window.filter(|&w| w < 1)) {
             bail!(

@@ -23,7 +23,7 @@ fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
         qk_norm: QkNorm::Layerwise,
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,
-        ..DecoderSpec::base(cfg)
+        ..DecoderSpec::base(cfg)?
     }
     .with_uniform_window(None))
 }

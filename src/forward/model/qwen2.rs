@@ -18,6 +18,6 @@ pub const ARCH: Architecture = Architecture {
 fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
     Ok(DecoderSpec {
         qkv_bias: true,
-        ..DecoderSpec::base(cfg)
+        ..DecoderSpec::base(cfg)?
     })
 }

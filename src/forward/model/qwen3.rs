@@ -19,6 +19,6 @@ fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
         qkv_bias: cfg.attention_bias,
         o_bias: cfg.attention_bias,
         qk_norm: QkNorm::PerHead,
-        ..DecoderSpec::base(cfg)
+        ..DecoderSpec::base(cfg)?
     })
 }

@@ -30,7 +30,7 @@ fn build(cfg: &TextConfig) -> Result<DecoderSpec> {
             norm_topk_prob: moe.norm_topk_prob,
             expert_intermediate_size: moe.expert_intermediate_size,
         }),
-        ..DecoderSpec::base(cfg)
+        ..DecoderSpec::base(cfg)?
     }
     .with_uniform_window(cfg.sliding_window);
     for (i, layer) in spec.layers.iter_mut().enumerate() {

@@ -307,6 +307,11 @@ impl InternVl {
         self.image / self.patch
     }
 
+    /// One tile of `pixel_values`: `[channels, image_size, image_size]`.
+    pub fn tile_shape(&self) -> [usize; 3] {
+        [self.channels, self.image, self.image]
+    }
+
     /// Image tokens per tile after the pixel shuffle.
     fn tokens_per_tile(&self) -> usize {
         (self.grid() / self.shuffle).pow(2)
@@ -321,18 +326,21 @@ impl InternVl {
         else {
             bail!("InternVL pixel_values: expected tiles ([tiles, 3, H, W] and num_patches), got Qwen-VL patches");
         };
-        let tiles: usize = num_patches.iter().sum();
+        // Checked: a sum or product that wraps could match the values' length by accident.
+        let Some(tiles) = (num_patches.iter()).try_fold(0usize, |sum, &n| sum.checked_add(n))
+        else {
+            bail!("InternVL num_patches: the tile counts sum past 2⁶⁴");
+        };
         let per_tile = self.channels * self.image * self.image;
-        if values.len() != tiles * per_tile {
+        if tiles.checked_mul(per_tile) != Some(values.len()) {
             bail!(
-                "InternVL pixel_values: {} values, expected {} tiles (num_patches {:?}) of {}×{}×{} = {}",
+                "InternVL pixel_values: {} values, expected {} tiles (num_patches {:?}) of {}×{}×{}",
                 values.len(),
                 tiles,
                 num_patches,
                 self.channels,
                 self.image,
                 self.image,
-                tiles * per_tile
             );
         }
         Ok((values, num_patches))

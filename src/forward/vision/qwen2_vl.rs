@@ -111,13 +111,12 @@ impl Vision {
                 raw.out_hidden_size.unwrap_or(3584),
             ),
         };
-        let act = Activation::from_hf(&act_name)
-            .ok_or_else(|| err(format!("hidden_act `{act_name}` is not supported")))?;
-        if generation == Generation::Qwen25 && act != Activation::Silu {
-            return Err(err(format!(
-                "hidden_act `{act_name}`: the gated MLP is implemented for silu only"
-            )));
-        }
+        let act = Activation::from_hf(&act_name).ok_or_else(|| {
+            err(format!(
+                "hidden_act `{act_name}` is not supported (supported: {})",
+                Activation::NAMES
+            ))
+        })?;
         let patch = raw.patch_size.unwrap_or(14);
         let merge = raw.spatial_merge_size.unwrap_or(2);
         let windows = match generation {
@@ -181,7 +180,7 @@ impl Vision {
     }
 
     /// Values of one patch row: `C·T·P·P`.
-    fn patch_values(&self) -> usize {
+    pub fn patch_values(&self) -> usize {
         self.in_channels * self.temporal_patch * self.patch * self.patch
     }
 
@@ -439,7 +438,7 @@ impl Vision {
                     width,
                     true,
                 )?;
-                be.silu_mul(&mut gate, &up)?;
+                be.act_mul(&mut gate, &up, self.act)?;
                 drop(up);
                 linear(
                     be,

@@ -185,8 +185,23 @@ impl Qwen3VlTower {
     }
 
     /// Values per patch row: `C·T·P·P`.
-    fn patch_width(&self) -> usize {
+    pub fn patch_width(&self) -> usize {
         self.cfg.in_channels * self.cfg.temporal_patch_size * self.cfg.patch_size.pow(2)
+    }
+
+    /// `vision_config.patch_size`.
+    pub fn patch_size(&self) -> usize {
+        self.cfg.patch_size
+    }
+
+    /// `vision_config.temporal_patch_size`.
+    pub fn temporal_patch_size(&self) -> usize {
+        self.cfg.temporal_patch_size
+    }
+
+    /// `vision_config.spatial_merge_size`.
+    pub fn merge_size(&self) -> usize {
+        self.cfg.spatial_merge_size
     }
 
     /// The patch rows and grids of `pixels`, checked against each other and this tower.

@@ -44,7 +44,7 @@ host_entries! {
     LayerNormRows => sinkmerge_host_layer_norm_rows,
     Activate => sinkmerge_host_activate,
     ScaleColumns => sinkmerge_host_scale_columns,
-    SiluMul => sinkmerge_host_silu_mul,
+    ActMul => sinkmerge_host_act_mul,
     AddAssign => sinkmerge_host_add_assign,
     FlagNonFinite => sinkmerge_host_flag_non_finite,
     GatherRows => sinkmerge_host_gather_rows,
@@ -468,23 +468,48 @@ mod tests {
             );
         }
 
-        for act in [
-            Activation::Gelu,
-            Activation::GeluTanh,
-            Activation::QuickGelu,
-            Activation::Silu,
-        ] {
-            let mut want = x.clone();
-            cpu.activate(&mut want, act).unwrap();
-            let mut t = on_gpu(&x);
-            gpu.activate(&mut t, act).unwrap();
-            assert!(max_rel(&want, &host(t)) < 1e-6, "{act:?}");
+        // Every activation, alone and as the gated MLP's `act(gate) * up`, in f32 and bf16.
+        let up = spread(rows * width, 7);
+        for precision in [Precision::F32, Precision::Bf16] {
+            let cpu = CpuBackend::new(precision);
+            let gpu = CudaBackend::new(HostDevice::default(), precision);
+            let host = |t| gpu.to_host(&t).unwrap().into_owned();
+            for name in Activation::NAMES.split(", ") {
+                let act = Activation::from_hf(name).unwrap();
+                let mut want = x.clone();
+                cpu.activate(&mut want, act).unwrap();
+                let mut t = gpu.upload(x.clone()).unwrap();
+                gpu.activate(&mut t, act).unwrap();
+                let tolerance = if precision == Precision::F32 {
+                    1e-6
+                } else {
+                    1e-2
+                };
+                assert!(max_rel(&want, &host(t)) < tolerance, "{name} {precision:?}");
+                let mut want = x.clone();
+                cpu.act_mul(&mut want, &up, act).unwrap();
+                let mut t = gpu.upload(x.clone()).unwrap();
+                gpu.act_mul(&mut t, &gpu.upload(up.clone()).unwrap(), act)
+                    .unwrap();
+                assert!(
+                    max_rel(&want, &host(t)) < tolerance,
+                    "{name} gated {precision:?}"
+                );
+            }
         }
         // Spot values of the definitions (torch: F.gelu(1.0) = 0.8413447, tanh form 0.8411920,
-        // quick_gelu(1.0) = 0.84579575).
+        // quick_gelu(1.0) = 0.84579575, F.mish(1.0) = 0.86509836).
         assert!((Activation::Gelu.apply(1.0) - 0.841_344_7).abs() < 1e-6);
         assert!((Activation::GeluTanh.apply(1.0) - 0.841_192).abs() < 1e-6);
         assert!((Activation::QuickGelu.apply(1.0) - 0.845_795_75).abs() < 1e-6);
+        assert!((Activation::Mish.apply(1.0) - 0.865_098_36).abs() < 1e-6);
+        assert_eq!(Activation::Gelu10.apply(20.0), 10.0);
+        assert_eq!(Activation::Relu2.apply(3.0), 9.0);
+        assert_eq!(Activation::Relu6.apply(7.0), 6.0);
+        assert_eq!(Activation::LeakyRelu.apply(-1.0), -0.01);
+        assert_eq!(Activation::Laplace.apply(-10.0), 0.0);
+        assert_eq!(Activation::Laplace.apply(10.0), 1.0);
+        assert!(Activation::Relu.apply(f32::NAN).is_nan());
 
         let mut want = x.clone();
         cpu.scale_columns(&mut want, width, &w).unwrap();

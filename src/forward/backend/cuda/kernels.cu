@@ -223,24 +223,45 @@ KERNEL void layer_norm_rows(float* y, const float* x, const float* w, const floa
 }
 
 // The activations of `Activation` (src/forward/backend/mod.rs), by kind: 0 gelu (erf), 1 gelu
-// with tanh, 2 quick_gelu, 3 silu.
+// with tanh, 2 quick_gelu, 3 silu, 4 gelu_python, 5 gelu_10, 6 gelu_fast, 7 relu, 8 relu2,
+// 9 relu6, 10 leaky_relu, 11 linear, 12 sigmoid, 13 tanh, 14 mish, 15 laplace. Comparisons let NaN
+// through, as torch's do.
+__device__ static inline float gelu_erf(float v) {
+    return v * 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+}
+__device__ static inline float relu(float v) { return v < 0.0f ? 0.0f : v; }
+__device__ static inline float activation(float v, int kind) {
+    switch (kind) {
+    case 0: return gelu_erf(v);
+    case 1: {
+        float beta = 1.41421356237309505f * 1.12837916709551257f * 0.5f;
+        float inner = beta * (v + 0.044715f * v * v * v);
+        return 0.5f * v * (1.0f + tanhf(inner));
+    }
+    case 2: return v * (1.0f / (1.0f + expf(-1.702f * v)));
+    case 4: return v * 0.5f * (1.0f + erff(v / 1.41421356237309505f));
+    case 5: {
+        float g = gelu_erf(v);
+        return g < -10.0f ? -10.0f : (g > 10.0f ? 10.0f : g);
+    }
+    case 6: return 0.5f * v * (1.0f + tanhf(v * 0.7978846f * (1.0f + 0.044715f * v * v)));
+    case 7: return relu(v);
+    case 8: return relu(v) * relu(v);
+    case 9: return v > 6.0f ? 6.0f : relu(v);
+    case 10: return v > 0.0f ? v : v * 0.01f;
+    case 11: return v;
+    case 12: return 1.0f / (1.0f + expf(-v));
+    case 13: return tanhf(v);
+    case 14: return v * tanhf(log1pf(expf(v)));
+    case 15: return 0.5f * (1.0f + erff((v - 0.707107f) / 0.3989426f));
+    default: return v / (1.0f + expf(-v));  // 3: silu
+    }
+}
+
 KERNEL void activate(float* x, long long n, int kind, int bf16) {
     long long i = SINKMERGE_INDEX;
     if (i >= n) return;
-    float v = x[i];
-    float y;
-    if (kind == 0) {
-        y = v * 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-    } else if (kind == 1) {
-        float beta = 1.41421356237309505f * 1.12837916709551257f * 0.5f;
-        float inner = beta * (v + 0.044715f * v * v * v);
-        y = 0.5f * v * (1.0f + tanhf(inner));
-    } else if (kind == 2) {
-        y = v * (1.0f / (1.0f + expf(-1.702f * v)));
-    } else {
-        y = v / (1.0f + expf(-v));
-    }
-    x[i] = store(y, bf16);
+    x[i] = store(activation(x[i], kind), bf16);
 }
 
 // x[r, j] *= w[j] (InternViT's layer scale).
@@ -250,12 +271,12 @@ KERNEL void scale_columns(float* x, const float* w, long long n, int width, int 
     x[i] = store(x[i] * w[i % width], bf16);
 }
 
-// gate = silu(gate) * up, silu(x) = x / (1 + exp(-x)); with bf16 each result rounded.
-KERNEL void silu_mul(float* gate, const float* up, long long n, int bf16) {
+// gate = act(gate) * up, the activation of `kind` as in `activate`; with bf16 each result
+// rounded.
+KERNEL void act_mul(float* gate, const float* up, long long n, int kind, int bf16) {
     long long i = SINKMERGE_INDEX;
     if (i >= n) return;
-    float x = gate[i];
-    gate[i] = store(store(x / (1.0f + expf(-x)), bf16) * up[i], bf16);
+    gate[i] = store(store(activation(gate[i], kind), bf16) * up[i], bf16);
 }
 
 KERNEL void add_assign(float* a, const float* b, long long n, int bf16) {

@@ -84,6 +84,28 @@ fn i64_bytes(values: impl IntoIterator<Item = i64>) -> Vec<u8> {
     values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
+/// The `kind` argument of the `activate` and `act_mul` kernels (the numbering in kernels.cu).
+fn kernel_kind(act: Activation) -> i32 {
+    match act {
+        Activation::Gelu => 0,
+        Activation::GeluTanh => 1,
+        Activation::QuickGelu => 2,
+        Activation::Silu => 3,
+        Activation::GeluPython => 4,
+        Activation::Gelu10 => 5,
+        Activation::GeluFast => 6,
+        Activation::Relu => 7,
+        Activation::Relu2 => 8,
+        Activation::Relu6 => 9,
+        Activation::LeakyRelu => 10,
+        Activation::Linear => 11,
+        Activation::Sigmoid => 12,
+        Activation::Tanh => 13,
+        Activation::Mish => 14,
+        Activation::Laplace => 15,
+    }
+}
+
 /// Prompts `groups[i]` of a layer: consecutive whole prompts whose `heads * len²` scores sum to
 /// at most `budget` (a longer prompt forms a group of its own).
 fn attention_groups(prompts: &[Range<usize>], heads: usize, budget: usize) -> Vec<Range<usize>> {
@@ -491,19 +513,13 @@ impl<D: Device> Backend for CudaBackend<D> {
 
     fn activate(&self, x: &mut Self::Tensor, act: Activation) -> Result<()> {
         let n = x.len;
-        let kind = match act {
-            Activation::Gelu => 0,
-            Activation::GeluTanh => 1,
-            Activation::QuickGelu => 2,
-            Activation::Silu => 3,
-        };
         self.launch(
             Kernel::Activate,
             n,
             &mut [
                 Arg::Mut(x.buf_mut()),
                 Arg::I64(n as i64),
-                Arg::I32(kind),
+                Arg::I32(kernel_kind(act)),
                 self.bf16(),
             ],
         )
@@ -524,15 +540,16 @@ impl<D: Device> Backend for CudaBackend<D> {
         )
     }
 
-    fn silu_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor) -> Result<()> {
+    fn act_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<()> {
         let n = gate.len;
         self.launch(
-            Kernel::SiluMul,
+            Kernel::ActMul,
             n,
             &mut [
                 Arg::Mut(gate.buf_mut()),
                 Arg::Ref(&up.buf),
                 Arg::I64(n as i64),
+                Arg::I32(kernel_kind(act)),
                 self.bf16(),
             ],
         )
