@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use crate::bail;
 use crate::error::Result;
 use crate::forward::device::ComputeDevice;
+use crate::reproduce::lock::{self, Mode};
 use crate::reproduce::plan::setting_names;
 use crate::reproduce::slurm::Slurm;
 use crate::reproduce::{self, pipeline};
@@ -172,15 +173,19 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         let vlm = args.vlm.as_deref().expect("clap requires --vlm");
         let mut prepared =
             pipeline::prepare(options(reference, vlm, args.base.as_deref(), dir.clone()))?;
-        return match (args.dry_run, &args.step, args.executor) {
-            (true, ..) => dry_run(&[("", &prepared)], false, args.json),
-            (_, Some(step), _) if step == "report" => reproduce::report(&mut prepared).map(|_| ()),
-            (_, Some(step), _) => pipeline::execute_one(&mut prepared, step),
-            (_, None, Executor::Local) => {
+        if args.dry_run {
+            return dry_run(&[("", &prepared)], false, args.json);
+        }
+        // Held until the run returns (docs/commands/reproduce.md, "Concurrent runs").
+        let _lock = lock::acquire(&dir, lock_mode(&args))?;
+        return match (&args.step, args.executor) {
+            (Some(step), _) if step == "report" => reproduce::report(&mut prepared).map(|_| ()),
+            (Some(step), _) => pipeline::execute_one(&mut prepared, step),
+            (None, Executor::Local) => {
                 let summary = reproduce::run(&mut prepared)?;
                 finished(&summary, &dir, args.json)
             }
-            (_, None, Executor::Slurm) => {
+            (None, Executor::Slurm) => {
                 let reinvoke = pair_argv(&args, reference, vlm, args.base.as_deref(), &dir);
                 let s = reproduce::slurm::submit(&mut prepared, &reinvoke, &slurm)?;
                 submitted(&dir, s.submitted, s.report.into_iter().collect(), args.json)
@@ -190,8 +195,12 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
 
     // A panel: every pair is checked before any step of any pair runs.
     let pairs = reproduce::panel::load(panel_csv)?;
+    reproduce::check_panel_dir(&dir, &pairs)?;
     match args.step.as_deref() {
-        Some("panel-report") => return reproduce::panel_report(&pairs, &dir).map(|_| ()),
+        Some("panel-report") => {
+            let _lock = lock::acquire(&dir, lock_mode(&args))?;
+            return reproduce::panel_report(&pairs, &dir).map(|_| ());
+        }
         Some(step) => bail!("--step {step} with --panel: a panel runs only `panel-report`"),
         None => {}
     }
@@ -211,10 +220,13 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             prepared.iter().map(|(n, p)| (n.as_str(), p)).collect();
         return dry_run(&views, true, args.json);
     }
+    // The panel's folder, then each pair's while it runs or is submitted.
+    let _lock = lock::acquire(&dir, lock_mode(&args))?;
     reproduce::write_panel(&dir, &pairs)?;
     match args.executor {
         Executor::Local => {
             for (_, p) in &mut prepared {
+                let _pair = lock::acquire(&p.options.dir, Mode::Exclusive)?;
                 reproduce::run(p)?;
             }
             let summary = reproduce::panel_report(&pairs, &dir)?;
@@ -235,6 +247,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                     pair.base.as_deref(),
                     &dir.join(&pair.name),
                 );
+                let _pair = lock::acquire(&p.options.dir, Mode::Shared)?;
                 let s = reproduce::slurm::submit(p, &reinvoke, &slurm)?;
                 count += s.submitted;
                 jobs.extend(s.report);
@@ -250,6 +263,16 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             jobs.push(panel_job);
             submitted(&dir, count, jobs, args.json)
         }
+    }
+}
+
+/// How a run shares its DIR: the local executor alone; the Slurm executor's submission and its
+/// jobs (`--step`) with each other, so that a submission can run while jobs run.
+fn lock_mode(args: &Args) -> Mode {
+    if args.step.is_none() && args.executor == Executor::Local {
+        Mode::Exclusive
+    } else {
+        Mode::Shared
     }
 }
 

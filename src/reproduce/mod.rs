@@ -13,6 +13,7 @@
 
 pub mod hash;
 pub mod html;
+pub mod lock;
 pub mod panel;
 pub mod pipeline;
 pub mod plan;
@@ -72,6 +73,22 @@ pub fn panel_report(pairs: &[panel::Pair], dir: &Path) -> Result<serde_json::Val
     summary::write(dir, &summary)?;
     html::write(dir, &html)?;
     Ok(summary)
+}
+
+/// A panel's DIR, checked as a pair's is (each pair checks what it writes under DIR/NAME): no
+/// symlink on the way to a file the panel writes or to a pair's folder.
+pub fn check_panel_dir(dir: &Path, pairs: &[panel::Pair]) -> Result<()> {
+    let files = [
+        PANEL,
+        "summary.json",
+        "report.html",
+        slurm::REPORT_JOB,
+        lock::LOCK,
+    ]
+    .map(|name| dir.join(name));
+    let folders = pairs.iter().map(|p| dir.join(&p.name));
+    let paths: Vec<std::path::PathBuf> = files.into_iter().chain(folders).collect();
+    pipeline::refuse_links(dir, paths.iter().map(|p| p.as_path()))
 }
 
 /// The pairs of a panel directory, from its `panel.json`.

@@ -1,6 +1,7 @@
 //! Running `reproduce`'s steps: every check before the first step, a manifest per finished
 //! step, and a rerun that redoes only what changed (docs/commands/reproduce.md, "Resuming").
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use sha2::{Digest, Sha256};
 use super::hash::{HashCache, Identity};
 use super::plan::{self, PlanInput, Read, Role, Step};
 use crate::arch::config::{check_compatible, TextConfig};
-use crate::checkpoint::output::{check_cancelled, refuse_inputs, write_file_atomic};
+use crate::checkpoint::output::{check_cancelled, write_file_atomic, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::cli::Cli;
 use crate::error::Result;
@@ -55,9 +56,20 @@ pub struct Manifest {
     pub inputs: Vec<Identity>,
     /// The keys of the steps it read from.
     pub after: BTreeMap<String, String>,
+    /// Every file the step wrote, by its path under DIR: a rerun reuses the step only when each
+    /// is there as written (see [`intact`]).
+    pub outputs: BTreeMap<String, OutputFile>,
     /// SHA-256 of the version, the command line, the inputs and the upstream keys.
     pub key: String,
     pub seconds: f64,
+}
+
+/// A file a step wrote, as its manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    pub bytes: u64,
+    /// The hex XXH3-128 of its contents.
+    pub xxh3: String,
 }
 
 /// The plan of a pair after every check, ready to run or to print.
@@ -73,8 +85,9 @@ pub struct Prepared {
     pub disk_free: u64,
     pub estimate_seconds: f64,
     pub models: PairModels,
-    /// The content hashes learned while preparing, saved once DIR exists.
-    pub cache: HashCache,
+    /// The content hashes learned while preparing, saved once DIR exists, and those of the
+    /// steps' outputs, learned while checking them (also for `--dry-run`, which saves nothing).
+    pub cache: RefCell<HashCache>,
 }
 
 /// The pair's models as opened, for the summary.
@@ -136,10 +149,10 @@ pub fn prepare(options: Options) -> Result<Prepared> {
     let mut inputs: Vec<&Path> = vec![&reference.dir, &vlm.dir];
     inputs.extend(base.iter().map(|b| b.dir.as_path()));
     inputs.extend(options.text.as_deref());
-    refuse_inputs(&dir, &inputs).map_err(|e| bad!("-o: {e}"))?;
-    if dir.exists() && !dir.is_dir() {
-        bail!("-o {}: is a file; give a directory", dir.display());
-    }
+    Outputs::new(false)
+        .output("-o", Some(&dir), OutputKind::Workspace)
+        .inputs("input", inputs.iter().copied())
+        .check()?;
     let text = options
         .text
         .clone()
@@ -173,6 +186,20 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         .into_iter()
         .filter(|s| !skipped.iter().any(|(n, _)| *n == s.name))
         .collect();
+    // Every path the run writes under DIR is checked as DIR is: no link on the way (with
+    // DIR/models a link to a store of models, `extract --force` would write into the store),
+    // and none is, holds or lies inside an input.
+    let bundled = options.text.is_none().then_some(text.as_path());
+    let written = written_paths(&dir, &steps, bundled);
+    refuse_links(&dir, written.iter().map(|(path, _)| path.as_path()))?;
+    for (path, kind) in &written {
+        // Model folders are replaced whole (`extract`, `merge` with --force), and only when
+        // they hold nothing but a model's files.
+        Outputs::new(true)
+            .output("-o DIR's", Some(path), *kind)
+            .inputs("input", inputs.iter().copied())
+            .check()?;
+    }
 
     // Peak disk use: the language model, and one merged model at a time (all of them with
     // --keep-models), each as large as the reference in its own dtype; less what is there.
@@ -201,7 +228,7 @@ pub fn prepare(options: Options) -> Result<Prepared> {
     }
 
     // The models' identities: Hub commits, or content hashes (cached under DIR).
-    let mut cache = HashCache::load(&dir.join(".hash-cache.json"));
+    let mut cache = HashCache::load(&dir.join(HASH_CACHE));
     let mut model_ids = BTreeMap::new();
     for (input, ckpt) in [(&options.reference, &reference), (&options.vlm, &vlm)]
         .into_iter()
@@ -269,8 +296,67 @@ pub fn prepare(options: Options) -> Result<Prepared> {
             base,
             family: family.name(),
         },
-        cache,
+        cache: RefCell::new(cache),
     })
+}
+
+/// Every path a run of `steps` writes under `dir` (with `text`, the bundled text's copy), with
+/// what it is: the model folders of `extract` and the merges, and files.
+fn written_paths(dir: &Path, steps: &[Step], text: Option<&Path>) -> Vec<(PathBuf, OutputKind)> {
+    let mut files: Vec<PathBuf> = [
+        PLAN,
+        HASH_CACHE,
+        super::lock::LOCK,
+        "summary.json",
+        "report.html",
+        super::slurm::REPORT_JOB,
+    ]
+    .iter()
+    .map(|name| dir.join(name))
+    .collect();
+    files.extend(text.map(Path::to_path_buf));
+    let mut models = Vec::new();
+    for step in steps {
+        let folder = plan::step_dir(dir, &step.name);
+        files
+            .extend([MANIFEST, REPORT, REMOVED, CONFIG, super::slurm::JOB].map(|n| folder.join(n)));
+        files.extend(step.files.iter().cloned());
+        models.extend(step.model.iter().cloned());
+    }
+    (files.into_iter().map(|f| (f, OutputKind::File)))
+        .chain(models.into_iter().map(|m| (m, OutputKind::Model)))
+        .collect()
+}
+
+/// Refuse a symbolic link at or above any of `paths` below `dir`: a run writes only real files
+/// and folders inside its DIR, so that no link can send a write elsewhere, into an input or
+/// another run's folder (what DIR itself resolves to is checked as any output is).
+pub fn refuse_links<'a>(dir: &Path, paths: impl IntoIterator<Item = &'a Path>) -> Result<()> {
+    for path in paths {
+        let Ok(rest) = path.strip_prefix(dir) else {
+            continue;
+        };
+        let mut at = dir.to_path_buf();
+        for component in rest.components() {
+            at.push(component);
+            match fs::symlink_metadata(&at) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    let target = fs::read_link(&at).unwrap_or_default();
+                    bail!(
+                        "-o {}: {} is a symlink (to {}); reproduce writes only real files and \
+                         folders inside DIR, so that no link sends a write elsewhere (into an \
+                         input, say): put the folder itself there, or choose another -o",
+                        dir.display(),
+                        at.display(),
+                        target.display()
+                    );
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
 }
 
 fn architecture(config: &serde_json::Value) -> String {
@@ -323,13 +409,17 @@ pub const REMOVED: &str = "removed.json";
 
 /// Where a step's plan is kept for `--status` and for the jobs of the Slurm executor.
 pub const PLAN: &str = "plan.json";
+/// The content hashes of input and output files, by stat signature.
+const HASH_CACHE: &str = ".hash-cache.json";
+/// A merge step's config, written before it runs.
+const CONFIG: &str = "config.yml";
 
 /// Make the run's directory ready: the hash cache, the bundled text, the plan. Every
 /// executor calls it before running or submitting a step.
 pub fn begin(prepared: &mut Prepared) -> Result<()> {
     let dir = prepared.options.dir.clone();
     fs::create_dir_all(&dir).map_err(|e| crate::error::Error::write(&dir, e))?;
-    prepared.cache.save()?;
+    prepared.cache.borrow_mut().save()?;
     if prepared.options.text.is_none() {
         let current = fs::read(&prepared.text).unwrap_or_default();
         if current != SAMPLE_TEXT.as_bytes() {
@@ -352,16 +442,11 @@ pub fn done_steps(prepared: &Prepared) -> Vec<String> {
 
 /// The steps whose outputs are complete and current, `force` aside (see [`done_steps`]).
 pub fn finished_steps(prepared: &Prepared, force: &[String]) -> Vec<String> {
-    let dir = &prepared.options.dir;
     let steps = &prepared.steps;
     let mut done: Vec<String> = steps
         .iter()
         .filter(|s| !forced(force, s))
-        .filter(|s| read_manifest(dir, &s.name).is_some_and(|m| m.key == prepared.keys[&s.name]))
-        .filter(|s| {
-            s.model.as_ref().is_none_or(|m| m.is_dir())
-                || (s.role == Role::Merge && !prepared.options.keep_models)
-        })
+        .filter(|s| intact(prepared, s))
         .map(|s| s.name.clone())
         .collect();
     let rescored: Vec<String> = steps
@@ -377,11 +462,111 @@ pub fn finished_steps(prepared: &Prepared, force: &[String]) -> Vec<String> {
     done
 }
 
+/// Whether what DIR holds of a step is what the step wrote, so that a rerun may reuse it
+/// instead of trusting files anyone could have changed since: its manifest is this step's as
+/// planned (key, inputs, upstream keys, and the command line it shows), and every file the
+/// manifest records is there, a regular file of the size and XXH3-128 recorded, and no other in
+/// its model. A merged model deleted once scored (not with `--keep-models`) must have left a
+/// `removed.json` that agrees with the manifest.
+fn intact(prepared: &Prepared, step: &Step) -> bool {
+    let dir = &prepared.options.dir;
+    let Some(manifest) = read_manifest(dir, &step.name) else {
+        return false;
+    };
+    let planned = manifest.step == step.name
+        && manifest.key == prepared.keys[&step.name]
+        && manifest.sinkmerge_version == env!("CARGO_PKG_VERSION")
+        && manifest.inputs == prepared.identities[&step.name]
+        && manifest.after == after_keys(prepared, step)
+        && resolved_argv(dir, step).is_ok_and(|argv| argv == manifest.argv)
+        && manifest.command == format!("sinkmerge {}", command_line(&manifest.argv));
+    let Some(now) = planned.then(|| outputs_now(prepared, step)).flatten() else {
+        return false;
+    };
+    let model = step.model.as_ref();
+    if model.is_none_or(|m| is_real_dir(m)) {
+        return now == manifest.outputs;
+    }
+    if step.role != Role::Merge || prepared.options.keep_models {
+        return false;
+    }
+    let model = model.expect("checked above");
+    let (weights, rest): (BTreeMap<_, _>, BTreeMap<_, _>) =
+        (manifest.outputs.into_iter()).partition(|(path, _)| dir.join(path).starts_with(model));
+    let removed = fs::read(plan::step_dir(dir, &step.name).join(REMOVED))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok());
+    now == rest
+        && removed.is_some_and(|r| {
+            r["model"].as_str() == Some(&*model.to_string_lossy())
+                && r["bytes"].as_u64() == Some(weight_bytes(&weights))
+        })
+}
+
+/// A folder, not a link to one.
+fn is_real_dir(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+}
+
+/// The bytes of the weights among a model's recorded files: what deleting it frees. The rest
+/// (model card, recorded config) is a few KB that name the inputs by absolute path, and would
+/// make the summary depend on where the run was made.
+fn weight_bytes(files: &BTreeMap<String, OutputFile>) -> u64 {
+    (files.iter())
+        .filter(|(path, _)| path.ends_with(".safetensors"))
+        .map(|(_, f)| f.bytes)
+        .sum()
+}
+
+/// The files of a step as they are now, by path under DIR: its report, its config, its plots,
+/// and the top-level files of the model it writes when that folder is there (names starting
+/// with `.` left out, as in an input's hash). `None` when one is missing, or is not a regular
+/// file (a link could point anywhere).
+fn outputs_now(prepared: &Prepared, step: &Step) -> Option<BTreeMap<String, OutputFile>> {
+    let dir = &prepared.options.dir;
+    let folder = plan::step_dir(dir, &step.name);
+    let mut files = vec![folder.join(REPORT)];
+    files.extend(step.config.as_ref().map(|_| folder.join(CONFIG)));
+    files.extend(step.files.iter().cloned());
+    if let Some(model) = step.model.as_ref().filter(|m| is_real_dir(m)) {
+        for entry in fs::read_dir(model).ok()? {
+            let entry = entry.ok()?;
+            if !entry.file_name().to_string_lossy().starts_with('.') {
+                files.push(entry.path());
+            }
+        }
+    }
+    let mut cache = prepared.cache.borrow_mut();
+    (files.iter())
+        .map(|path| {
+            let meta = fs::symlink_metadata(path).ok().filter(|m| m.is_file())?;
+            let name = path.strip_prefix(dir).ok()?.to_string_lossy().into_owned();
+            let xxh3 = cache.file(path).ok()?;
+            Some((
+                name,
+                OutputFile {
+                    bytes: meta.len(),
+                    xxh3,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The keys of the steps `step` reads, by name, as its manifest records them.
+fn after_keys(prepared: &Prepared, step: &Step) -> BTreeMap<String, String> {
+    (step.after.iter())
+        .map(|a| (a.clone(), prepared.keys.get(a).cloned().unwrap_or_default()))
+        .collect()
+}
+
 /// The local executor: run the plan's steps in order, one at a time (each command uses every
 /// thread of the pool), reusing every step that is done.
 pub fn execute(prepared: &mut Prepared) -> Result<()> {
     begin(prepared)?;
     let done = done_steps(prepared);
+    // The hashes of the outputs just checked, so the next run reads no model again.
+    prepared.cache.borrow_mut().save()?;
     let total = prepared.steps.len();
     for (i, step) in prepared.steps.iter().enumerate() {
         check_cancelled()?;
@@ -409,6 +594,7 @@ pub fn execute(prepared: &mut Prepared) -> Result<()> {
 pub fn execute_one(prepared: &mut Prepared, name: &str) -> Result<()> {
     begin(prepared)?;
     let done = done_steps(prepared);
+    prepared.cache.borrow_mut().save()?;
     let step = (prepared.steps.iter())
         .find(|s| s.name == name)
         .ok_or_else(|| bad!("--step {name}: no such step in this plan"))?;
@@ -447,17 +633,14 @@ fn remove_merged_model(dir: &Path, steps: &[Step], setting: &str) -> Result<()> 
     else {
         return Ok(());
     };
-    let Some(model) = merge.model.as_ref().filter(|m| m.is_dir()) else {
+    let Some(model) = merge.model.as_ref().filter(|m| is_real_dir(m)) else {
         return Ok(());
     };
-    // The weights' bytes: the rest (model card, recorded config) is a few KB that name the
-    // inputs by absolute path, and would make the summary depend on where the run was made.
-    let bytes: u64 = fs::read_dir(model)
-        .map_err(|e| crate::error::Error::write(model, e))?
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-        .map(|e| e.metadata().map_or(0, |m| m.len()))
-        .sum();
+    // The merge is done (checked, or run just now): its manifest holds the model's files.
+    let manifest = read_manifest(dir, &merge.name).ok_or_else(|| {
+        crate::internal!("step {}: no manifest to delete its model by", merge.name)
+    })?;
+    let bytes = weight_bytes(&manifest.outputs);
     fs::remove_dir_all(model).map_err(|e| crate::error::Error::write(model, e))?;
     let record = serde_json::json!({ "model": model, "bytes": bytes });
     write_file_atomic(
@@ -508,7 +691,7 @@ fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
         }
     }
     if let Some(config) = &step.config {
-        write_file_atomic(&folder.join("config.yml"), config.as_bytes())?;
+        write_file_atomic(&folder.join(CONFIG), config.as_bytes())?;
     }
     let argv = resolved_argv(dir, step)?;
     let cli = Cli::try_parse_from(std::iter::once("sinkmerge".to_string()).chain(argv.clone()))
@@ -520,15 +703,20 @@ fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
         .map_err(|e| e.context(format!("step {}", step.name)))?;
     let seconds = started.elapsed().as_secs_f64();
     write_file_atomic(&folder.join(REPORT), report.as_bytes())?;
+    let outputs = outputs_now(prepared, step).ok_or_else(|| {
+        crate::internal!(
+            "step {}: a file it wrote cannot be read back to hash",
+            step.name
+        )
+    })?;
     let manifest = Manifest {
         step: step.name.clone(),
         command: format!("sinkmerge {}", command_line(&argv)),
         argv,
         sinkmerge_version: env!("CARGO_PKG_VERSION").into(),
         inputs: prepared.identities[&step.name].clone(),
-        after: (step.after.iter())
-            .map(|a| (a.clone(), prepared.keys.get(a).cloned().unwrap_or_default()))
-            .collect(),
+        after: after_keys(prepared, step),
+        outputs,
         key: prepared.keys[&step.name].clone(),
         seconds,
     };
@@ -536,6 +724,7 @@ fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
         &folder.join(MANIFEST),
         crate::report::json_text(&manifest)?.as_bytes(),
     )?;
+    prepared.cache.borrow_mut().save()?;
     Ok(seconds)
 }
 
