@@ -50,7 +50,8 @@ fn a_chat_template_that_never_ends_is_stopped_naming_its_file() {
         let model = with_template(&fixture("qwen3"), file, template);
         let output = sinkmerge(["score", "--chat-template"])
             .args([model.path()])
-            .output_within(Duration::from_secs(30))
+            .watch(b"", Duration::from_secs(30))
+            .0
             .unwrap_or_else(|| panic!("{template}: still running after 30 s"));
         refused(&output, &[file, "chat template"]);
     }

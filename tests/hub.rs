@@ -1160,7 +1160,8 @@ fn a_trickling_server_is_stopped_by_the_least_speed_and_the_part_resumed() {
             &["fetch", "test-org/tiny-qwen2"],
             &[("SINKMERGE_HUB_SPEED_TIME", "1")],
         )
-        .output_within(Duration::from_secs(40))
+        .watch(b"", Duration::from_secs(40))
+        .0
         .expect("the trickling download still ran after 40 s");
     failed(
         &output,

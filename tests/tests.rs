@@ -6,6 +6,12 @@
 mod util;
 
 mod ablate;
+mod adversarial_configs;
+mod adversarial_misc;
+mod adversarial_outputs;
+mod adversarial_paths;
+mod adversarial_resume;
+mod adversarial_sizes;
 mod bad_flags;
 mod bad_input;
 mod browser;

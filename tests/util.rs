@@ -159,33 +159,6 @@ impl Sinkmerge {
         self.command.output().expect("the binary runs")
     }
 
-    /// Run for at most `limit`: the output, or `None` when the run had to be killed (a test of a
-    /// bound that does not hold then fails instead of hanging). For runs that print little: the
-    /// pipes are read at the end, so one that fills a pipe's buffer first is killed too.
-    pub fn output_within(mut self, limit: std::time::Duration) -> Option<Output> {
-        use std::process::Stdio;
-        let mut child = (self.command)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the binary runs");
-        let start = std::time::Instant::now();
-        while child
-            .try_wait()
-            .expect("the run can be waited for")
-            .is_none()
-        {
-            if start.elapsed() > limit {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        Some(child.wait_with_output().expect("the run's output"))
-    }
-
     /// Run, expect success, return stdout.
     pub fn ok(self) -> String {
         let (args, output) = self.output_and_args();
