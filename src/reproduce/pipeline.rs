@@ -731,16 +731,7 @@ fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
 /// `argv` as one shell command line: words with anything but safe characters single-quoted.
 pub fn command_line(argv: &[String]) -> String {
     argv.iter()
-        .map(|a| {
-            let safe = !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c));
-            if safe {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
+        .map(|a| crate::shell::quote(a))
         .collect::<Vec<_>>()
         .join(" ")
 }
