@@ -5,6 +5,7 @@ use sinkmerge::error::{panic_message, Kind, EXIT_FAILURE};
 
 fn main() {
     let cli = sinkmerge::cli::Cli::parse();
+    let globals = cli.globals();
     // The last line of defence: a panic is a bug, never the answer to an input. It still gets
     // one line and the internal-error exit code, not Rust's exit 101 and a backtrace prompt.
     std::panic::set_hook(Box::new(|info| {
@@ -15,7 +16,7 @@ fn main() {
         let message = panic_message(info.payload()).unwrap_or_else(|| "unknown panic".into());
         eprintln!("sinkmerge: internal error: {message}{location}; please report this as a bug");
     }));
-    match std::panic::catch_unwind(|| sinkmerge::commands::run(cli)) {
+    match std::panic::catch_unwind(|| sinkmerge::commands::run(cli.command, globals)) {
         Ok(Ok(())) => exit(0, None),
         Ok(Err(err)) => {
             let message = match err.kind() {

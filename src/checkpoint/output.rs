@@ -311,7 +311,8 @@ fn special_kind(file_type: &fs::FileType) -> Option<&'static str> {
 }
 
 /// Device nodes, FIFOs, sockets and links are never replaced: a rename would put a regular file
-/// in their place (`-o /dev/null` as root would replace the system's).
+/// in their place (`-o /dev/null` as root would replace the system's). A file output is never a
+/// folder.
 fn refuse_special(flag: &str, path: &Path, kind: OutputKind) -> Result<()> {
     let Ok(meta) = fs::symlink_metadata(path) else {
         return Ok(());
@@ -328,6 +329,9 @@ fn refuse_special(flag: &str, path: &Path, kind: OutputKind) -> Result<()> {
             kind.describe()
         );
     }
+    if kind == OutputKind::File && meta.is_dir() {
+        bail!("{flag} {} is a directory; give a file name", path.display());
+    }
     Ok(())
 }
 
@@ -339,9 +343,6 @@ fn check_existing(flag: &str, path: &Path, kind: OutputKind, force: bool) -> Res
         return Ok(());
     };
     match kind {
-        OutputKind::File if meta.is_dir() => {
-            bail!("{flag} {} is a directory; give a file name", path.display())
-        }
         OutputKind::File => Ok(()),
         _ if !meta.is_dir() => bail!("{flag} {} exists and is not a directory", path.display()),
         OutputKind::Workspace => Ok(()),

@@ -9,7 +9,7 @@ use crate::arch::LayerList;
 use crate::bail;
 use crate::checkpoint::rewrite::{rewrite, Additions, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
@@ -61,7 +61,7 @@ pub struct Args {
     pub out: OutputArgs,
 
     #[command(flatten)]
-    pub vlm: crate::cli::IntoVlmArgs,
+    pub vlm: crate::commands::args::IntoVlmArgs,
 
     /// Print one JSON object with every ablated tensor's channels and mean instead of text
     #[arg(long)]
@@ -75,7 +75,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }
-    crate::cli::refuse_repeats("--norms", &args.norms, String::clone)?;
+    crate::commands::args::refuse_repeats("--norms", &args.norms, String::clone)?;
     let model = Checkpoint::open_ref(&args.model)?;
     let norms: Vec<Module> = args
         .norms

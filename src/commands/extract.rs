@@ -8,7 +8,7 @@ use crate::bad;
 use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::checkpoint::resolve::{self, ModelRef};
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::extract::{self, Summary};
 use crate::report::{human_bytes, Table};

@@ -4,7 +4,7 @@
 use crate::arch::families;
 use crate::bad;
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::graft::{self, Summary};
 use crate::report::human_bytes;

@@ -7,7 +7,7 @@ use super::scoring_args::ScoringArgs;
 use crate::analysis::heads::{self, diagnose, Diagnosis, Layers, RankBy};
 use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::cli::whole_number;
+use crate::commands::args::whole_number;
 use crate::error::Result;
 use crate::forward::backend::Backend;
 use crate::forward::device::BackendJob;

@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::analysis::inject_qknorm;
 use crate::checkpoint::rewrite::{rewrite, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::dtype;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
@@ -38,7 +38,7 @@ pub struct Args {
     pub out: OutputArgs,
 
     #[command(flatten)]
-    pub vlm: crate::cli::IntoVlmArgs,
+    pub vlm: crate::commands::args::IntoVlmArgs,
 
     /// Print one JSON summary instead of text
     #[arg(long)]

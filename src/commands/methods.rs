@@ -4,7 +4,7 @@
 
 use clap::ValueEnum;
 
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::merge::dare::{self, Rescale};
 use crate::merge::params::{ParamSpec, ParamValue, Setting, Settings};
@@ -29,7 +29,7 @@ pub struct CommonArgs {
     pub tokenizer_from: Option<String>,
 
     #[command(flatten)]
-    pub vlm: crate::cli::IntoVlmArgs,
+    pub vlm: crate::commands::args::IntoVlmArgs,
 
     /// Print a JSON summary on stdout instead of text
     #[arg(long)]

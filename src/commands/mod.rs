@@ -2,6 +2,7 @@
 
 pub mod ablate;
 pub mod aliases;
+pub mod args;
 pub mod extract;
 pub mod fetch;
 pub mod graft;
@@ -25,8 +26,66 @@ pub mod visual_sinks;
 
 use std::cell::RefCell;
 
-use crate::cli::{Cli, Command};
+use clap::Subcommand;
+
 use crate::error::Result;
+
+/// Every subcommand, parsed by `cli::Cli` and run by [`dispatch`].
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Summarize a checkpoint: architecture, family, dtypes, parameters, layers, QK-norm class
+    Inspect(inspect::Args),
+    /// List the paper's model aliases and whether each is in the local Hugging Face cache
+    Aliases(aliases::Args),
+    /// Download models into the Hugging Face cache ahead of time (what sinkmerge reads only)
+    Fetch(fetch::Args),
+    /// Cut the language model out of a VLM as a standalone causal LM (every supported family)
+    Extract(extract::Args),
+    Graft(graft::Args),
+    // The controls' help texts (about and long_about) live on their Args.
+    Predict(predict::Args),
+    Perturb(perturb::Args),
+    Ablate(ablate::Args),
+    InjectQknorm(inject_qknorm::Args),
+    /// Attention-sink scores: Sink Strength S, pos0 share; with --ref, B_gap and the margin
+    #[command(long_about = score::LONG_ABOUT, after_help = score::AFTER_HELP)]
+    Score(score::Args),
+    /// Per-head diagnosis: each head's sink before and after, joined to its weight drift
+    #[command(long_about = heads::LONG_ABOUT, after_help = heads::AFTER_HELP)]
+    Heads(heads::Args),
+    /// Head-selective repair: move chosen heads' weight slices toward the reference
+    #[command(long_about = repair_heads::LONG_ABOUT, after_help = repair_heads::AFTER_HELP)]
+    RepairHeads(repair_heads::Args),
+    /// Check the GPU scorer against the CPU scorer: probabilities, logits, S, B_gap, margin
+    #[command(long_about = parity::LONG_ABOUT)]
+    Parity(parity::Args),
+    /// One forward pass of a prompt with images; the activations to a safetensors file
+    #[command(long_about = trace::LONG_ABOUT, after_help = trace::AFTER_HELP)]
+    Trace(trace::Args),
+    /// Visual attention sinks of a VLM on images: the gate, the features, the key edit
+    #[command(long_about = visual_sinks::LONG_ABOUT, after_help = visual_sinks::AFTER_HELP)]
+    VisualSinks(visual_sinks::Args),
+    // About and long help live with the arguments in commands/norms.rs.
+    Norms(norms::Args),
+    Linear(methods::LinearArgs),
+    TaskArithmetic(methods::TaskArithmeticArgs),
+    Ties(methods::TiesArgs),
+    Dare(methods::DareArgs),
+    Tsv(methods::TsvArgs),
+    Star(methods::StarArgs),
+    Merge(merge::Args),
+    /// The paper's whole analysis of one VLM-LLM pair (or a panel of pairs), resumable, with an
+    /// HTML report
+    #[command(long_about = reproduce::LONG_ABOUT, after_help = reproduce::AFTER_HELP)]
+    Reproduce(reproduce::Args),
+}
+
+/// The settings every command shares (`--threads`, `--quiet`, `--no-download`).
+pub struct Globals {
+    pub threads: Option<usize>,
+    pub quiet: bool,
+    pub no_download: bool,
+}
 
 thread_local! {
     /// Where [`emit`] sends a command's report on this thread: stdout, or the buffer of a
@@ -54,17 +113,17 @@ pub fn dispatch_captured(command: Command, progress: bool) -> Result<String> {
 }
 
 /// Run the parsed command line.
-pub fn run(cli: Cli) -> Result<()> {
-    if let Some(n) = cli.threads {
+pub fn run(command: Command, globals: Globals) -> Result<()> {
+    if let Some(n) = globals.threads {
         // Ignore the error of a pool already built (only possible when embedding the library).
         let _ = rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
             .build_global();
     }
     crate::checkpoint::output::handle_signals()?;
-    let progress = crate::progress::enabled(cli.quiet);
-    crate::checkpoint::resolve::allow_downloads(!cli.no_download, progress);
-    dispatch(cli.command, progress)
+    let progress = crate::progress::enabled(globals.quiet);
+    crate::checkpoint::resolve::allow_downloads(!globals.no_download, progress);
+    dispatch(command, progress)
 }
 
 fn dispatch(command: Command, progress: bool) -> Result<()> {

@@ -112,7 +112,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     ]);
     reports.check_before_inputs()?;
     if let Some(modules) = &args.modules {
-        crate::cli::refuse_repeats("--modules", modules, |m| m.short_name().to_string())?;
+        crate::commands::args::refuse_repeats("--modules", modules, |m| {
+            m.short_name().to_string()
+        })?;
     }
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;

@@ -9,7 +9,7 @@ use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::names;
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile};
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
@@ -50,7 +50,7 @@ pub struct Args {
     pub out: OutputArgs,
 
     #[command(flatten)]
-    pub vlm: crate::cli::IntoVlmArgs,
+    pub vlm: crate::commands::args::IntoVlmArgs,
 
     /// Print one JSON object with every tensor's target and realized drift instead of text
     #[arg(long)]

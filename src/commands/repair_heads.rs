@@ -13,7 +13,7 @@ use crate::bail;
 use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile, NamedFile};
 use crate::checkpoint::Checkpoint;
-use crate::cli::OutputArgs;
+use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::forward::decoder::Model;
 use crate::report::model_card::{self, ModelCard};
@@ -101,7 +101,7 @@ pub struct Args {
     pub out: OutputArgs,
 
     #[command(flatten)]
-    pub vlm: crate::cli::IntoVlmArgs,
+    pub vlm: crate::commands::args::IntoVlmArgs,
 
     /// Print one JSON object: the heads, modules and every repaired tensor
     #[arg(long)]

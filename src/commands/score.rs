@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::scoring_args::ScoringArgs;
 use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::cli::whole_number;
+use crate::commands::args::whole_number;
 use crate::error::Result;
 use crate::report::json_text;
 use crate::report::score::{

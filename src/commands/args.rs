@@ -1,0 +1,123 @@
+//! The flag groups and value parsers several commands share: where a model is written
+//! (`OutputArgs`), `--into-vlm`, and the checks of counts and lists.
+
+use std::path::PathBuf;
+
+use crate::bail;
+use crate::checkpoint::output::{OutputKind, Outputs};
+use crate::error::Result;
+
+/// Where and how a command writes a model directory.
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Output model directory (written atomically: complete or absent)
+    #[arg(short, long, value_name = "OUT")]
+    pub output: Option<PathBuf>,
+
+    /// Replace OUT if it is an earlier model folder (one that holds only a model's files; any other
+    /// folder, the working folder and $HOME are refused)
+    #[arg(long)]
+    pub force: bool,
+
+    /// Largest safetensors shard, in bytes with optional k/M/G suffix (decimal) or Ki/Mi/Gi
+    #[arg(long, value_name = "SIZE", default_value = "5G")]
+    pub max_shard_size: String,
+
+    /// Write no README.md model card into OUT. By default OUT gets one in the Hugging Face Hub's
+    /// format: YAML metadata (base_model: the inputs that are Hub repos; tags; library_name), what
+    /// the model is, the recipe, every input (repo and commit, or path) and the command that
+    /// replays it
+    #[arg(long)]
+    pub no_model_card: bool,
+}
+
+/// `--into-vlm`: every command that writes a language model can write it straight into a VLM.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct IntoVlmArgs {
+    /// Write the model straight into VLM's own layout, in one pass (as `sinkmerge graft --vlm VLM`
+    /// of the output would): VLM's vision tower, projector, config, processor and tokenizer
+    /// files with this model as its language model. VLM is the model this one was extracted from
+    #[arg(long, value_name = "VLM")]
+    pub into_vlm: Option<String>,
+}
+
+impl OutputArgs {
+    /// The output directory (required by `command`) and the shard size in bytes.
+    pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
+        let to = self.destination(command)?;
+        Ok((to.dir.to_path_buf(), to.max_shard_size))
+    }
+
+    /// Where a rewrite of one checkpoint goes (required by `command`), with no other inputs.
+    pub fn destination(
+        &self,
+        command: &str,
+    ) -> crate::error::Result<crate::checkpoint::rewrite::Destination<'_>> {
+        let dir = (self.output.as_deref())
+            .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
+        Outputs::new(self.force)
+            .output("-o", Some(dir), OutputKind::Model)
+            .check_before_inputs()?;
+        Ok(crate::checkpoint::rewrite::Destination {
+            dir,
+            other_inputs: &[],
+            force: self.force,
+            max_shard_size: self.max_shard_size()?,
+            into_vlm: None,
+        })
+    }
+
+    /// `--max-shard-size` in bytes; a bad value is an error naming the flag.
+    pub fn max_shard_size(&self) -> Result<u64> {
+        crate::checkpoint::writer::parse_size(&self.max_shard_size)
+            .map_err(|e| e.context("--max-shard-size"))
+    }
+}
+
+/// Refuse a comma-separated flag that names one item twice (`--modules q_proj,q_proj`): the
+/// repeat would be ignored, or counted twice, without a word.
+pub fn refuse_repeats<T: PartialEq>(
+    flag: &str,
+    items: &[T],
+    name: impl Fn(&T) -> String,
+) -> Result<()> {
+    for (i, item) in items.iter().enumerate() {
+        if items[..i].contains(item) {
+            bail!("{flag}: `{}` is listed twice", name(item));
+        }
+    }
+    Ok(())
+}
+
+/// The most worker threads `--threads` takes. Every pool is CPU-bound, so threads beyond the
+/// cores only add switching; 1024 is above the core count of any single machine sinkmerge runs
+/// on, and a typo such as `--threads 100000` is refused instead of spawning that many.
+pub const MAX_THREADS: usize = 1024;
+
+/// A clap value parser for a whole number from `min` to `max`, for counts that size allocations
+/// or loops: a value outside is refused when the command line is read (exit 2), with the bounds
+/// in the message. `1e6` is read as the whole number it is, and says "too large" when it is.
+pub fn whole_number(
+    min: usize,
+    max: usize,
+) -> impl Fn(&str) -> std::result::Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let t = s.trim();
+        let value = match t.parse::<i128>() {
+            Ok(n) => n as f64,
+            Err(_) => match t.parse::<f64>() {
+                Ok(x) if x.is_finite() && x.fract() == 0.0 => x,
+                _ => return Err(format!("`{s}` is not a whole number")),
+            },
+        };
+        if value < min as f64 {
+            Err(format!(
+                "{s} is too small: give a whole number of at least {min} and at most {max}"
+            ))
+        } else if value > max as f64 {
+            Err(format!("{s} is too large: the maximum is {max}"))
+        } else {
+            Ok(value as usize)
+        }
+    }
+}
