@@ -523,3 +523,37 @@ fn crc32(bytes: &[u8]) -> u32 {
     }
     !crc
 }
+
+#[test]
+fn a_truncated_jpeg_is_refused_as_pil_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for fixture in [
+        "tests/fixtures/images/wide_150x61.jpg",
+        "tests/fixtures/jpeg/progressive_61x43.jpg",
+        "tests/fixtures/jpeg/restart_61x43.jpg",
+    ] {
+        let bytes = std::fs::read(root().join(fixture)).unwrap();
+        assert_eq!(
+            bytes[bytes.len() - 2..],
+            [0xFF, 0xD9],
+            "{fixture} ends in EOI"
+        );
+        // Cut inside the scans, and cut only the end-of-image marker.
+        for keep in [bytes.len() / 3, bytes.len() * 2 / 3, bytes.len() - 2] {
+            let cut = dir.path().join(format!("cut_{keep}.jpg"));
+            std::fs::write(&cut, &bytes[..keep]).unwrap();
+            let cut = cut.to_str().unwrap().to_string();
+            refused_without_output(
+                &[
+                    "trace",
+                    "tests/fixtures/vlm/qwen2_vl",
+                    "--prompt",
+                    "<image>x",
+                    "--image",
+                    &cut,
+                ],
+                &[&cut, "truncated"],
+            );
+        }
+    }
+}

@@ -37,6 +37,13 @@ pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
         }
     }
     let is_jpeg = reader.format() == Some(ImageFormat::Jpeg);
+    if is_jpeg && jpeg_truncated(&bytes) {
+        bail!(
+            "{}: the JPEG is truncated (its data ends before the end-of-image marker); PIL \
+             refuses it too (\"image file is truncated\")",
+            path.display()
+        );
+    }
     let mut limits = Limits::default();
     limits.max_alloc = Some(MAX_ALLOC);
     reader.limits(limits);
@@ -64,6 +71,56 @@ pub fn load_rgb(path: &Path, convert_rgb: bool) -> Result<RgbImage> {
     };
     image.apply_orientation(orientation);
     to_rgb8(image, keyed && convert_rgb, path)
+}
+
+/// Whether a JPEG ends before its end-of-image marker (EOI, `FF D9`). libjpeg-turbo stops early
+/// on such a file and PIL then raises "image file is truncated"; zune-jpeg pads the missing data
+/// and answers. The walk follows the marker segments by their lengths and each scan's
+/// entropy-coded data to the next marker (an `FF` inside that data is stuffed as `FF 00`, or is a
+/// restart marker or fill), so an EOI inside an EXIF thumbnail's segment is never taken for the
+/// file's own (ITU T.81, B.1.1).
+fn jpeg_truncated(bytes: &[u8]) -> bool {
+    let mut i = 2; // past SOI
+    loop {
+        // The next marker: its FF, any fill FFs, then the marker code.
+        while bytes.get(i).is_some_and(|&b| b != 0xFF) {
+            i += 1;
+        }
+        while bytes.get(i) == Some(&0xFF) {
+            i += 1;
+        }
+        let Some(&marker) = bytes.get(i) else {
+            return true;
+        };
+        i += 1;
+        match marker {
+            0xD9 => return false,
+            // Standalone markers: no length.
+            0x01 | 0xD0..=0xD7 => continue,
+            _ => {}
+        }
+        let Some(length) = bytes.get(i..i + 2) else {
+            return true;
+        };
+        i += usize::from(u16::from_be_bytes([length[0], length[1]]));
+        if i > bytes.len() {
+            return true;
+        }
+        if marker == 0xDA {
+            // The scan's entropy-coded data runs to the next marker that is not stuffing or RSTn.
+            loop {
+                while bytes.get(i).is_some_and(|&b| b != 0xFF) {
+                    i += 1;
+                }
+                match bytes.get(i + 1) {
+                    None => return true,
+                    Some(0x00 | 0xD0..=0xD7) => i += 2,
+                    Some(0xFF) => i += 1,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
 }
 
 fn decode_error(path: &Path, err: ImageError) -> Error {
