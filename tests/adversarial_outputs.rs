@@ -215,37 +215,57 @@ fn a_live_run_in_another_pid_namespace_keeps_its_staging_folder() {
     let script = format!(
         "i=2; while [ $i -lt {pid} ]; do /bin/true; i=$((i+1)); done; \"$0\" \"$@\"; exit $?"
     );
-    let mut first = Command::new("unshare")
-        .args(["--pid", "--fork", "sh", "-c", &script])
-        .arg(env!("CARGO_BIN_EXE_sinkmerge"))
-        .args(["linear", "--models"])
-        .args([&a, &b])
-        .args(["--max-shard-size", "1M", "-q", "-o"])
-        .arg(&slow)
-        .process_group(0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
+    // The run writes in small shards, and is stopped (its whole process group) as soon as its
+    // staging folder holds a file; a run that finished before it was seen is started again.
+    let (mut first, group, staging) = (0..5)
+        .find_map(|_| {
+            let _ = fs::remove_dir_all(&slow);
+            let mut first = Command::new("unshare")
+                .args(["--pid", "--fork", "sh", "-c", &script])
+                .arg(env!("CARGO_BIN_EXE_sinkmerge"))
+                .args(["linear", "--models"])
+                .args([&a, &b])
+                .args(["--max-shard-size", "100k", "-q", "-o"])
+                .arg(&slow)
+                .process_group(0)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let group = first.id() as i32;
+            let started = Instant::now();
+            loop {
+                let found = fs::read_dir(&work).unwrap().flatten().find(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".slow.sinkmerge-partial-")
+                });
+                // Once it holds a file: the writer locks its folder before it writes into it.
+                let writing = found.filter(|e| {
+                    fs::read_dir(e.path()).is_ok_and(|mut files| files.next().is_some())
+                });
+                if let Some(entry) = writing {
+                    unsafe { libc::kill(-group, libc::SIGSTOP) };
+                    return Some((first, group, entry.path()));
+                }
+                if first.try_wait().unwrap().is_some() {
+                    return None;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "no staging folder appeared"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+        .expect("the run was never caught while writing in 5 tries");
+    // A writer that has computed for a while: its folder is older than any grace period, so
+    // only its lock says that it lives.
+    let long_ago = std::time::SystemTime::now() - Duration::from_secs(600);
+    fs::File::open(&staging)
+        .unwrap()
+        .set_modified(long_ago)
         .unwrap();
-    let group = first.id() as i32;
-    // Stop the whole run as soon as its staging folder exists.
-    let started = Instant::now();
-    let staging = loop {
-        let found = fs::read_dir(&work).unwrap().flatten().find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(".slow.sinkmerge-partial-")
-        });
-        if let Some(entry) = found {
-            unsafe { libc::kill(-group, libc::SIGSTOP) };
-            break entry.path();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no staging folder appeared"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    };
     let name = staging.file_name().unwrap().to_string_lossy().into_owned();
     // A run beside it, out here: it must leave the live run's staging folder alone.
     let (reference, target) = tiny_lms();
