@@ -61,18 +61,11 @@ pub const PROCESSOR_CONFIG: Cap = Cap {
     bytes: 1 << 20,
 };
 
-/// The size of `path`, a regular file (through links); else an error that says what it is.
-fn regular_file(path: &Path, what: &str, or_stdin: bool) -> Result<u64> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            bail!("{}: no such {what} (the file is missing)", path.display())
-        }
-        Err(e) => return Err(Error::read(path, e)),
-    };
-    let t = meta.file_type();
-    let kind = if t.is_file() {
-        return Ok(meta.len());
+/// What a file system entry is, in words, for the messages that refuse one that is not a
+/// regular file (here, and the outputs' checks in `checkpoint::output`).
+pub fn kind_in_words(t: &std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link"
     } else if t.is_dir() {
         "a directory"
     } else if t.is_fifo() {
@@ -83,9 +76,27 @@ fn regular_file(path: &Path, what: &str, or_stdin: bool) -> Result<u64> {
         "a block device"
     } else if t.is_socket() {
         "a socket"
+    } else if t.is_file() {
+        "a regular file"
     } else {
         "not a regular file"
+    }
+}
+
+/// The size of `path`, a regular file (through links); else an error that says what it is.
+fn regular_file(path: &Path, what: &str, or_stdin: bool) -> Result<u64> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{}: no such {what} (the file is missing)", path.display())
+        }
+        Err(e) => return Err(Error::read(path, e)),
     };
+    let t = meta.file_type();
+    if t.is_file() {
+        return Ok(meta.len());
+    }
+    let kind = kind_in_words(&t);
     let target = match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path)
             .map(|t| format!(" (a link to {})", t.display()))

@@ -246,6 +246,9 @@ impl<'a> Outputs<'a> {
     }
 
     fn run(&self, contents: bool) -> Result<()> {
+        let inputs: Vec<ResolvedInput> = (self.inputs.iter())
+            .map(|&(label, path)| ResolvedInput::new(label, path))
+            .collect::<Result<_>>()?;
         let mut seen: Vec<(&str, &Path, PathBuf)> = Vec::new();
         for &(flag, path, kind) in &self.outputs {
             refuse_special(flag, path, kind)?;
@@ -280,8 +283,8 @@ impl<'a> Outputs<'a> {
                     other.display()
                 );
             }
-            for &(label, input) in &self.inputs {
-                refuse_input(flag, path, &abs, label, input)?;
+            for input in &inputs {
+                input.refuse(flag, path, &abs)?;
             }
             if contents {
                 check_existing(flag, path, kind, self.force)?;
@@ -294,20 +297,7 @@ impl<'a> Outputs<'a> {
 
 /// What an existing entry is, in words, when it is not a regular file or folder.
 fn special_kind(file_type: &fs::FileType) -> Option<&'static str> {
-    use std::os::unix::fs::FileTypeExt;
-    if file_type.is_symlink() {
-        Some("a symbolic link")
-    } else if file_type.is_char_device() {
-        Some("a character device")
-    } else if file_type.is_block_device() {
-        Some("a block device")
-    } else if file_type.is_fifo() {
-        Some("a FIFO")
-    } else if file_type.is_socket() {
-        Some("a socket")
-    } else {
-        None
-    }
+    (!file_type.is_file() && !file_type.is_dir()).then(|| crate::input::kind_in_words(file_type))
 }
 
 /// Device nodes, FIFOs, sockets and links are never replaced: a rename would put a regular file
@@ -414,61 +404,86 @@ fn refuse_home_and_working_folder(flag: &str, path: &Path, abs: &Path) -> Result
     Ok(())
 }
 
-/// The output `path` (resolved: `abs`) is not, does not lie inside and does not contain the
-/// input, nor any file or folder that a symlink inside the input resolves to (the Hugging Face
-/// cache's snapshots are links into `blobs/`), nor a hard link of one of the input's files.
-fn refuse_input(flag: &str, path: &Path, abs: &Path, label: &str, input: &Path) -> Result<()> {
-    let input_abs = absolute(input)?;
-    if input_abs.is_file() {
-        if same_file(abs, &input_abs) || input_abs.starts_with(abs) {
+/// An input as the checks compare outputs with it, resolved once for all outputs: a file, or
+/// a folder with the canonical targets of the symlinks inside it (each with the link's path).
+struct ResolvedInput<'a> {
+    label: &'a str,
+    path: &'a Path,
+    abs: PathBuf,
+    /// `None` for a file.
+    locations: Option<Vec<(PathBuf, Option<PathBuf>)>>,
+}
+
+impl<'a> ResolvedInput<'a> {
+    fn new(label: &'a str, path: &'a Path) -> Result<ResolvedInput<'a>> {
+        let abs = absolute(path)?;
+        let locations = (!abs.is_file()).then(|| {
+            let mut locations = vec![(abs.clone(), None)];
+            linked_locations(&abs, 0, &mut locations);
+            locations
+        });
+        Ok(ResolvedInput {
+            label,
+            path,
+            abs,
+            locations,
+        })
+    }
+
+    /// The output `path` (resolved: `abs`) is not, does not lie inside and does not contain the
+    /// input, nor any file or folder that a symlink inside the input resolves to (the Hugging Face
+    /// cache's snapshots are links into `blobs/`), nor a hard link of one of the input's files.
+    fn refuse(&self, flag: &str, path: &Path, abs: &Path) -> Result<()> {
+        let (label, input) = (self.label, self.path);
+        let Some(locations) = &self.locations else {
+            if same_file(abs, &self.abs) || self.abs.starts_with(abs) {
+                bail!(
+                    "{flag} {} would overwrite the {label} file {}; inputs are never written",
+                    path.display(),
+                    input.display()
+                );
+            }
+            return Ok(());
+        };
+        for (location, link) in locations {
+            let relation = if abs == location.as_path() {
+                "is"
+            } else if abs.starts_with(location) {
+                "lies inside"
+            } else if location.starts_with(abs) {
+                "contains"
+            } else {
+                continue;
+            };
+            match link {
+                None => bail!(
+                    "{flag} {} {relation} {label} {}; inputs are never written, choose another \
+                     output path",
+                    path.display(),
+                    input.display()
+                ),
+                Some(link) => bail!(
+                    "{flag} {} {relation} {}, which {label} {} links to (from {}); inputs are never \
+                     written, choose another output path",
+                    path.display(),
+                    location.display(),
+                    input.display(),
+                    link.display()
+                ),
+            }
+        }
+        // A hard link: another name of one of the input's files.
+        if let Some(file) = same_inode_inside(abs, &self.abs) {
             bail!(
-                "{flag} {} would overwrite the {label} file {}; inputs are never written",
+                "{flag} {} is a hard link of {}, a file of {label} {}; inputs are never written, \
+                 choose another output path",
                 path.display(),
+                file.display(),
                 input.display()
             );
         }
-        return Ok(());
+        Ok(())
     }
-    let mut locations = vec![(input_abs.clone(), None)];
-    linked_locations(&input_abs, 0, &mut locations);
-    for (location, link) in locations {
-        let relation = if abs == location {
-            "is"
-        } else if abs.starts_with(&location) {
-            "lies inside"
-        } else if location.starts_with(abs) {
-            "contains"
-        } else {
-            continue;
-        };
-        match link {
-            None => bail!(
-                "{flag} {} {relation} {label} {}; inputs are never written, choose another \
-                 output path",
-                path.display(),
-                input.display()
-            ),
-            Some(link) => bail!(
-                "{flag} {} {relation} {}, which {label} {} links to (from {}); inputs are never \
-                 written, choose another output path",
-                path.display(),
-                location.display(),
-                input.display(),
-                link.display()
-            ),
-        }
-    }
-    // A hard link: another name of one of the input's files.
-    if let Some(file) = same_inode_inside(abs, &input_abs) {
-        bail!(
-            "{flag} {} is a hard link of {}, a file of {label} {}; inputs are never written, \
-             choose another output path",
-            path.display(),
-            file.display(),
-            input.display()
-        );
-    }
-    Ok(())
 }
 
 /// Whether two resolved paths are one file: equal, or hard links of the same inode.
