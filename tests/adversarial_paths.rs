@@ -60,6 +60,13 @@ impl Work {
     fn link(&self, name: &str, target: &str) {
         symlink(self.path(target), self.path(name)).unwrap();
     }
+
+    /// `trace` of `d/vlm` into `output`, run in the work folder, refused naming `needles`.
+    fn trace_refused(&self, output: &str, needles: &[&str]) {
+        sinkmerge(["trace", "d/vlm", "--prompt", "hi", "-o", output])
+            .current_dir(self.tmp.path())
+            .refused(needles);
+    }
 }
 
 #[test]
@@ -87,16 +94,10 @@ fn an_output_named_through_a_link_and_dotdot_is_checked_where_it_lands() {
     work.link("L", "d/vlm/sub");
     let weights = fs::read(work.path("d/vlm/model.safetensors")).unwrap();
     // `L/../model.safetensors` is the model's own weights.
-    sinkmerge([
-        "trace",
-        "d/vlm",
-        "--prompt",
-        "hi",
-        "-o",
+    work.trace_refused(
         "L/../model.safetensors",
-    ])
-    .current_dir(work.tmp.path())
-    .refused(&["L/../model.safetensors", "inputs are never written"]);
+        &["L/../model.safetensors", "inputs are never written"],
+    );
     assert_eq!(
         fs::read(work.path("d/vlm/model.safetensors")).unwrap(),
         weights
@@ -108,9 +109,7 @@ fn an_output_named_through_a_link_and_dotdot_is_checked_where_it_lands() {
         "d/../M/vlm/sub/../trace.safetensors",
         "L/trace.safetensors",
     ] {
-        sinkmerge(["trace", "d/vlm", "--prompt", "hi", "-o", output])
-            .current_dir(work.tmp.path())
-            .refused(&["inputs are never written"]);
+        work.trace_refused(output, &["inputs are never written"]);
     }
     assert!(!work.path("d/vlm/trace.safetensors").exists());
 }
@@ -169,16 +168,7 @@ fn aliases_of_an_input_folder_are_the_input() {
         PathBuf::from(&through_proc).join("out.safetensors"),
         work.path("d/./vlm/sub/../out.safetensors"),
     ] {
-        sinkmerge([
-            "trace",
-            "d/vlm",
-            "--prompt",
-            "hi",
-            "-o",
-            output.to_str().unwrap(),
-        ])
-        .current_dir(work.tmp.path())
-        .refused(&["inputs are never written"]);
+        work.trace_refused(output.to_str().unwrap(), &["inputs are never written"]);
     }
     // The input named through the alias, the output the real folder.
     let out = work.path("d/vlm");
