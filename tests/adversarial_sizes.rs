@@ -279,53 +279,36 @@ fn processor_sizes_past_their_bounds_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
     let scene = scene();
-    let qwen_cases: [(&str, Value, &str); 3] = [
+    let cases: [(&str, &str, Value, &str); 5] = [
         (
+            QWEN,
             "edge",
             json!({"size": {"shortest_edge": 1_000_000_000_000u64, "longest_edge": 1_000_000_000_000u64}}),
             "longest_edge",
         ),
         (
+            QWEN,
             "min",
             json!({"min_pixels": 1_000_000_000_000u64}),
             "min_pixels",
         ),
-        ("patch", json!({"patch_size": 100_000}), "patch_size"),
-    ];
-    for (name, edits, key) in qwen_cases {
-        let model = dir.path().join(name);
-        edited_model(QWEN, &model, "preprocessor_config.json", |v| {
-            for (k, x) in edits.as_object().unwrap() {
-                v[k] = x.clone();
-            }
-        });
-        let args = [
-            "trace",
-            s(&model),
-            "--prompt",
-            "<image>Hi",
-            "--image",
-            &scene,
-            "-o",
-            s(&out),
-        ];
-        refuses(&args, &["preprocessor_config.json", key]);
-    }
-    let internvl_cases: [(&str, Value, &str); 2] = [
+        (QWEN, "patch", json!({"patch_size": 100_000}), "patch_size"),
         (
+            INTERNVL,
             "tile",
             json!({"size": {"height": 1_000_000, "width": 1_000_000}}),
             "size",
         ),
         (
+            INTERNVL,
             "tiles",
             json!({"max_patches": 1_000_000_000_000u64}),
             "max_patches",
         ),
     ];
-    for (name, edits, key) in internvl_cases {
+    for (source, name, edits, key) in cases {
         let model = dir.path().join(name);
-        edited_model(INTERNVL, &model, "preprocessor_config.json", |v| {
+        edited_model(source, &model, "preprocessor_config.json", |v| {
             for (k, x) in edits.as_object().unwrap() {
                 v[k] = x.clone();
             }
