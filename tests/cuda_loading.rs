@@ -33,6 +33,15 @@ fn stub_libraries(dir: &Path, source: &str) {
 fn a_cuda_library_without_its_symbols_is_refused_in_one_line() {
     let tmp = tempfile::tempdir().unwrap();
     stub_libraries(tmp.path(), "int sinkmerge_stub(void) { return 0; }\n");
+    every_gpu_command_refused(
+        tmp.path(),
+        &["--device cuda", "libcuda.so", "`cuInit`", "--device cpu"],
+    );
+}
+
+/// `score`, `heads` and `parity` on the GPU, with the libraries of `libraries`: each refused
+/// in one line naming `needles`.
+fn every_gpu_command_refused(libraries: &Path, needles: &[&str]) {
     let model = fixture("qwen2");
     let model = model.to_str().unwrap();
     let runs: [&[&str]; 3] = [
@@ -42,8 +51,8 @@ fn a_cuda_library_without_its_symbols_is_refused_in_one_line() {
     ];
     for args in runs {
         sinkmerge(args)
-            .env("LD_LIBRARY_PATH", tmp.path())
-            .refused(&["--device cuda", "libcuda.so", "`cuInit`", "--device cpu"]);
+            .env("LD_LIBRARY_PATH", libraries)
+            .refused(needles);
     }
 }
 
@@ -67,16 +76,8 @@ fn a_driver_without_error_strings_gets_the_numeric_code() {
         }
     }
     stub_libraries(tmp.path(), &source);
-    let model = fixture("qwen2");
-    let model = model.to_str().unwrap();
-    let runs: [&[&str]; 3] = [
-        &["score", model, "--device", "cuda"],
-        &["heads", model, model, "--device", "cuda"],
-        &["parity", model],
-    ];
-    for args in runs {
-        sinkmerge(args)
-            .env("LD_LIBRARY_PATH", tmp.path())
-            .refused(&["--device cuda", "finds no usable GPU", "CUDA error 100"]);
-    }
+    every_gpu_command_refused(
+        tmp.path(),
+        &["--device cuda", "finds no usable GPU", "CUDA error 100"],
+    );
 }
