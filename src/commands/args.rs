@@ -121,3 +121,27 @@ pub fn whole_number(
         }
     }
 }
+
+/// Flags every merge command shares (`merge` and the one-method commands).
+#[derive(Debug, clap::Args)]
+pub struct CommonArgs {
+    #[command(flatten)]
+    pub output: OutputArgs,
+
+    /// Output dtype of floating-point tensors: float32, bfloat16 or float16 [default: each base
+    /// tensor's own dtype]. All arithmetic is float32 whatever this says.
+    #[arg(long, value_name = "DTYPE")]
+    pub out_dtype: Option<String>,
+
+    /// Copy the tokenizer, chat template and generation config from MODEL [default: the first
+    /// of --models]
+    #[arg(long, value_name = "MODEL")]
+    pub tokenizer_from: Option<String>,
+
+    #[command(flatten)]
+    pub vlm: IntoVlmArgs,
+
+    /// Print a JSON summary on stdout instead of text
+    #[arg(long)]
+    pub json: bool,
+}

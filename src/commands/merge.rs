@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use safetensors::Dtype;
 
-use super::methods::CommonArgs;
+use super::args::CommonArgs;
 use crate::bad;
 use crate::dtype::parse_float_dtype;
 use crate::error::Result;

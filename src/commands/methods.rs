@@ -4,37 +4,13 @@
 
 use clap::ValueEnum;
 
-use crate::commands::args::OutputArgs;
+use crate::commands::args::CommonArgs;
 use crate::error::Result;
 use crate::merge::dare::{self, Rescale};
 use crate::merge::params::{ParamSpec, ParamValue, Setting, Settings};
 use crate::merge::task_vector::{self, Election};
 use crate::merge::ties::{self, Trim};
 use crate::merge::{self, linear, star, task_arithmetic, tsv, MergeSpec, ModelEntry};
-
-/// Flags every merge command shares.
-#[derive(Debug, clap::Args)]
-pub struct CommonArgs {
-    #[command(flatten)]
-    pub output: OutputArgs,
-
-    /// Output dtype of floating-point tensors: float32, bfloat16 or float16 [default: each base
-    /// tensor's own dtype]. All arithmetic is float32 whatever this says.
-    #[arg(long, value_name = "DTYPE")]
-    pub out_dtype: Option<String>,
-
-    /// Copy the tokenizer, chat template and generation config from MODEL [default: the first
-    /// of --models]
-    #[arg(long, value_name = "MODEL")]
-    pub tokenizer_from: Option<String>,
-
-    #[command(flatten)]
-    pub vlm: crate::commands::args::IntoVlmArgs,
-
-    /// Print a JSON summary on stdout instead of text
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// The models of a task-vector method.
 #[derive(Debug, clap::Args)]
