@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 use crate::{bad, bail};
 
 /// A kind of input file: its name in messages and the most bytes read from it.

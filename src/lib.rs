@@ -15,6 +15,7 @@
 //! - [`merge`]: linear, task arithmetic, TIES, DARE, TSV and STAR merges, streamed to disk.
 //! - [`report`]: tables, number formatting and SVG plots.
 //! - [`shell`]: quoting the command lines that messages and model cards suggest.
+//! - [`units`]: quantities in words (`1.5 KiB`) for messages and reports, below every room.
 //! - [`forward`]: the forward pass over a backend seam (CPU, CUDA): decoder architectures, rotary
 //!   embeddings, and the dispatch onto a device.
 //! - [`sink`]: the sink scorer and the paper's sink metrics over [`forward`]'s passes.
@@ -48,5 +49,6 @@ pub mod reproduce;
 pub mod shell;
 pub mod sink;
 pub mod tensor;
+pub mod units;
 
 pub use error::{Error, Result};

@@ -11,7 +11,8 @@ use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::extract::{self, Summary};
-use crate::report::{human_bytes, Table};
+use crate::report::Table;
+use crate::units::human_bytes;
 
 #[derive(Debug, clap::Args)]
 #[command(

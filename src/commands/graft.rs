@@ -7,7 +7,7 @@ use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::graft::{self, Summary};
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 #[derive(Debug, clap::Args)]
 #[command(

@@ -4,7 +4,8 @@
 use crate::analysis::inspect::{scan_non_finite, Inspection};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::report::{human_bytes, human_count, Table};
+use crate::report::{human_count, Table};
+use crate::units::human_bytes;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

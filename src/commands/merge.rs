@@ -11,7 +11,7 @@ use crate::dtype::parse_float_dtype;
 use crate::error::Result;
 use crate::merge::plan::{self, RunOptions, Summary};
 use crate::merge::MergeSpec;
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 /// Run a merge described by a mergekit-style YAML config.
 ///

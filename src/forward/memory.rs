@@ -5,7 +5,7 @@
 use super::model::DecoderSpec;
 use crate::bail;
 use crate::error::Result;
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 /// `MemAvailable` of `/proc/meminfo` in bytes: what can be allocated without swapping. `None`
 /// where the file is absent (not Linux), and then nothing is checked.

@@ -117,7 +117,7 @@ impl Qwen2Vl {
                  larger than the {} a processor's output may be",
                 path.display(),
                 config.temporal_patch_size,
-                crate::report::human_bytes(crate::input::PIXEL_VALUES.bytes)
+                crate::units::human_bytes(crate::input::PIXEL_VALUES.bytes)
             );
         }
         let to_float = ToFloat::new(&config.common, path)?;

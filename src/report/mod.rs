@@ -81,22 +81,6 @@ pub fn human_count(n: u64) -> String {
     }
 }
 
-/// `1536` -> `1.5 KiB`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut f = n as f64;
-    let mut unit = 0;
-    while f >= 1024.0 && unit < UNITS.len() - 1 {
-        f /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{f:.1} {}", UNITS[unit])
-    }
-}
-
 /// Format a float compactly for tables: 4 significant digits, scientific when tiny or huge.
 pub fn fmt_num(x: f64) -> String {
     if x == 0.0 {
@@ -152,7 +136,7 @@ mod tests {
     #[test]
     fn numbers_format_compactly() {
         assert_eq!(human_count(1_234_567), "1.23M");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(crate::units::human_bytes(1536), "1.5 KiB");
         assert_eq!(fmt_num(4.4412), "4.441");
         assert_eq!(fmt_num(0.00012), "1.200e-4");
     }

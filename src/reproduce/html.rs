@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use super::plan;
 use crate::error::{Error, Result};
+use crate::report::fmt_num;
 use crate::report::plot::{stacked_bars_svg, stacked_svg, BarChart, LineChart, Scatter, Series};
-use crate::report::{fmt_num, human_bytes};
+use crate::units::human_bytes;
 
 const TEMPLATE: &str = include_str!("report.html.j2");
 /// The style both pages share.

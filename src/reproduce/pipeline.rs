@@ -18,7 +18,7 @@ use crate::checkpoint::output::{check_cancelled, write_file_atomic, OutputKind, 
 use crate::checkpoint::Checkpoint;
 use crate::cli::Cli;
 use crate::error::Result;
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 use crate::{bad, bail};
 
 /// The bundled text of the perplexity column, used when `--text` is not given.
