@@ -8,8 +8,8 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use faer::MatRef;
 use sinkmerge::forward::backend::cpu::attend_head;
-use sinkmerge::forward::backend::Precision;
-use sinkmerge::forward::decoder::HeadView;
+use sinkmerge::forward::backend::HeadView;
+use sinkmerge::forward::precision::Precision;
 use sinkmerge::sink::metrics::{observe, GapFrom, ReferenceHead, SinkPosition};
 
 const HEAD_DIM: usize = 128;

@@ -13,8 +13,8 @@
 use serde_json::Value;
 use sinkmerge::checkpoint::Checkpoint;
 use sinkmerge::forward::backend::cpu::CpuBackend;
-use sinkmerge::forward::backend::Precision;
-use sinkmerge::forward::decoder::trace_on;
+use sinkmerge::forward::pass::record_all_on;
+use sinkmerge::forward::precision::Precision;
 
 use crate::util::{read_json, root, sinkmerge};
 
@@ -153,7 +153,7 @@ fn probability_agreement(case: &Value) -> (usize, usize, i32) {
         let model = dump["model"].as_str().unwrap();
         let p = dump["prompt_index"].as_u64().unwrap() as usize;
         let ckpt = Checkpoint::open_dir(&root().join(model), model).unwrap();
-        let trace = trace_on(
+        let trace = record_all_on(
             &CpuBackend::new(Precision::Bf16),
             &ckpt,
             std::slice::from_ref(&tokens[p]),
@@ -357,7 +357,7 @@ fn square(triangle: &[f32], len: usize) -> (Vec<f32>, Vec<f32>) {
 
 #[test]
 fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
-    use sinkmerge::forward::decoder::HeadView;
+    use sinkmerge::forward::backend::HeadView;
     use sinkmerge::sink::score::{HeadResult, ModelObservations, Observations, Settings};
     let dir = root().join("tests/fixtures/score/paper/replay");
     let want = golden("replay/replay.json");

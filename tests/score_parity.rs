@@ -7,7 +7,7 @@ use std::path::Path;
 
 use safetensors::SafeTensors;
 use sinkmerge::checkpoint::Checkpoint;
-use sinkmerge::forward::decoder::trace;
+use sinkmerge::forward::pass::record_all;
 
 use crate::util::{fixture, root, score_fixture};
 
@@ -67,7 +67,7 @@ fn with_config(model: &Path, config: &Path) -> tempfile::TempDir {
 fn check(case: &str, dir: &Path) {
     let g = golden(case);
     let ckpt = Checkpoint::open_dir(dir, case).unwrap();
-    let t = trace(&ckpt, std::slice::from_ref(&g.ids)).unwrap();
+    let t = record_all(&ckpt, std::slice::from_ref(&g.ids)).unwrap();
     let len = g.ids.len();
     assert_eq!(t.attentions.len(), g.layers, "{case}: layers");
     let tri = len * (len + 1) / 2;

@@ -20,8 +20,8 @@ use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
 use crate::forward::backend::Backend;
-use crate::forward::decoder::Model;
 use crate::forward::model::DecoderSpec;
+use crate::forward::weights::Model;
 use crate::sink::prompts::IndexStream;
 use crate::sink::score::{score, HeadPairStatistics, Input, PairStatistics, Scores, Settings};
 

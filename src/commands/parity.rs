@@ -8,8 +8,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::forward::backend::cuda::driver::Driver;
 use crate::forward::backend::cuda::{CudaBackend, Device as _};
-use crate::forward::backend::Precision;
 use crate::forward::device::ComputeDevice;
+use crate::forward::precision::Precision;
 use crate::report::{json_text, Table};
 use crate::sink::parity::{self, Parity};
 

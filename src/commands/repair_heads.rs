@@ -15,7 +15,7 @@ use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFil
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
-use crate::forward::decoder::Model;
+use crate::forward::weights::Model;
 use crate::report::model_card::{self, ModelCard};
 use crate::report::Table;
 use crate::sink::prompts::{self, PromptSource};

@@ -7,8 +7,8 @@ use crate::arch::config::undeclared_layers;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::forward::backend::Precision;
 use crate::forward::device::ComputeDevice;
+use crate::forward::precision::Precision;
 use crate::sink::prompts::{self, PromptSource};
 
 #[derive(Debug, clap::Args)]

@@ -12,11 +12,12 @@ use crate::bail;
 use crate::checkpoint::output::{write_file_atomic, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::forward::backend::{Backend, Precision};
+use crate::forward::backend::Backend;
 use crate::forward::capture::{self, CaptureSet, Kept, Prompt, Values};
-use crate::forward::decoder::Model;
 use crate::forward::device::{BackendJob, ComputeDevice};
+use crate::forward::precision::Precision;
 use crate::forward::vlm::IMAGE_MARKER;
+use crate::forward::weights::Model;
 use crate::report::json_text;
 
 use super::image_prompt::{read_pixel_file, Prompter};

@@ -5,12 +5,14 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::backend::Backend;
-use super::decoder::{HeadView, Model, State};
+use super::backend::{Backend, HeadView};
+use super::decoder::{AttentionOutput, State};
 use super::memory;
 use super::model::DecoderSpec;
+use super::pass::{End, Hooks, Pass};
 use super::vision::{ImageFeatures, Pixels, Tower};
 use super::vlm;
+use super::weights::Model;
 use crate::bail;
 use crate::checkpoint::header::{self, TensorInfo};
 use crate::error::{Error, Result};
@@ -230,21 +232,6 @@ pub fn start<'m, 'a, B: Backend>(
     Ok(state)
 }
 
-/// What follows decoder layer `layer`'s output for image rows: Qwen3-VL's deepstack features
-/// (`_deepstack_process`).
-pub fn after_layer<B: Backend>(
-    state: &mut State<'_, '_, B>,
-    layer: usize,
-    encoded: Option<&Encoded>,
-) -> Result<()> {
-    if let Some(e) = encoded {
-        if let Some(ds) = e.features.deepstack.get(layer) {
-            state.add_rows(&e.rows, ds.clone())?;
-        }
-    }
-    Ok(())
-}
-
 /// The bytes [`run`] then [`to_safetensors`] hold at their peak for a prompt of `seq` tokens,
 /// keeping `capture` for `layers` decoder layers: the kept tensors, up to twice their size again
 /// while the file's bytes are made from them, one layer's attention in flight, and the working
@@ -275,6 +262,63 @@ pub fn peak_bytes(spec: &DecoderSpec, seq: usize, capture: &CaptureSet, layers: 
         };
     let working = rows(4 * spec.hidden_size + 3 * spec.intermediate_size) + rows(spec.vocab_size);
     3.0 * kept + in_flight + working
+}
+
+/// What [`run`] keeps layer by layer, in the order `trace` lists it.
+struct Recorder<'r, P> {
+    capture: &'r CaptureSet,
+    /// Whether each decoder layer is one of `--layers`, and whether its attention is kept.
+    chosen: &'r [bool],
+    keep_probs: &'r [bool],
+    /// Tokens, query heads and hidden width.
+    seq: usize,
+    heads: usize,
+    hidden: usize,
+    kept: &'r mut Vec<Kept>,
+    progress: P,
+}
+
+impl<P> Recorder<'_, P> {
+    /// Whether `hidden_states.{l}` is kept: the input or the output of a chosen layer.
+    fn hidden_wanted(&self, l: usize) -> bool {
+        self.capture.has(Capture::HiddenStates)
+            && (self.chosen.get(l).copied().unwrap_or(false) || (l > 0 && self.chosen[l - 1]))
+    }
+}
+
+impl<B: Backend, P: FnMut(&str)> Hooks<B, Vec<f32>> for Recorder<'_, P> {
+    fn before(&mut self, layer: usize, state: &State<'_, '_, B>) -> Result<()> {
+        if layer == 0 && self.hidden_wanted(0) {
+            let shape = vec![self.seq, self.hidden];
+            self.kept
+                .push(Kept::f32("hidden_states.0", shape, state.hidden()?));
+        }
+        (self.progress)(&format!("layer {layer}"));
+        Ok(())
+    }
+
+    fn after(
+        &mut self,
+        layer: usize,
+        out: &mut AttentionOutput<Vec<f32>>,
+        state: &mut State<'_, '_, B>,
+    ) -> Result<()> {
+        let (seq, hidden) = (self.seq, self.hidden);
+        if self.keep_probs[layer] {
+            self.kept.push(Kept::f32(
+                format!("attentions.{layer}"),
+                vec![self.heads, seq, seq],
+                out.heads.concat(),
+            ));
+        }
+        let num_layers = self.chosen.len();
+        if layer + 1 < num_layers && self.hidden_wanted(layer + 1) {
+            let name = format!("hidden_states.{}", layer + 1);
+            self.kept
+                .push(Kept::f32(name, vec![seq, hidden], state.hidden()?));
+        }
+        Ok(())
+    }
 }
 
 /// Run `prompt` through `model` on `backend` (the tower first when it has images) and keep what
@@ -346,10 +390,7 @@ pub fn run<B: Backend>(
             None => Kept::i64("position_ids", vec![seq], (0..seq as i64).collect()),
         });
     }
-    let head = capture.has(Capture::Logits) || capture.has(Capture::HiddenStates);
-    let _reading = super::decoder::stream(&[model], &super::decoder::full_pass(model, head));
     let mut state = start(backend, model, prompt, encoded.as_ref())?;
-
     let mut chosen = vec![false; num_layers];
     for &l in layers {
         chosen[l] = true;
@@ -360,42 +401,34 @@ pub fn run<B: Backend>(
     if wants_kv {
         state.capture_kv(chosen.clone());
     }
-    let hidden_wanted = |l: usize| {
-        capture.has(Capture::HiddenStates)
-            && (chosen.get(l).copied().unwrap_or(false) || (l > 0 && chosen[l - 1]))
+    let head = capture.has(Capture::Logits) || capture.has(Capture::HiddenStates);
+    let mut pass = Pass::new(state, if head { End::Logits } else { End::Layers });
+    if let Some(e) = &encoded {
+        pass.add_after_layers(&e.rows, &e.features.deepstack);
+    }
+    let keep_probs: Vec<bool> = (chosen.iter())
+        .map(|&c| c && capture.has(Capture::Attentions))
+        .collect();
+    let mut recorder = Recorder {
+        capture,
+        chosen: &chosen,
+        keep_probs: &keep_probs,
+        seq,
+        heads: nh,
+        hidden,
+        kept: &mut kept,
+        progress: &mut progress,
     };
-    if hidden_wanted(0) {
-        kept.push(Kept::f32(
-            "hidden_states.0",
-            vec![seq, hidden],
-            state.hidden()?,
-        ));
-    }
-    let keep_probs = |h: &HeadView| h.probs.to_vec();
-    let skip_probs = |_: &HeadView| Vec::new();
-    for (layer, &kept_layer) in chosen.iter().enumerate() {
-        progress(&format!("layer {layer}"));
-        let with_probs = kept_layer && capture.has(Capture::Attentions);
-        let out = if with_probs {
-            state.attention(layer, &keep_probs, true)?
+    let probs = |layer: usize, h: &HeadView| {
+        if keep_probs[layer] {
+            h.probs.to_vec()
         } else {
-            state.attention(layer, &skip_probs, true)?
-        };
-        if with_probs {
-            kept.push(Kept::f32(
-                format!("attentions.{layer}"),
-                vec![nh, seq, seq],
-                out.heads.concat(),
-            ));
+            Vec::new()
         }
-        state.mlp(layer)?;
-        if layer + 1 < num_layers && hidden_wanted(layer + 1) {
-            let name = format!("hidden_states.{}", layer + 1);
-            kept.push(Kept::f32(name, vec![seq, hidden], state.hidden()?));
-        }
-        // After the layer's output is recorded, as transformers records it.
-        after_layer(&mut state, layer, encoded.as_ref())?;
-    }
+    };
+    pass.run(&probs, &mut recorder)?;
+    let want_last = recorder.hidden_wanted(num_layers);
+    let state = pass.state_mut();
     for kv in state.take_kv() {
         let l = kv.layer;
         for (c, values) in [
@@ -412,7 +445,6 @@ pub fn run<B: Backend>(
             }
         }
     }
-    let want_last = hidden_wanted(num_layers);
     if capture.has(Capture::Logits) || want_last {
         progress("logits");
         let (normed, logits) = state.final_hidden_and_logits()?;
@@ -475,7 +507,7 @@ mod tests {
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::Precision;
+    use crate::forward::precision::Precision;
     use crate::forward::vision::goldens::{self, relative};
     use crate::forward::vlm::Placeholders;
     use crate::sink::tokenize::TextEncoder;

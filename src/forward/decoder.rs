@@ -1,412 +1,29 @@
-//! The decoder recipe: the layer-streaming forward pass (f32, eager attention, no cache, batch of
-//! one per prompt), following transformers' eager path step by step
+//! The decoder recipe: one layer of the forward pass at a time (f32 or bf16, eager attention, no
+//! cache, batch of one per prompt), following transformers' eager path step by step
 //! (`docs/reference/forward.md`, "Step list"), written once over the [`Backend`] seam.
 //!
-//! A [`Model`] is an opened checkpoint with its resolved [`DecoderSpec`]. A [`State`] holds the
-//! hidden states of every prompt, packed as one `[tokens, hidden]` matrix so the projections run
-//! as one large GEMM. Layers are streamed: [`State::attention`] loads the layer's attention
-//! weights, computes every prompt's and head's scores and probabilities, hands each head to a
-//! visitor (the metric accumulators, or a probability dump for tests) and drops the weights;
-//! [`State::mlp`] does the same for the feed-forward block. A pass that declares its blocks
-//! ([`stream`]) has the next ones read and decoded on a background thread while one computes, so
-//! at most two layers' weights are resident in f32 (docs/commands/score.md, "Memory and reading
-//! ahead").
+//! A [`State`] holds the hidden states of every prompt, packed as one `[tokens, hidden]` matrix so
+//! the projections run as one large GEMM. [`State::attention`] loads a layer's attention weights
+//! from the [`Model`], computes every prompt's and head's scores and probabilities, hands each
+//! head to a visitor (the metric accumulators, or a probability dump for tests) and drops the
+//! weights; [`State::mlp`] does the same for the feed-forward block; [`State::logits`] runs the
+//! final norm and LM head. What a layer may do besides: edit its keys ([`KeyEdit`]), keep its keys
+//! and values ([`State::capture_kv`]), have rows replaced or added ([`State::replace_rows`],
+//! [`State::add_rows`]). The loop over layers is [`crate::forward::pass`]'s.
 
-use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
-use super::backend::cpu::CpuBackend;
-use super::backend::{AttentionShape, Backend, Visitor};
-use super::model::{DecoderSpec, LayerSpec, MoeSpec, NormPlacement};
-use super::rope::{frequencies, RopeTable};
+use super::backend::{AttentionShape, Backend, RopeTable, Visitor};
+use super::model::{LayerSpec, MoeSpec, NormPlacement};
+use super::rope::frequencies;
+use super::weights::Model;
 use crate::arch::config::RopeScaling;
-use crate::arch::names::standard_name;
 use crate::arch::QkNorm;
-use crate::checkpoint::prefetch::{self, Planned, Prefetch};
-use crate::checkpoint::Checkpoint;
+use crate::bail;
 use crate::dtype;
 use crate::error::Result;
-use crate::{bad, bail};
-
-/// An opened checkpoint and its decoder spec.
-pub struct Model<'a> {
-    pub ckpt: &'a Checkpoint,
-    pub spec: DecoderSpec,
-    /// Hugging Face standard name -> name as stored (VLMs prefix their language model).
-    stored: HashMap<String, String>,
-    /// The read-ahead of the streaming pass running now, and this model's index in it (see
-    /// [`stream`]).
-    prefetch: Mutex<Option<(Arc<Prefetch>, usize)>>,
-}
-
-/// The part of a layer a streaming pass runs, for reading ahead (see [`stream`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Block {
-    /// [`State::attention`]; without the residual update, its scores only.
-    Attention { update_residual: bool },
-    /// [`State::mlp`].
-    Mlp,
-    /// The final norm and LM head ([`State::logits`]); `layer` is ignored.
-    Head,
-}
-
-/// One block of one model (its index in [`stream`]'s `models`) in the order the pass runs it.
-#[derive(Debug, Clone, Copy)]
-pub struct Step {
-    pub model: usize,
-    pub layer: usize,
-    pub block: Block,
-}
-
-/// The steps of a pass of one model through every layer in full, then the head when `head`.
-pub fn full_pass(model: &Model, head: bool) -> Vec<Step> {
-    let mut steps = Vec::new();
-    for layer in 0..model.spec.num_layers() {
-        for block in [
-            Block::Attention {
-                update_residual: true,
-            },
-            Block::Mlp,
-        ] {
-            steps.push(Step {
-                model: 0,
-                layer,
-                block,
-            });
-        }
-    }
-    if head {
-        steps.push(Step {
-            model: 0,
-            layer: 0,
-            block: Block::Head,
-        });
-    }
-    steps
-}
-
-/// Read `models`' weights ahead of a pass that runs `steps` in order (docs/commands/score.md,
-/// "Memory and reading ahead"): a background thread decodes the next blocks' weights while
-/// the current one computes, holding at most one layer of f32 weights ahead (the largest layer
-/// of the steps; less under `--max-memory`). Reading ahead ends when the returned guard drops.
-/// Every value a backend gets is decoded by the same function as without it.
-pub fn stream<'m, 'a>(models: &[&'m Model<'a>], steps: &[Step]) -> Streaming<'m, 'a> {
-    let mut plan = Vec::new();
-    let mut layer_bytes: HashMap<(usize, usize), usize> = HashMap::new();
-    for (group, step) in steps.iter().enumerate() {
-        let Some(model) = models.get(step.model) else {
-            continue;
-        };
-        for name in model.block_weights(step.layer, step.block) {
-            if step.block != Block::Head {
-                let bytes = model.ckpt.info(&name).map_or(0, |i| i.numel() * 4);
-                *layer_bytes.entry((step.model, step.layer)).or_default() += bytes;
-            }
-            plan.push(Planned {
-                source: step.model,
-                ckpt: model.ckpt,
-                name,
-                group,
-            });
-        }
-    }
-    let layer = layer_bytes.values().copied().max().unwrap_or(0);
-    let prefetch = Arc::new(Prefetch::start(plan, prefetch::budget(layer)));
-    for (i, model) in models.iter().enumerate() {
-        *model.prefetch.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((Arc::clone(&prefetch), i));
-    }
-    Streaming {
-        models: models.to_vec(),
-    }
-}
-
-/// Reading ahead for a pass (see [`stream`]); dropping it stops the thread and frees what was
-/// read and not used.
-pub struct Streaming<'m, 'a> {
-    models: Vec<&'m Model<'a>>,
-}
-
-impl Drop for Streaming<'_, '_> {
-    fn drop(&mut self) {
-        for model in &self.models {
-            model
-                .prefetch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-        }
-    }
-}
-
-impl<'a> Model<'a> {
-    pub fn new(ckpt: &'a Checkpoint) -> Result<Model<'a>> {
-        let spec = DecoderSpec::from_model_config(&ckpt.config)
-            .map_err(|e| bad!("{}: {e}", ckpt.dir.join("config.json").display()))?;
-        let stored = ckpt
-            .names()
-            .iter()
-            .filter_map(|n| standard_name(n).map(|s| (s, n.clone())))
-            .collect();
-        let model = Model {
-            ckpt,
-            spec,
-            stored,
-            prefetch: Mutex::new(None),
-        };
-        let embed = model.info("model.embed_tokens.weight")?;
-        if embed.shape.len() != 2 || embed.shape[1] != model.spec.hidden_size {
-            bail!(
-                "{}: shape {:?}, expected [vocab, {}]",
-                model.describe("model.embed_tokens.weight"),
-                embed.shape,
-                model.spec.hidden_size
-            );
-        }
-        // transformers builds the embedding and the head with `vocab_size` rows and refuses a
-        // checkpoint whose tensors have another count (a size mismatch on loading).
-        let vocab = model.spec.vocab_size;
-        for name in ["model.embed_tokens.weight", "lm_head.weight"] {
-            let rows = match model.stored.get(name) {
-                Some(stored) => ckpt.require(stored)?.shape.first().copied(),
-                None => None,
-            };
-            if let Some(rows) = rows.filter(|&r| r != vocab) {
-                bail!(
-                    "{}: {rows} rows, but `vocab_size` in {} is {vocab}",
-                    model.describe(name),
-                    ckpt.dir.join("config.json").display()
-                );
-            }
-        }
-        Ok(model)
-    }
-
-    /// The stored name of the Hugging Face standard `name`, or `name` itself when it is stored
-    /// under that name (the vision towers ask for their tensors as stored).
-    pub fn stored_name<'n>(&'n self, name: &'n str) -> Result<&'n str> {
-        if let Some(stored) = self.stored.get(name) {
-            return Ok(stored);
-        }
-        if self.ckpt.contains(name) {
-            return Ok(name);
-        }
-        Err(bad!(
-            "{}: tensor `{name}` is missing (a {} checkpoint needs it)",
-            self.ckpt.dir.display(),
-            self.spec.model_type
-        ))
-    }
-
-    fn info(&self, name: &str) -> Result<&crate::checkpoint::TensorInfo> {
-        self.ckpt.require(self.stored_name(name)?)
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.stored.contains_key(name)
-    }
-
-    /// "file: tensor `stored name`" for messages.
-    pub fn describe(&self, name: &str) -> String {
-        match self.stored.get(name) {
-            Some(s) => self.ckpt.describe(s),
-            None => format!("{}: tensor `{name}`", self.ckpt.dir.display()),
-        }
-    }
-
-    /// The stored name of `name`, checked to have the expected shape.
-    fn shaped<'n>(&'n self, name: &'n str, shape: &[usize]) -> Result<&'n str> {
-        let stored = self.stored_name(name)?;
-        let info = self.ckpt.require(stored)?;
-        if info.shape != shape {
-            bail!(
-                "{}: shape {:?}, expected {shape:?} from config.json",
-                self.ckpt.describe(stored),
-                info.shape
-            );
-        }
-        Ok(stored)
-    }
-
-    /// Decode a tensor of the expected shape to f32 and release its mapped pages.
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let stored = self.shaped(name, shape)?;
-        if let Some(values) = self.read_ahead().and_then(|(p, i)| p.take(i, stored)) {
-            return Ok(values);
-        }
-        let values = self.ckpt.read_tensor(stored)?.data;
-        self.ckpt.release(stored);
-        Ok(values)
-    }
-
-    /// The stored dtype and bytes of a tensor of the expected shape, for backends that decode
-    /// on their device; [`Model::release`] gives its mapped pages back.
-    pub fn stored_bytes(&self, name: &str, shape: &[usize]) -> Result<(safetensors::Dtype, &[u8])> {
-        let stored = self.shaped(name, shape)?;
-        let dtype = self.ckpt.require(stored)?.dtype;
-        if !dtype::is_float(dtype) {
-            bail!(
-                "{}: dtype {dtype:?} cannot be read as floating point",
-                self.ckpt.describe(stored)
-            );
-        }
-        if let Some((prefetch, i)) = self.read_ahead() {
-            prefetch.take_resident(i, stored);
-        }
-        Ok((dtype, self.ckpt.bytes(stored)?))
-    }
-
-    /// The read-ahead of the pass running now, if any.
-    fn read_ahead(&self) -> Option<(Arc<Prefetch>, usize)> {
-        let guard = self.prefetch.lock().unwrap_or_else(|e| e.into_inner());
-        guard.as_ref().map(|(p, i)| (Arc::clone(p), *i))
-    }
-
-    /// Stored names of the weights `block` of `layer` asks for, in the order it asks (missing
-    /// ones left out: the block reports them).
-    fn block_weights(&self, layer: usize, block: Block) -> Vec<String> {
-        let spec = &self.spec;
-        let p = Self::layer_prefix(layer);
-        let pre = spec.norm_placement == NormPlacement::PreNorm;
-        let mut names: Vec<String> = Vec::new();
-        let mut add = |when: bool, name: &str| {
-            if when {
-                names.push(name.to_string());
-            }
-        };
-        match block {
-            Block::Attention { update_residual } => {
-                let a = format!("{p}.self_attn");
-                let (bias, norm) = (spec.qkv_bias, spec.qk_norm != QkNorm::None);
-                add(pre, &format!("{p}.input_layernorm.weight"));
-                add(true, &format!("{a}.q_proj.weight"));
-                add(true, &format!("{a}.k_proj.weight"));
-                add(update_residual, &format!("{a}.v_proj.weight"));
-                add(update_residual && bias, &format!("{a}.v_proj.bias"));
-                add(bias, &format!("{a}.q_proj.bias"));
-                add(bias, &format!("{a}.k_proj.bias"));
-                add(norm, &format!("{a}.q_norm.weight"));
-                add(norm, &format!("{a}.k_norm.weight"));
-                add(update_residual, &format!("{a}.o_proj.weight"));
-                add(update_residual && spec.o_bias, &format!("{a}.o_proj.bias"));
-                add(
-                    update_residual && !pre,
-                    &format!("{p}.post_attention_layernorm.weight"),
-                );
-            }
-            Block::Mlp => {
-                add(pre, &format!("{p}.post_attention_layernorm.weight"));
-                if spec.moe.is_some() && spec.layers[layer].moe {
-                    add(true, &format!("{p}.mlp.gate.weight"));
-                    // Per-expert tensors in expert order, or the fused ones as
-                    // `State::fused_experts` reads them.
-                    let experts = spec.moe.as_ref().map_or(0, |m| m.num_experts);
-                    for e in 0..experts {
-                        for proj in ["gate_proj", "up_proj", "down_proj"] {
-                            add(true, &format!("{p}.mlp.experts.{e}.{proj}.weight"));
-                        }
-                    }
-                    for fused in ["gate_up_proj", "down_proj"] {
-                        let suffix = format!("layers.{layer}.mlp.experts.{fused}");
-                        let stored = self.ckpt.names().iter().find(|n| n.ends_with(&suffix));
-                        if let Some(n) = stored {
-                            add(true, n);
-                        }
-                    }
-                } else {
-                    for proj in ["gate_proj", "up_proj", "down_proj"] {
-                        add(true, &format!("{p}.mlp.{proj}.weight"));
-                        add(spec.mlp_bias, &format!("{p}.mlp.{proj}.bias"));
-                    }
-                }
-                add(!pre, &format!("{p}.post_feedforward_layernorm.weight"));
-            }
-            Block::Head => {
-                add(true, "model.norm.weight");
-                if !spec.tie_word_embeddings && self.has("lm_head.weight") {
-                    add(true, "lm_head.weight");
-                } else if spec.tie_word_embeddings {
-                    add(true, "model.embed_tokens.weight");
-                }
-            }
-        }
-        names
-            .into_iter()
-            .filter_map(|n| {
-                let stored = self.stored.get(&n).cloned().unwrap_or(n);
-                self.ckpt.contains(&stored).then_some(stored)
-            })
-            .collect()
-    }
-
-    /// Release the mapped pages of `name` (see [`Model::stored_bytes`]).
-    pub fn release(&self, name: &str) {
-        if let Ok(stored) = self.stored_name(name) {
-            self.ckpt.release(stored);
-        }
-    }
-
-    fn layer_prefix(layer: usize) -> String {
-        format!("model.layers.{layer}")
-    }
-
-    /// Names of every tensor of `layer` (for locating non-finite weights).
-    fn layer_tensors(&self, layer: usize) -> Vec<String> {
-        let prefix = format!("{}.", Self::layer_prefix(layer));
-        let mut names: Vec<String> = self
-            .stored
-            .keys()
-            .filter(|n| n.starts_with(&prefix))
-            .cloned()
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// The first tensor of `layer` holding NaN or Inf, as "file: tensor `x`".
-    fn non_finite_tensor(&self, layer: usize) -> Option<String> {
-        self.layer_tensors(layer).into_iter().find_map(|name| {
-            let info = self.info(&name).ok()?;
-            let bytes = self.ckpt.bytes(self.stored_name(&name).ok()?).ok()?;
-            let (nan, inf) = dtype::count_non_finite(info.dtype, bytes);
-            (nan + inf > 0).then(|| self.describe(&name))
-        })
-    }
-}
-
-/// One head of one prompt, as a visitor sees it.
-pub struct HeadView<'a> {
-    pub prompt: usize,
-    pub head: usize,
-    /// Tokens in the prompt.
-    pub len: usize,
-    /// `[len, len]` row-major attention scores after scaling, before the mask (`scores[q*len+p]`
-    /// is meaningful for the keys query `q` sees: `first_key(q) <= p <= q`).
-    pub scores: &'a [f32],
-    /// `[len, len]` softmax probabilities, exactly 0 for masked keys.
-    pub probs: &'a [f32],
-    /// Whether the attention is causal (every decoder layer); the vision towers' is not, and
-    /// [`HeadView::first_key`] then does not describe it.
-    pub causal: bool,
-    /// Sliding window of this layer (keys a query sees, itself included), if any.
-    pub window: Option<usize>,
-}
-
-impl HeadView<'_> {
-    /// The first key query `q` sees.
-    #[inline]
-    pub fn first_key(&self, q: usize) -> usize {
-        first_key(q, self.window)
-    }
-}
-
-#[inline]
-pub(crate) fn first_key(q: usize, window: Option<usize>) -> usize {
-    window.map_or(0, |w| (q + 1).saturating_sub(w))
-}
 
 /// Theorem-1 ingredients of one layer with QK norms (docs/commands/score.md#the-metrics,
 /// docs/reference/theory.md; paper Appendix A.3).
@@ -680,6 +297,11 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         edit.edit(layer, &mut host)?;
         *k = self.backend.upload(host)?;
         self.backend.round(k)
+    }
+
+    /// The model whose layers this state runs.
+    pub fn model(&self) -> &'m Model<'a> {
+        self.model
     }
 
     /// The hidden states `[tokens, hidden]` on the host (transformers' `hidden_states[L]` after
@@ -1343,90 +965,15 @@ fn route(logits: &[f32], k: usize, renormalize: bool) -> Vec<(usize, f32)> {
     probs
 }
 
-/// Per-layer attention probabilities and final logits of a full forward pass: the library entry
-/// point the parity tests compare against transformers.
-pub struct Trace {
-    /// `attentions[layer][prompt]` is `[heads, len, len]` row-major.
-    pub attentions: Vec<Vec<Vec<f32>>>,
-    /// `logits[prompt]` is `[len, vocab]`.
-    pub logits: Vec<Vec<f32>>,
-}
-
-/// [`trace_on`] the CPU.
-pub fn trace(ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
-    trace_on(&CpuBackend::default(), ckpt, prompts)
-}
-
-/// Run every layer (including the last MLP, final norm and LM head) on `backend` and keep every
-/// attention probability. Memory grows with layers x heads x len²: for tests and small inputs.
-pub fn trace_on<B: Backend>(backend: &B, ckpt: &Checkpoint, prompts: &[Vec<u32>]) -> Result<Trace> {
-    let model = Model::new(ckpt)?;
-    let nh = model.spec.num_heads;
-    let out = to_logits(backend, &model, prompts, &|h: &HeadView| h.probs.to_vec())?;
-    let attentions = out
-        .heads
-        .into_iter()
-        .map(|heads| {
-            let mut per_prompt: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
-            for (i, probs) in heads.into_iter().enumerate() {
-                per_prompt[i / nh].extend(probs);
-            }
-            per_prompt
-        })
-        .collect();
-    let mut logits = Vec::with_capacity(prompts.len());
-    let mut start = 0;
-    for ids in prompts {
-        let end = start + ids.len();
-        logits.push(out.logits[start * out.vocab..end * out.vocab].to_vec());
-        start = end;
-    }
-    Ok(Trace { attentions, logits })
-}
-
-/// What [`to_logits`] returns.
-pub struct Logits<R> {
-    /// `heads[layer]`: the visitor's result for every head, prompt-major as
-    /// [`State::attention`] returns them.
-    pub heads: Vec<Vec<R>>,
-    /// `[tokens, vocab]` for the packed prompts, in order.
-    pub logits: Vec<f32>,
-    /// Columns of `logits`: the LM head's rows.
-    pub vocab: usize,
-}
-
-/// The full forward pass of `prompts` on `backend`: every layer with its residual updates, each
-/// head handed to `visit`, then the final norm and LM head. The one full forward both
-/// [`trace_on`] (keeping probabilities) and the text loss (keeping nothing) run.
-pub fn to_logits<B: Backend, R: Send>(
-    backend: &B,
-    model: &Model,
-    prompts: &[Vec<u32>],
-    visit: &Visitor<R>,
-) -> Result<Logits<R>> {
-    let _reading = stream(&[model], &full_pass(model, true));
-    let mut state = State::new(model, backend, prompts)?;
-    let mut heads = Vec::with_capacity(model.spec.num_layers());
-    for layer in 0..model.spec.num_layers() {
-        heads.push(state.attention(layer, visit, true)?.heads);
-        state.mlp(layer)?;
-    }
-    let logits = state.logits()?;
-    let vocab = logits.len() / state.rows;
-    Ok(Logits {
-        heads,
-        logits,
-        vocab,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::Checkpoint;
+    use crate::forward::backend::cpu::CpuBackend;
 
     #[test]
     fn bf16_feed_forward_outputs_are_bf16_values() {
-        use crate::forward::backend::Precision;
+        use crate::forward::precision::Precision;
         for fixture in ["models/qwen2", "score/models/qwen3_moe"] {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/fixtures")
@@ -1440,73 +987,6 @@ mod tests {
             let rounded = y.iter().all(|&v| Precision::Bf16.round(v) == v);
             assert!(rounded, "{fixture}: MLP outputs are rounded to bf16");
         }
-    }
-
-    /// The read-ahead plan names every weight a pass asks for, in the order it asks (for MoE
-    /// layers, the experts no token is routed to are planned and never asked for).
-    #[test]
-    fn the_read_ahead_plan_follows_the_pass() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-        let mut dirs: Vec<_> = ["models", "score/models"]
-            .iter()
-            .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap())
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.join("config.json").is_file())
-            .collect();
-        dirs.sort();
-        let mut checked = 0;
-        for dir in dirs {
-            let Ok(ckpt) = Checkpoint::open_dir(&dir, "fixture") else {
-                continue;
-            };
-            let Ok(model) = Model::new(&ckpt) else {
-                continue;
-            };
-            let n = model.spec.num_layers();
-            // A full pass with the head, then a scoring pass (the last layer's scores only).
-            for scoring in [false, true] {
-                let mut steps = full_pass(&model, !scoring);
-                if scoring {
-                    steps.truncate(2 * n - 2);
-                    steps.push(Step {
-                        model: 0,
-                        layer: n - 1,
-                        block: Block::Attention {
-                            update_residual: false,
-                        },
-                    });
-                }
-                let reading = stream(&[&model], &steps);
-                let backend = CpuBackend::default();
-                let mut state = State::new(&model, &backend, &[vec![1, 5, 9, 2, 7, 3]]).unwrap();
-                for layer in 0..n {
-                    let last = scoring && layer + 1 == n;
-                    state.attention(layer, &|_: &HeadView| (), !last).unwrap();
-                    if !last {
-                        state.mlp(layer).unwrap();
-                    }
-                }
-                if !scoring {
-                    state.logits().unwrap();
-                }
-                let (requests, plan) = model.read_ahead().unwrap().0.requests_and_plan();
-                drop(reading);
-                let mut rest = plan.iter();
-                for r in &requests {
-                    assert!(
-                        rest.any(|p| p == r),
-                        "{}: {r:?} asked for out of the plan's order or not planned\n\
-                         plan {plan:?}\nrequests {requests:?}",
-                        dir.display()
-                    );
-                }
-                if model.spec.moe.is_none() {
-                    assert_eq!(requests, plan, "{}", dir.display());
-                }
-            }
-            checked += 1;
-        }
-        assert!(checked >= 10, "{checked} fixtures checked");
     }
 
     #[test]

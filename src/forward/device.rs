@@ -8,7 +8,8 @@ use serde::Serialize;
 use super::backend::cpu::{keep_freed_buffers, CpuBackend};
 use super::backend::cuda::driver::{Driver, Timings};
 use super::backend::cuda::{CudaBackend, Device as _};
-use super::backend::{Backend, Precision};
+use super::backend::Backend;
+use super::precision::Precision;
 use crate::error::Result;
 
 /// Where a command computes (`--device`).

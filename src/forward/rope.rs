@@ -6,17 +6,10 @@
 
 use std::f64::consts::PI;
 
+use super::backend::RopeTable;
 use crate::arch::config::{Rope, RopeScaling};
 use crate::bail;
 use crate::error::Result;
-
-/// cos/sin for positions `0..positions`, `half = head_dim / 2` entries per position.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RopeTable {
-    pub half: usize,
-    pub cos: Vec<f32>,
-    pub sin: Vec<f32>,
-}
 
 /// The resolved frequencies of one rope: what [`RopeTable`] is built from.
 #[derive(Debug, Clone, PartialEq)]
@@ -189,6 +182,7 @@ fn yarn(
     }
 }
 
+/// The tables of a decoder's rope; the table itself, as a backend applies it, is the backend's.
 impl RopeTable {
     /// The table for positions `0..positions`.
     pub fn new(freq: &Frequencies, positions: usize) -> RopeTable {
@@ -202,23 +196,6 @@ impl RopeTable {
                 sin.push((angle as f64).sin() as f32 * freq.attention_scaling);
             }
         }
-        RopeTable { half, cos, sin }
-    }
-
-    /// A table whose row `t` holds the angles `angles[t * half..(t + 1) * half]`: M-RoPE and the
-    /// vision towers' 2-D rotary give each token angles of its own (from its (t, h, w) position),
-    /// computed in f32 as transformers does (`position * inv_freq`); cos and sin as in
-    /// [`RopeTable::new`].
-    pub fn from_angles(half: usize, angles: &[f32], attention_scaling: f32) -> RopeTable {
-        assert_eq!(angles.len() % half.max(1), 0, "rope angles per row");
-        let cos = angles
-            .iter()
-            .map(|&a| (a as f64).cos() as f32 * attention_scaling)
-            .collect();
-        let sin = angles
-            .iter()
-            .map(|&a| (a as f64).sin() as f32 * attention_scaling)
-            .collect();
         RopeTable { half, cos, sin }
     }
 
@@ -266,34 +243,6 @@ impl RopeTable {
             })
             .collect();
         RopeTable::from_angles(half, &angles, freq.attention_scaling)
-    }
-
-    /// Rotate one head vector (`2 * half` values) at position `t` in place.
-    #[inline]
-    pub fn apply(&self, x: &mut [f32], t: usize) {
-        let h = self.half;
-        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
-        let (lo, hi) = x.split_at_mut(h);
-        for i in 0..h {
-            let (a, b) = (lo[i], hi[i]);
-            lo[i] = a * cos[i] - b * sin[i];
-            hi[i] = b * cos[i] + a * sin[i];
-        }
-    }
-
-    /// [`RopeTable::apply`] in bf16 as transformers computes `q * cos + rotate_half(q) * sin`:
-    /// cos and sin rounded to bf16, each product and each sum rounded.
-    #[inline]
-    pub fn apply_bf16(&self, x: &mut [f32], t: usize) {
-        let r = |v| crate::forward::backend::Precision::Bf16.round(v);
-        let h = self.half;
-        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
-        let (lo, hi) = x.split_at_mut(h);
-        for i in 0..h {
-            let (a, b, c, s) = (lo[i], hi[i], r(cos[i]), r(sin[i]));
-            lo[i] = r(r(a * c) - r(b * s));
-            hi[i] = r(r(b * c) + r(a * s));
-        }
     }
 }
 

@@ -6,8 +6,8 @@ use super::heatmap::{ColourScale, Heatmap, Panel, Scale};
 use super::{fmt_opt, short_label, Table};
 use crate::analysis::heads::{Correlation, Diagnosis, HeadRow, RankBy};
 use crate::error::{Error, Result};
-use crate::forward::backend::Precision;
 use crate::forward::device::ComputeDevice;
+use crate::forward::precision::Precision;
 use crate::sink::prompts::PromptSource;
 
 /// `settings` of the JSON report.

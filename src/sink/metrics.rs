@@ -18,7 +18,7 @@
 
 use serde::Serialize;
 
-use crate::forward::decoder::HeadView;
+use crate::forward::backend::HeadView;
 
 /// How the sink position is chosen (`--sink-position`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

@@ -12,10 +12,12 @@ use crate::bad;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::cpu::CpuBackend;
-use crate::forward::backend::{Backend, Precision};
-use crate::forward::decoder::{trace_on, Model, Trace};
+use crate::forward::backend::Backend;
 use crate::forward::model::DecoderSpec;
+use crate::forward::pass::{record_all_on, Recorded};
+use crate::forward::precision::Precision;
 use crate::forward::vision::{Pixels, Tower};
+use crate::forward::weights::Model;
 use crate::image::Processor;
 
 /// Absolute tolerances of a parity check.
@@ -121,8 +123,8 @@ impl Parity {
     }
 }
 
-/// The largest probability and logit differences of two traces of the same inputs.
-pub fn trace_diff(a: &Trace, b: &Trace) -> (f64, f64) {
+/// The largest probability and logit differences of two records of the same inputs.
+pub fn recorded_diff(a: &Recorded, b: &Recorded) -> (f64, f64) {
     let max = |x: &[Vec<f32>], y: &[Vec<f32>]| {
         x.iter()
             .zip(y)
@@ -191,9 +193,9 @@ pub fn check<B: Backend>(
         if let Some(t) = tower_parity(backend, &cpu_backend, ckpt)? {
             towers.push(t);
         }
-        let (probs, logits) = trace_diff(
-            &trace_on(&cpu_backend, ckpt, ids)?,
-            &trace_on(backend, ckpt, ids)?,
+        let (probs, logits) = recorded_diff(
+            &record_all_on(&cpu_backend, ckpt, ids)?,
+            &record_all_on(backend, ckpt, ids)?,
         );
         traces.push(TraceParity {
             model: ckpt.label.clone(),

@@ -19,10 +19,10 @@ use crate::arch::QkNorm;
 use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::forward::backend::Backend;
-use crate::forward::decoder::{
-    stream, Block, HeadView, LayerwiseHeads, Model, QkNormStats, State, Step,
-};
+use crate::forward::backend::{Backend, HeadView};
+use crate::forward::decoder::{LayerwiseHeads, QkNormStats, State};
+use crate::forward::pass::{End, Lockstep};
+use crate::forward::weights::Model;
 
 /// How to score.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -727,35 +727,6 @@ fn first_b_layer(num_layers: usize, settings: &Settings) -> usize {
     first
 }
 
-/// The blocks [`score`] runs, in its order: layer by layer, the models in `order`, the last
-/// layer's attention up to its scores.
-fn pass_steps(models: &[Model], order: &[usize], max_layers: usize) -> Vec<Step> {
-    let mut steps = Vec::new();
-    for layer in 0..max_layers {
-        for &model in order {
-            let layers = models[model].spec.num_layers();
-            if layer >= layers {
-                continue;
-            }
-            let last = layer + 1 == layers;
-            let update_residual = !last;
-            steps.push(Step {
-                model,
-                layer,
-                block: Block::Attention { update_residual },
-            });
-            if !last {
-                steps.push(Step {
-                    model,
-                    layer,
-                    block: Block::Mlp,
-                });
-            }
-        }
-    }
-    steps
-}
-
 /// Score `inputs` on `backend`; with `reference = Some(i)`, `inputs[i]` is the reference and every
 /// other model is paired with it (they must share its token ids). `on_layer` is called after each
 /// model finishes each layer (for progress).
@@ -773,7 +744,7 @@ pub fn score<B: Backend>(
     if let Some(r) = reference {
         check_pairable(inputs, &models, r)?;
     }
-    let mut states: Vec<State<B>> = models
+    let states: Vec<State<B>> = models
         .iter()
         .zip(inputs)
         .map(|(m, i)| State::new(m, backend, &i.tokens))
@@ -788,49 +759,37 @@ pub fn score<B: Backend>(
         order.retain(|&i| i != r);
         order.insert(0, r);
     }
-    let max_layers = models
-        .iter()
-        .map(|m| m.spec.num_layers())
-        .max()
-        .unwrap_or(0);
-    let _reading = stream(
-        &models.iter().collect::<Vec<_>>(),
-        &pass_steps(&models, &order, max_layers),
-    );
-    for layer in 0..max_layers {
-        let mut ref_heads: Option<Vec<ReferenceHead>> = None;
-        for &mi in &order {
-            let spec = &models[mi].spec;
-            if layer >= spec.num_layers() {
-                continue;
-            }
-            let with_b = layer >= first_b_layer(spec.num_layers(), &settings);
-            let in_window = accs[mi].in_window(layer);
-            let is_ref = reference == Some(mi);
-            let keep_ref = is_ref && with_b && inputs.len() > 1;
-            let against = (!is_ref && with_b).then_some(ref_heads.as_ref()).flatten();
-            let heads = spec.num_heads;
-            let visit = |view: &HeadView| {
-                let r = against.map(|r| &r[view.prompt * heads + view.head]);
-                HeadResult::observe(view, &settings, keep_ref, r, in_window)
-            };
-            let last = layer + 1 == spec.num_layers();
-            let mut out = states[mi].attention(layer, &visit, !last)?;
-            if keep_ref {
-                ref_heads = Some(
-                    (out.heads.iter_mut())
-                        .filter_map(HeadResult::take_reference)
-                        .collect(),
-                );
-            }
-            accs[mi].add_layer(layer, heads, out.heads, out.qk_norm);
-            // Nothing after the last layer's attention scores can change any attention.
-            if !last {
-                states[mi].mlp(layer)?;
-            }
-            on_layer();
+    // Nothing after the last layer's attention scores can change any attention.
+    let mut lockstep = Lockstep::new(states, order, End::Scores);
+    // The reference's heads of the layer running now, for its targets' B.
+    let mut ref_heads: Option<Vec<ReferenceHead>> = None;
+    lockstep.run(|mi, layer, pass| {
+        let spec = &models[mi].spec;
+        let with_b = layer >= first_b_layer(spec.num_layers(), &settings);
+        let in_window = accs[mi].in_window(layer);
+        let is_ref = reference == Some(mi);
+        if is_ref {
+            ref_heads = None;
         }
-    }
+        let keep_ref = is_ref && with_b && inputs.len() > 1;
+        let against = (!is_ref && with_b).then_some(ref_heads.as_ref()).flatten();
+        let heads = spec.num_heads;
+        let visit = |view: &HeadView| {
+            let r = against.map(|r| &r[view.prompt * heads + view.head]);
+            HeadResult::observe(view, &settings, keep_ref, r, in_window)
+        };
+        let mut out = pass.layer(&visit, &mut ())?;
+        if keep_ref {
+            ref_heads = Some(
+                (out.heads.iter_mut())
+                    .filter_map(HeadResult::take_reference)
+                    .collect(),
+            );
+        }
+        accs[mi].add_layer(layer, heads, out.heads, out.qk_norm);
+        on_layer();
+        Ok(())
+    })?;
 
     let reports = (inputs.iter().zip(&accs).enumerate())
         .map(|(mi, (input, acc))| {

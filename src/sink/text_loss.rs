@@ -19,8 +19,10 @@ use super::tokenize::TextEncoder;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::forward::backend::Backend;
-use crate::forward::decoder::{to_logits, HeadView, Model};
+use crate::forward::backend::HeadView;
 use crate::forward::model::DecoderSpec;
+use crate::forward::pass::to_logits;
+use crate::forward::weights::Model;
 use crate::{bad, bail};
 
 /// Tokens per window when `--text-window` is not given (capped at the model's context).

@@ -17,10 +17,11 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-use super::{Activation, Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
+use super::{first_key, Attended, AttentionShape, Backend, HeadView, RopeTable, Visitor};
 use crate::error::Result;
-use crate::forward::decoder::{first_key, HeadView, Model};
-use crate::forward::rope::RopeTable;
+use crate::forward::activation::Activation;
+use crate::forward::precision::{Bf16Style, Precision};
+use crate::forward::weights::Model;
 use crate::linalg::simd::clear_upper_state;
 
 mod exp;
@@ -710,9 +711,9 @@ mod tests {
         let ckpt = crate::checkpoint::Checkpoint::open_dir(&dir, "qwen3").unwrap();
         let prompts = vec![vec![1u32, 5, 9, 2, 7, 3, 8], vec![4, 4, 6]];
         let bf16 =
-            crate::forward::decoder::trace_on(&CpuBackend::new(Precision::Bf16), &ckpt, &prompts)
+            crate::forward::pass::record_all_on(&CpuBackend::new(Precision::Bf16), &ckpt, &prompts)
                 .unwrap();
-        let f32 = crate::forward::decoder::trace(&ckpt, &prompts).unwrap();
+        let f32 = crate::forward::pass::record_all(&ckpt, &prompts).unwrap();
         let exact = |v: &f32| Precision::Bf16.round(*v) == *v;
         for layer in &bf16.attentions {
             assert!(
@@ -724,7 +725,7 @@ mod tests {
             bf16.logits.iter().flatten().all(exact),
             "logits are bf16 values"
         );
-        let (dp, dl) = crate::sink::parity::trace_diff(&f32, &bf16);
+        let (dp, dl) = crate::sink::parity::recorded_diff(&f32, &bf16);
         // bf16 moves the numbers by about its resolution, no more.
         assert!(dp > 0.0 && dp < 0.05, "{dp}");
         assert!(dl > 0.0 && dl < 0.5, "{dl}");

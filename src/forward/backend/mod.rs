@@ -2,6 +2,10 @@
 //! run. The recipe walks a [`crate::forward::model::DecoderSpec`] once, for every backend; a backend
 //! only implements operations. Adding an architecture touches no backend.
 //!
+//! What the seam names lives here or below it: the attention's layout ([`AttentionShape`]), the
+//! head a visitor sees ([`HeadView`]), the rotary table ([`RopeTable`]), and the weights' source
+//! ([`crate::forward::weights::Model`]).
+//!
 //! - [`cpu`]: f32 on the host (faer GEMMs, rayon); always built.
 //! - [`cuda`]: an NVIDIA GPU through cudarc (cuBLAS GEMMs, NVRTC-compiled kernels), loaded at run
 //!   time, so the crate builds and runs on machines without CUDA.
@@ -12,67 +16,13 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::decoder::{HeadView, Model};
-use super::rope::RopeTable;
+use super::activation::Activation;
+use super::precision::{Bf16Style, Precision};
+use super::weights::Model;
 use crate::error::Result;
 
 pub mod cpu;
 pub mod cuda;
-
-/// The arithmetic of a forward pass (`--precision`), defined once for every backend.
-///
-/// - `F32`: f32 weights and activations, f32 accumulation (the default; transformers' f32 eager
-///   path, the parity mode).
-/// - `Bf16`: transformers' bf16 eager path (`docs/reference/forward.md`, "The bf16 path"): weights and
-///   activations rounded to bf16; every GEMM accumulates in f32 and rounds its output (after the
-///   bias, as a fused epilogue does); RMSNorm computes in f32, rounds, then multiplies by the
-///   weight and rounds; RoPE, SiLU, products and residual adds round each result; attention
-///   scores round after `q kᵀ` and again after the scaling; softmax runs in f32 on the rounded
-///   scores and its probabilities are rounded; MoE routing runs in f32 and its weights are
-///   rounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    #[default]
-    F32,
-    Bf16,
-}
-
-impl Precision {
-    /// `x` as this precision stores it (bf16: round to nearest even, as torch).
-    #[inline]
-    pub fn round(self, x: f32) -> f32 {
-        match self {
-            Precision::F32 => x,
-            Precision::Bf16 => half::bf16::from_f32(x).to_f32(),
-        }
-    }
-
-    pub fn is_f32(&self) -> bool {
-        *self == Precision::F32
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Precision::F32 => "f32",
-            Precision::Bf16 => "bf16",
-        })
-    }
-}
-
-/// Where transformers' bf16 path rounds inside RMSNorm and RoPE, which differs by architecture
-/// (`docs/reference/forward.md`, "The bf16 path"). Nothing changes in f32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Bf16Style {
-    /// Qwen, Llama, Mistral, OLMoE: RMSNorm `R(w · R(h))`; RoPE with bf16 cos/sin and every
-    /// product and sum rounded, `R(R(q c) + R(rot(q) s))`.
-    Llama,
-    /// OLMo-2, Olmo-3: RMSNorm `R(w · h)`; RoPE in f32 on f32 cos/sin, rounded once.
-    Olmo,
-}
 
 /// The layout of one layer's attention: which rows belong to which prompt, and the heads.
 pub struct AttentionShape<'a> {
@@ -105,126 +55,93 @@ pub struct Attended<R, T> {
     pub context: Option<T>,
 }
 
+/// One head of one prompt, as a visitor sees it.
+pub struct HeadView<'a> {
+    pub prompt: usize,
+    pub head: usize,
+    /// Tokens in the prompt.
+    pub len: usize,
+    /// `[len, len]` row-major attention scores after scaling, before the mask (`scores[q*len+p]`
+    /// is meaningful for the keys query `q` sees: `first_key(q) <= p <= q`).
+    pub scores: &'a [f32],
+    /// `[len, len]` softmax probabilities, exactly 0 for masked keys.
+    pub probs: &'a [f32],
+    /// Whether the attention is causal (every decoder layer); the vision towers' is not, and
+    /// [`HeadView::first_key`] then does not describe it.
+    pub causal: bool,
+    /// Sliding window of this layer (keys a query sees, itself included), if any.
+    pub window: Option<usize>,
+}
+
+impl HeadView<'_> {
+    /// The first key query `q` sees.
+    #[inline]
+    pub fn first_key(&self, q: usize) -> usize {
+        first_key(q, self.window)
+    }
+}
+
+#[inline]
+pub(crate) fn first_key(q: usize, window: Option<usize>) -> usize {
+    window.map_or(0, |w| (q + 1).saturating_sub(w))
+}
+
 /// A visitor of one head of one prompt (the metric accumulators, or a probability dump).
 pub type Visitor<'v, R> = dyn Fn(&HeadView) -> R + Sync + 'v;
 
-/// A pointwise activation, by its Hugging Face `hidden_act` name: every parameter-free entry of
-/// transformers' `ACT2FN` (`activations.py`), with its formula's f32 operations in its order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Activation {
-    /// `gelu`: `x/2 · (1 + erf(x/√2))`, torch's exact GELU.
-    Gelu,
-    /// `gelu_pytorch_tanh`, `gelu_new`, `gelu_accurate`:
-    /// `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))`.
-    GeluTanh,
-    /// `quick_gelu`: `x · sigmoid(1.702 x)`.
-    QuickGelu,
-    /// `silu`, `swish`: `x · sigmoid(x)`.
-    Silu,
-    /// `gelu_python`: `x · 0.5 · (1 + erf(x / √2))`, dividing where torch's kernel multiplies.
-    GeluPython,
-    /// `gelu_10`: `gelu` clipped to [-10, 10].
-    Gelu10,
-    /// `gelu_fast`: `x/2 · (1 + tanh(x · 0.7978845608 · (1 + 0.044715 x²)))`.
-    GeluFast,
-    /// `relu`.
-    Relu,
-    /// `relu2`: `relu(x)²`.
-    Relu2,
-    /// `relu6`: `x` clamped to [0, 6].
-    Relu6,
-    /// `leaky_relu`: `nn.LeakyReLU()`, slope 0.01 below 0.
-    LeakyRelu,
-    /// `linear`: the identity.
-    Linear,
-    /// `sigmoid`.
-    Sigmoid,
-    /// `tanh`.
-    Tanh,
-    /// `mish`: `x · tanh(log(1 + eˣ))`.
-    Mish,
-    /// `laplace`: `(1 + erf((x - 0.707107) / (0.282095 · √2))) / 2`.
-    Laplace,
+/// cos/sin per position, `half = head_dim / 2` entries per position: the table a backend
+/// rotates heads with. The decoder's tables are built from a rope's frequencies in
+/// [`crate::forward::rope`]; the vision towers' from their own angles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RopeTable {
+    pub half: usize,
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
 }
 
-/// `laplace`'s `mu`: transformers' literal, which is not 1/√2 in f32.
-#[allow(clippy::approx_constant)]
-const LAPLACE_MU: f32 = 0.707_107;
-
-impl Activation {
-    /// Every name [`Activation::from_hf`] accepts, for messages.
-    pub const NAMES: &'static str = "silu, swish, gelu, gelu_python, gelu_10, gelu_new, \
-        gelu_pytorch_tanh, gelu_accurate, gelu_fast, quick_gelu, relu, relu2, relu6, leaky_relu, \
-        linear, sigmoid, tanh, mish, laplace";
-
-    /// The activation named `name` in a config (`hidden_act`). `ACT2FN`'s `prelu` and `xielu`
-    /// are not here: they have learned parameters.
-    pub fn from_hf(name: &str) -> Option<Activation> {
-        Some(match name {
-            "gelu" => Activation::Gelu,
-            "gelu_pytorch_tanh" | "gelu_new" | "gelu_accurate" => Activation::GeluTanh,
-            "quick_gelu" => Activation::QuickGelu,
-            "silu" | "swish" => Activation::Silu,
-            "gelu_python" => Activation::GeluPython,
-            "gelu_10" => Activation::Gelu10,
-            "gelu_fast" => Activation::GeluFast,
-            "relu" => Activation::Relu,
-            "relu2" => Activation::Relu2,
-            "relu6" => Activation::Relu6,
-            "leaky_relu" => Activation::LeakyRelu,
-            "linear" => Activation::Linear,
-            "sigmoid" => Activation::Sigmoid,
-            "tanh" => Activation::Tanh,
-            "mish" => Activation::Mish,
-            "laplace" => Activation::Laplace,
-            _ => return None,
-        })
+impl RopeTable {
+    /// A table whose row `t` holds the angles `angles[t * half..(t + 1) * half]`: M-RoPE and the
+    /// vision towers' 2-D rotary give each token angles of its own (from its (t, h, w) position),
+    /// computed in f32 as transformers does (`position * inv_freq`); cos and sin as in
+    /// [`RopeTable::new`].
+    pub fn from_angles(half: usize, angles: &[f32], attention_scaling: f32) -> RopeTable {
+        assert_eq!(angles.len() % half.max(1), 0, "rope angles per row");
+        let cos = angles
+            .iter()
+            .map(|&a| (a as f64).cos() as f32 * attention_scaling)
+            .collect();
+        let sin = angles
+            .iter()
+            .map(|&a| (a as f64).sin() as f32 * attention_scaling)
+            .collect();
+        RopeTable { half, cos, sin }
     }
 
-    /// The activation of one value, in f32 (the CPU backend's definition; `kernels.cu` has the
-    /// same formulas). Comparisons are written so that NaN passes through, as in torch.
+    /// Rotate one head vector (`2 * half` values) at position `t` in place.
     #[inline]
-    pub fn apply(self, x: f32) -> f32 {
-        let gelu = |x: f32| x * 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
-        let relu = |x: f32| if x < 0.0 { 0.0 } else { x };
-        match self {
-            Activation::Gelu => gelu(x),
-            Activation::GeluTanh => {
-                // torch: kBeta = √2 · (2/√π) · ½ = √(2/π), kKappa = 0.044715.
-                let beta = std::f32::consts::SQRT_2 * std::f32::consts::FRAC_2_SQRT_PI * 0.5;
-                let inner = beta * (x + 0.044715 * x * x * x);
-                0.5 * x * (1.0 + inner.tanh())
-            }
-            Activation::QuickGelu => x * (1.0 / (1.0 + (-1.702 * x).exp())),
-            Activation::Silu => x / (1.0 + (-x).exp()),
-            Activation::GeluPython => x * 0.5 * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
-            Activation::Gelu10 => gelu(x).clamp(-10.0, 10.0),
-            Activation::GeluFast => {
-                0.5 * x * (1.0 + (x * 0.797_884_6 * (1.0 + 0.044715 * x * x)).tanh())
-            }
-            Activation::Relu => relu(x),
-            Activation::Relu2 => relu(x) * relu(x),
-            Activation::Relu6 => {
-                if x > 6.0 {
-                    6.0
-                } else {
-                    relu(x)
-                }
-            }
-            Activation::LeakyRelu => {
-                if x > 0.0 {
-                    x
-                } else {
-                    x * 0.01
-                }
-            }
-            Activation::Linear => x,
-            Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-            Activation::Tanh => x.tanh(),
-            Activation::Mish => x * x.exp().ln_1p().tanh(),
-            // 0.282095 · √2, as Python computes it before torch casts it to f32.
-            Activation::Laplace => 0.5 * (1.0 + libm::erff((x - LAPLACE_MU) / 0.398_942_6)),
+    pub fn apply(&self, x: &mut [f32], t: usize) {
+        let h = self.half;
+        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
+        let (lo, hi) = x.split_at_mut(h);
+        for i in 0..h {
+            let (a, b) = (lo[i], hi[i]);
+            lo[i] = a * cos[i] - b * sin[i];
+            hi[i] = b * cos[i] + a * sin[i];
+        }
+    }
+
+    /// [`RopeTable::apply`] in bf16 as transformers computes `q * cos + rotate_half(q) * sin`:
+    /// cos and sin rounded to bf16, each product and each sum rounded.
+    #[inline]
+    pub fn apply_bf16(&self, x: &mut [f32], t: usize) {
+        let r = |v| Precision::Bf16.round(v);
+        let h = self.half;
+        let (cos, sin) = (&self.cos[t * h..(t + 1) * h], &self.sin[t * h..(t + 1) * h]);
+        let (lo, hi) = x.split_at_mut(h);
+        for i in 0..h {
+            let (a, b, c, s) = (lo[i], hi[i], r(cos[i]), r(sin[i]));
+            lo[i] = r(r(a * c) - r(b * s));
+            hi[i] = r(r(b * c) + r(a * s));
         }
     }
 }

@@ -23,7 +23,8 @@ use crate::arch::config::{LayerType, Rope, RopeScaling, TextConfig};
 use crate::arch::QkNorm;
 use crate::bail;
 use crate::error::Result;
-use crate::forward::backend::{Activation, Bf16Style};
+use crate::forward::activation::Activation;
+use crate::forward::precision::Bf16Style;
 
 /// One supported architecture: the `model_type` it answers to and how it reads its config.
 pub struct Architecture {

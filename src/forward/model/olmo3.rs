@@ -8,7 +8,7 @@ use super::{Architecture, DecoderSpec, NormPlacement};
 use crate::arch::config::TextConfig;
 use crate::arch::QkNorm;
 use crate::error::Result;
-use crate::forward::backend::Bf16Style;
+use crate::forward::precision::Bf16Style;
 
 pub const ARCH: Architecture = Architecture {
     model_type: "olmo3",

@@ -10,8 +10,10 @@ use serde_json::Value;
 
 use super::{layer_norm, linear, segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
-use crate::forward::backend::{Activation, Backend, Bf16Style};
-use crate::forward::decoder::Model;
+use crate::forward::activation::Activation;
+use crate::forward::backend::Backend;
+use crate::forward::precision::Bf16Style;
+use crate::forward::weights::Model;
 use crate::{bad, bail};
 
 /// `image_size` / `patch_size`: an int or a `[height, width]` pair in either schema.
@@ -710,7 +712,7 @@ mod tests {
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::Precision;
+    use crate::forward::precision::Precision;
     use crate::forward::vision::Tower;
 
     /// The acceptance bound: max |Δ| over the reference tensor's largest magnitude.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::ops::Range;
 
 use super::backend::{AttentionShape, Backend};
-use super::decoder::Model;
+use super::weights::Model;
 use crate::error::Result;
 use crate::image::Grid;
 

@@ -11,9 +11,10 @@ use serde_json::Value;
 use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
 use crate::bad;
 use crate::error::Result;
-use crate::forward::backend::{Activation, Backend, Bf16Style};
-use crate::forward::decoder::Model;
-use crate::forward::rope::RopeTable;
+use crate::forward::activation::Activation;
+use crate::forward::backend::{Backend, RopeTable};
+use crate::forward::precision::Bf16Style;
+use crate::forward::weights::Model;
 
 /// The two generations share the patch embedding, rotary, attention and merger; Qwen2.5-VL
 /// swaps LayerNorm for RMSNorm and the MLP for a gated one, and adds window attention.
@@ -576,7 +577,7 @@ mod tests {
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::Precision;
+    use crate::forward::precision::Precision;
     use crate::forward::vision::Tower;
 
     /// The acceptance bound: max |Δ| over the golden tensor's largest magnitude.

@@ -11,9 +11,10 @@ use serde_json::Value;
 
 use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
 use crate::error::Result;
-use crate::forward::backend::{Activation, Backend, Bf16Style};
-use crate::forward::decoder::Model;
-use crate::forward::rope::RopeTable;
+use crate::forward::activation::Activation;
+use crate::forward::backend::{Backend, RopeTable};
+use crate::forward::precision::Bf16Style;
+use crate::forward::weights::Model;
 use crate::{bad, bail};
 
 /// `vision_config` of a Qwen3-VL(-MoE) `config.json`; defaults are `Qwen3VLVisionConfig`'s.
@@ -528,8 +529,9 @@ mod tests {
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::{Backend, Precision};
-    use crate::forward::decoder::Model;
+    use crate::forward::backend::Backend;
+    use crate::forward::precision::Precision;
+    use crate::forward::weights::Model;
 
     /// Relative tolerance of every comparison: max |Δ| over the reference's largest magnitude.
     const TOL: f64 = 1e-4;

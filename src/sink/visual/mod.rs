@@ -21,8 +21,11 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::forward::backend::Backend;
+use crate::forward::backend::HeadView;
 use crate::forward::capture::{self, Encoded, Prompt};
-use crate::forward::decoder::{self, HeadView, KeyStage, Model};
+use crate::forward::decoder::{AttentionOutput, KeyStage, State};
+use crate::forward::pass::{End, Hooks, Pass};
+use crate::forward::weights::Model;
 
 use edit::{EditKind, EditSetup, Editor};
 use stats::{FeatureScore, Gate, LayerStats, LayerTensors, TokenStats};
@@ -383,15 +386,13 @@ fn run_pass<B: Backend>(
     editor: Option<&Editor>,
     keep: bool,
     progress: &mut impl FnMut(&str),
-    mut visit: impl FnMut(usize, &[Vec<f32>], &[Vec<f32>], LayerKv, &[f32]),
+    visit: impl FnMut(usize, &[Vec<f32>], &[Vec<f32>], LayerKv, &[f32]),
 ) -> Result<Vec<f32>> {
     let num_layers = model.spec.num_layers();
     let mut probed = vec![false; num_layers];
     for &l in &settings.layers {
         probed[l] = true;
     }
-    // The next block's weights are read and decoded while this one computes.
-    let _reading = decoder::stream(&[model], &decoder::full_pass(model, true));
     let mut state = capture::start(backend, model, &m.prompt, encoded)?;
     if let Some(e) = editor {
         state.set_key_edit(e);
@@ -399,8 +400,16 @@ fn run_pass<B: Backend>(
     if keep {
         state.capture_kv(probed.clone());
     }
+    // The next block's weights are read and decoded while this one computes.
+    let mut pass = Pass::new(state, End::Logits);
+    if let Some(e) = encoded {
+        pass.add_after_layers(&e.rows, &e.features.deepstack);
+    }
     let q = m.question.clone();
-    let rows = |h: &HeadView| -> (Vec<f32>, Vec<f32>) {
+    let rows = |layer: usize, h: &HeadView| -> (Vec<f32>, Vec<f32>) {
+        if !probed[layer] {
+            return (Vec::new(), Vec::new());
+        }
         let span = q.start * h.len..q.end * h.len;
         let scores = if keep {
             h.scores[span.clone()].to_vec()
@@ -409,26 +418,62 @@ fn run_pass<B: Backend>(
         };
         (h.probs[span].to_vec(), scores)
     };
-    let skip = |_: &HeadView| (Vec::new(), Vec::new());
-    for (layer, &probe) in probed.iter().enumerate() {
-        progress(&format!("layer {layer}"));
-        let hidden = if probe && keep {
+    let mut probe = Probe {
+        probed: &probed,
+        keep,
+        hidden: Vec::new(),
+        progress,
+        visit,
+    };
+    pass.run(&rows, &mut probe)?;
+    pass.state().last_logits()
+}
+
+/// What [`run_pass`] does around each layer: the layer's input before it runs, and at a probed
+/// layer, its question rows, keys and values to the visitor once it ran.
+struct Probe<'p, P, V> {
+    probed: &'p [bool],
+    keep: bool,
+    /// The probed layer's input (with `keep`).
+    hidden: Vec<f32>,
+    progress: P,
+    visit: V,
+}
+
+type QuestionRows = (Vec<f32>, Vec<f32>);
+
+impl<B, P, V> Hooks<B, QuestionRows> for Probe<'_, P, V>
+where
+    B: Backend,
+    P: FnMut(&str),
+    V: FnMut(usize, &[Vec<f32>], &[Vec<f32>], LayerKv, &[f32]),
+{
+    fn before(&mut self, layer: usize, state: &State<'_, '_, B>) -> Result<()> {
+        (self.progress)(&format!("layer {layer}"));
+        self.hidden = if self.probed[layer] && self.keep {
             state.hidden()?
         } else {
             Vec::new()
         };
-        let out = state.attention(layer, if probe { &rows } else { &skip }, true)?;
-        state.mlp(layer)?;
-        capture::after_layer(&mut state, layer, encoded)?;
-        if probe {
-            let (probs, scores): (Vec<Vec<f32>>, Vec<Vec<f32>>) = out.heads.into_iter().unzip();
+        Ok(())
+    }
+
+    fn after(
+        &mut self,
+        layer: usize,
+        out: &mut AttentionOutput<QuestionRows>,
+        state: &mut State<'_, '_, B>,
+    ) -> Result<()> {
+        if self.probed[layer] {
+            let (probs, scores): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
+                std::mem::take(&mut out.heads).into_iter().unzip();
             let kv = state.take_kv().pop();
             let empty: &[f32] = &[];
             let kv = kv.as_ref().map_or((empty, empty, empty), |kv| {
                 (&kv.keys_pre_rope[..], &kv.keys[..], &kv.values[..])
             });
-            visit(layer, &probs, &scores, kv, &hidden);
+            (self.visit)(layer, &probs, &scores, kv, &self.hidden);
         }
+        Ok(())
     }
-    state.last_logits()
 }

@@ -807,7 +807,7 @@ mod tests {
     use super::*;
     use crate::forward::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::Precision;
+    use crate::forward::precision::Precision;
 
     /// Spill lines of `--ptxas-options=-v`: "N bytes spill stores, M bytes spill loads".
     fn spills(log: &str) -> Vec<String> {

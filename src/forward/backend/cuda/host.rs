@@ -397,8 +397,9 @@ mod tests {
         bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
     };
     use crate::forward::backend::cuda::CudaBackend;
-    use crate::forward::backend::{Backend, Precision};
-    use crate::forward::decoder::{trace, trace_on};
+    use crate::forward::backend::Backend;
+    use crate::forward::pass::{record_all, record_all_on};
+    use crate::forward::precision::Precision;
     use crate::sink::parity::{self, Tolerances};
 
     #[test]
@@ -440,7 +441,8 @@ mod tests {
 
     #[test]
     fn vision_operations_match_the_cpu_through_the_stand_in() {
-        use crate::forward::backend::{Activation, AttentionShape};
+        use crate::forward::activation::Activation;
+        use crate::forward::backend::AttentionShape;
         let cpu = CpuBackend::new(Precision::F32);
         let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         let (rows, width) = (7, 12);
@@ -532,7 +534,7 @@ mod tests {
             window: None,
             scale: 0.1,
         };
-        let probs = |h: &crate::forward::decoder::HeadView| h.probs.to_vec();
+        let probs = |h: &crate::forward::backend::HeadView| h.probs.to_vec();
         let a = cpu.attention(&q, &k, Some(&v), &shape, &probs).unwrap();
         let g = gpu
             .attention(&on_gpu(&q), &on_gpu(&k), Some(&on_gpu(&v)), &shape, &probs)
@@ -700,7 +702,7 @@ mod tests {
         let ckpt = open(&dir);
         let prompts = golden_prompts(case);
         for precision in [Precision::F32, Precision::Bf16] {
-            let e = trace_on(&faulty(Fault::MissingWait, precision), &ckpt, &prompts)
+            let e = record_all_on(&faulty(Fault::MissingWait, precision), &ckpt, &prompts)
                 .err()
                 .map(|e| e.to_string());
             assert!(
@@ -716,14 +718,14 @@ mod tests {
             let ckpt = open(&dir);
             let prompts = golden_prompts(case);
             for precision in [Precision::F32, Precision::Bf16] {
-                let two = trace_on(
+                let two = record_all_on(
                     &CudaBackend::new(HostDevice::default(), precision),
                     &ckpt,
                     &prompts,
                 )
                 .unwrap();
                 let one =
-                    trace_on(&faulty(Fault::Synchronous, precision), &ckpt, &prompts).unwrap();
+                    record_all_on(&faulty(Fault::Synchronous, precision), &ckpt, &prompts).unwrap();
                 assert_eq!(two.logits, one.logits, "{case} {precision}");
                 assert_eq!(two.attentions, one.attentions, "{case} {precision}");
             }
@@ -794,7 +796,7 @@ mod tests {
         let prompts = golden_prompts(case);
         for precision in [Precision::F32, Precision::Bf16] {
             let gpu = CudaBackend::new(HostDevice::default(), precision);
-            trace_on(&gpu, &ckpt, &prompts).unwrap();
+            record_all_on(&gpu, &ckpt, &prompts).unwrap();
             let sgemm = gpu.device().gemm_calls.load(Ordering::Relaxed);
             let bf16 = gpu.device().gemm_bf16_calls.load(Ordering::Relaxed);
             match precision {
@@ -836,9 +838,9 @@ mod tests {
         let (case, dir) = fixtures().remove(0);
         let ckpt = open(&dir);
         let prompts = golden_prompts(case);
-        let cpu = trace(&ckpt, &prompts).unwrap();
+        let cpu = record_all(&ckpt, &prompts).unwrap();
         // Square projections (q, o) run with wrong numbers; the others fail cuBLAS's checks.
-        match trace_on(
+        match record_all_on(
             &faulty(Fault::TransposedWeight, Precision::F32),
             &ckpt,
             &prompts,
@@ -851,7 +853,7 @@ mod tests {
                 )
             }
             Ok(bad) => {
-                let (probs, logits) = parity::trace_diff(&cpu, &bad);
+                let (probs, logits) = parity::recorded_diff(&cpu, &bad);
                 let tol = Tolerances::of(Precision::F32);
                 assert!(probs > tol.probs || logits > tol.logits, "{probs} {logits}");
             }
@@ -918,10 +920,12 @@ mod tests {
         let dir = root().join("tests/fixtures/nonfinite");
         let ckpt = open(&dir);
         let prompts = vec![vec![1u32, 2, 3, 4]];
-        let cpu = trace_on(&CpuBackend::default(), &ckpt, &prompts)
+        let cpu = record_all_on(&CpuBackend::default(), &ckpt, &prompts)
             .err()
             .map(|e| e.to_string());
-        let other = trace_on(&gpu, &ckpt, &prompts).err().map(|e| e.to_string());
+        let other = record_all_on(&gpu, &ckpt, &prompts)
+            .err()
+            .map(|e| e.to_string());
         assert!(
             cpu.as_deref().is_some_and(|e| e.contains("NaN/Inf")),
             "{cpu:?}"

@@ -23,10 +23,11 @@ use std::ops::Range;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use super::{Activation, Attended, AttentionShape, Backend, Bf16Style, Precision, Visitor};
+use super::{Attended, AttentionShape, Backend, HeadView, RopeTable, Visitor};
 use crate::error::Result;
-use crate::forward::decoder::{HeadView, Model};
-use crate::forward::rope::RopeTable;
+use crate::forward::activation::Activation;
+use crate::forward::precision::{Bf16Style, Precision};
+use crate::forward::weights::Model;
 
 pub mod device;
 pub mod driver;
