@@ -8,7 +8,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{layer_norm, linear, segment_attention, ImageFeatures, Pixels, Taps};
+use super::block::fused_qkv;
+use super::projector::Projector;
+use super::{linear, mlp, segment_attention, Encoding, ImageFeatures, Norm, Pixels};
 use crate::error::Result;
 use crate::forward::activation::Activation;
 use crate::forward::backend::Backend;
@@ -45,12 +47,6 @@ impl Side {
 fn gelu() -> String {
     "gelu".into()
 }
-fn layer_norm_name() -> String {
-    "layer_norm".into()
-}
-fn rms_norm_name() -> String {
-    "rms_norm".into()
-}
 fn eps_1e6() -> f64 {
     1e-6
 }
@@ -61,9 +57,10 @@ fn yes() -> bool {
     true
 }
 
-/// transformers' `InternVLVisionConfig` (the `vision_config` of `model_type: internvl`).
+/// The `vision_config` fields transformers' `InternVLVisionConfig` (`model_type: internvl`) and
+/// OpenGVLab's `InternVisionConfig` (`internvl_chat`, `configuration_intern_vit.py`) spell alike.
 #[derive(Debug, Deserialize)]
-struct HfVisionConfig {
+struct VisionConfig {
     hidden_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
@@ -74,10 +71,15 @@ struct HfVisionConfig {
     num_channels: usize,
     #[serde(default = "gelu")]
     hidden_act: String,
-    #[serde(default = "layer_norm_name")]
-    norm_type: String,
+    /// Absent: `layer_norm` in transformers' schema, `rms_norm` in the remote one.
+    norm_type: Option<String>,
     #[serde(default = "eps_1e6")]
     layer_norm_eps: f64,
+}
+
+/// The fields only transformers' `InternVLVisionConfig` has, with its defaults.
+#[derive(Debug, Deserialize)]
+struct HfVisionFields {
     #[serde(default)]
     attention_bias: bool,
     #[serde(default)]
@@ -88,28 +90,27 @@ struct HfVisionConfig {
     use_mean_pooling: bool,
 }
 
-/// OpenGVLab's `InternVisionConfig` (the `vision_config` of `model_type: internvl_chat`), with
-/// its class defaults (`configuration_intern_vit.py`).
+/// The fields only OpenGVLab's `InternVisionConfig` has, with its class defaults.
 #[derive(Debug, Deserialize)]
-struct RemoteVisionConfig {
-    hidden_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    intermediate_size: usize,
-    image_size: Side,
-    patch_size: Side,
-    #[serde(default = "three")]
-    num_channels: usize,
-    #[serde(default = "gelu")]
-    hidden_act: String,
-    #[serde(default = "rms_norm_name")]
-    norm_type: String,
-    #[serde(default = "eps_1e6")]
-    layer_norm_eps: f64,
+struct RemoteVisionFields {
     #[serde(default)]
     qkv_bias: bool,
     #[serde(default = "yes")]
     qk_normalization: bool,
+}
+
+/// What the two layouts' configs say differently, in one vocabulary.
+struct LayoutFields<'c> {
+    norm_type: &'static str,
+    qkv_bias: bool,
+    qk_norm: bool,
+    qk_eps: f32,
+    position_embeddings: bool,
+    final_norm: bool,
+    /// The feature layer's index and the key it came from.
+    feature_layer: (i64, &'static str),
+    shuffle_transpose: bool,
+    projector_act: &'c str,
 }
 
 /// Which checkpoint layout the tower's tensors follow.
@@ -133,7 +134,9 @@ pub struct InternVl {
     patch: usize,
     channels: usize,
     act: Activation,
-    rms_norm: bool,
+    /// The layers' norms (`norm_type`, eps `layer_norm_eps`).
+    norm: Norm,
+    /// `layer_norm_eps`, the final LayerNorm's epsilon too.
     eps: f32,
     qkv_bias: bool,
     qk_norm: bool,
@@ -166,10 +169,10 @@ fn activation(name: &str, key: &str) -> Result<Activation> {
         .ok_or_else(|| bad!("config.json: {key} `{name}` is not a supported activation"))
 }
 
-fn norm_is_rms(name: &str) -> Result<bool> {
+fn norm(name: &str, eps: f32) -> Result<Norm> {
     match name {
-        "layer_norm" => Ok(false),
-        "rms_norm" => Ok(true),
+        "layer_norm" => Ok(Norm::Layer(eps)),
+        "rms_norm" => Ok(Norm::Rms(eps)),
         other => {
             bail!("config.json: vision_config.norm_type `{other}` is not layer_norm or rms_norm")
         }
@@ -179,87 +182,95 @@ fn norm_is_rms(name: &str) -> Result<bool> {
 impl InternVl {
     /// The tower of `config` (`model_type` `internvl` or `internvl_chat`).
     pub fn from_config(config: &Value) -> Result<InternVl> {
-        let remote = config.get("model_type").and_then(Value::as_str) == Some("internvl_chat");
+        let layout = match config.get("model_type").and_then(Value::as_str) {
+            Some("internvl_chat") => Layout::Remote,
+            _ => Layout::Hf,
+        };
         let vision = field(config, "vision_config")?;
         let parse = |e: serde_json::Error| bad!("config.json: vision_config: {e}");
-        let mut tower = if remote {
-            let v: RemoteVisionConfig = serde_json::from_value(vision.clone()).map_err(parse)?;
-            let select = config
-                .get("select_layer")
-                .and_then(Value::as_i64)
-                .unwrap_or(-1);
-            let ps_version = config
-                .get("ps_version")
-                .and_then(Value::as_str)
-                .unwrap_or("v1");
-            InternVl {
-                layout: Layout::Remote,
-                hidden: v.hidden_size,
-                heads: v.num_attention_heads,
-                intermediate: v.intermediate_size,
-                image: v.image_size.square("image_size")?,
-                patch: v.patch_size.square("patch_size")?,
-                channels: v.num_channels,
-                act: activation(&v.hidden_act, "vision_config.hidden_act")?,
-                rms_norm: norm_is_rms(&v.norm_type)?,
-                eps: v.layer_norm_eps as f32,
-                qkv_bias: v.qkv_bias,
-                qk_norm: v.qk_normalization,
-                qk_eps: v.layer_norm_eps as f32,
-                position_embeddings: true,
-                final_norm: false,
-                feature_depth: feature_depth(select, v.num_hidden_layers, "select_layer")?,
-                last_hidden_state: select == -1,
-                shuffle: 0,
-                shuffle_transpose: ps_version != "v1",
-                // `mlp1` is `nn.GELU()` in modeling_internvl_chat.py.
-                projector_act: Activation::Gelu,
-                text_hidden: 0,
+        let v: VisionConfig = serde_json::from_value(vision.clone()).map_err(parse)?;
+        let own = match layout {
+            Layout::Remote => {
+                let f: RemoteVisionFields =
+                    serde_json::from_value(vision.clone()).map_err(parse)?;
+                let select = config
+                    .get("select_layer")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(-1);
+                let ps_version = config
+                    .get("ps_version")
+                    .and_then(Value::as_str)
+                    .unwrap_or("v1");
+                LayoutFields {
+                    norm_type: "rms_norm",
+                    qkv_bias: f.qkv_bias,
+                    qk_norm: f.qk_normalization,
+                    qk_eps: v.layer_norm_eps as f32,
+                    position_embeddings: true,
+                    final_norm: false,
+                    feature_layer: (select, "select_layer"),
+                    shuffle_transpose: ps_version != "v1",
+                    // `mlp1` is `nn.GELU()` in modeling_internvl_chat.py.
+                    projector_act: "gelu",
+                }
             }
-        } else {
-            let v: HfVisionConfig = serde_json::from_value(vision.clone()).map_err(parse)?;
-            let layer = match config.get("vision_feature_layer") {
-                None => -1,
-                Some(l) => l.as_i64().ok_or_else(|| {
-                    bad!("config.json: vision_feature_layer {l}: only one layer index is supported")
-                })?,
-            };
-            let strategy = config
-                .get("vision_feature_select_strategy")
-                .and_then(Value::as_str)
-                .unwrap_or("default");
-            // "full" keeps the class token, and get_image_features' square reshape of
-            // 1 + patches tokens then fails in transformers too.
-            if strategy != "default" {
-                bail!("config.json: vision_feature_select_strategy `{strategy}`: InternVL needs `default` (the class token dropped)");
+            Layout::Hf => {
+                let f: HfVisionFields = serde_json::from_value(vision.clone()).map_err(parse)?;
+                let layer = match config.get("vision_feature_layer") {
+                    None => -1,
+                    Some(l) => l.as_i64().ok_or_else(|| {
+                        bad!("config.json: vision_feature_layer {l}: only one layer index is supported")
+                    })?,
+                };
+                let strategy = config
+                    .get("vision_feature_select_strategy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default");
+                // "full" keeps the class token, and get_image_features' square reshape of
+                // 1 + patches tokens then fails in transformers too.
+                if strategy != "default" {
+                    bail!("config.json: vision_feature_select_strategy `{strategy}`: InternVL needs `default` (the class token dropped)");
+                }
+                LayoutFields {
+                    norm_type: "layer_norm",
+                    qkv_bias: f.attention_bias,
+                    qk_norm: f.use_qk_norm,
+                    qk_eps: 1e-6,
+                    position_embeddings: f.use_absolute_position_embeddings,
+                    final_norm: !f.use_mean_pooling,
+                    feature_layer: (layer, "vision_feature_layer"),
+                    shuffle_transpose: true,
+                    projector_act: config
+                        .get("projector_hidden_act")
+                        .and_then(Value::as_str)
+                        .unwrap_or("gelu"),
+                }
             }
-            let act = config
-                .get("projector_hidden_act")
-                .and_then(Value::as_str)
-                .unwrap_or("gelu");
-            InternVl {
-                layout: Layout::Hf,
-                hidden: v.hidden_size,
-                heads: v.num_attention_heads,
-                intermediate: v.intermediate_size,
-                image: v.image_size.square("image_size")?,
-                patch: v.patch_size.square("patch_size")?,
-                channels: v.num_channels,
-                act: activation(&v.hidden_act, "vision_config.hidden_act")?,
-                rms_norm: norm_is_rms(&v.norm_type)?,
-                eps: v.layer_norm_eps as f32,
-                qkv_bias: v.attention_bias,
-                qk_norm: v.use_qk_norm,
-                qk_eps: 1e-6,
-                position_embeddings: v.use_absolute_position_embeddings,
-                final_norm: !v.use_mean_pooling,
-                feature_depth: feature_depth(layer, v.num_hidden_layers, "vision_feature_layer")?,
-                last_hidden_state: layer == -1,
-                shuffle: 0,
-                shuffle_transpose: true,
-                projector_act: activation(act, "projector_hidden_act")?,
-                text_hidden: 0,
-            }
+        };
+        let eps = v.layer_norm_eps as f32;
+        let (layer, layer_key) = own.feature_layer;
+        let mut tower = InternVl {
+            layout,
+            hidden: v.hidden_size,
+            heads: v.num_attention_heads,
+            intermediate: v.intermediate_size,
+            image: v.image_size.square("image_size")?,
+            patch: v.patch_size.square("patch_size")?,
+            channels: v.num_channels,
+            act: activation(&v.hidden_act, "vision_config.hidden_act")?,
+            norm: norm(v.norm_type.as_deref().unwrap_or(own.norm_type), eps)?,
+            eps,
+            qkv_bias: own.qkv_bias,
+            qk_norm: own.qk_norm,
+            qk_eps: own.qk_eps,
+            position_embeddings: own.position_embeddings,
+            final_norm: own.final_norm,
+            feature_depth: feature_depth(layer, v.num_hidden_layers, layer_key)?,
+            last_hidden_state: layer == -1,
+            shuffle: 0,
+            shuffle_transpose: own.shuffle_transpose,
+            projector_act: activation(own.projector_act, "projector_hidden_act")?,
+            text_hidden: 0,
         };
         let ratio = config
             .get("downsample_ratio")
@@ -358,26 +369,15 @@ impl InternVl {
     }
 
     /// `get_image_features`: the projected features of every image's tiles, in order.
-    pub fn encode<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        pixels: &Pixels,
-        mut taps: Option<&mut Taps>,
-    ) -> Result<ImageFeatures> {
-        let (values, _) = self.tiles(pixels)?;
+    pub(super) fn encode<B: Backend>(&self, run: &mut Encoding<B>) -> Result<ImageFeatures> {
+        let (be, model) = (run.be, run.model);
+        let (values, _) = self.tiles(&run.pixels)?;
         let names = Names::resolve(self.layout, model)?;
         let (h, p, g) = (self.hidden, self.patch, self.grid());
         let patches = g * g;
         let tiles = values.len() / (self.channels * self.image * self.image);
         let seq = 1 + patches;
         let rows = tiles * seq;
-        let mut tap = |name: String, x: &B::Tensor| -> Result<()> {
-            if let Some(t) = taps.as_deref_mut() {
-                t.push((name, be.to_host(x)?.into_owned()));
-            }
-            Ok(())
-        };
 
         // InternVLVisionPatchEmbeddings: the stride-P convolution is one GEMM over the tiles'
         // patches, each gathered as a (channel, y, x) row to match the weight's [hidden, 3, P, P].
@@ -388,7 +388,7 @@ impl InternVl {
         drop(w);
         be.add_bias(&mut x, &be.load(model, &names.patch_bias, &[h])?, h)?;
         be.round(&mut x)?;
-        tap("vision.patch_embed".into(), &x)?;
+        run.tap("vision.patch_embed".into(), &x)?;
 
         // InternVLVisionEmbeddings: the class token before each tile's patches, then the
         // position embeddings of 1 + patches rows. The stored table must be this tile grid's:
@@ -407,21 +407,23 @@ impl InternVl {
             let index: Vec<u32> = (0..rows).map(|r| (r % seq) as u32).collect();
             be.add_assign(&mut x, &be.gather_rows(&pos, h, &index)?)?;
         }
-        tap("vision.embeddings".into(), &x)?;
+        run.tap("vision.embeddings".into(), &x)?;
 
         let segments: Vec<_> = (0..tiles).map(|t| t * seq..(t + 1) * seq).collect();
         for layer in 0..self.feature_depth {
             self.layer(be, model, &names, layer, &mut x, rows, &segments)?;
-            tap(format!("vision.block.{layer}"), &x)?;
+            run.tap(format!("vision.block.{layer}"), &x)?;
         }
         if self.final_norm && self.last_hidden_state {
-            x = self.norm(be, model, &names.final_norm, &x, false)?;
+            x = Norm::Layer(self.eps).apply(be, model, &names.final_norm, &x, h)?;
         }
 
         let index = shuffle_index(tiles, g, self.shuffle, self.shuffle_transpose);
         let x = be.gather_rows(&x, h, &index)?;
         let tokens = tiles * self.tokens_per_tile();
-        let embeds = self.project(be, model, &names, &x, tokens)?;
+        let embeds = self
+            .projector()
+            .apply(be, model, &names.projector, &x, tokens)?;
         Ok(ImageFeatures {
             embeds: be.to_host(&embeds)?.into_owned(),
             tokens,
@@ -429,25 +431,8 @@ impl InternVl {
         })
     }
 
-    /// A normalized copy of `x`: RMSNorm when `rms`, else LayerNorm with bias (`norm_type`).
-    fn norm<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        prefix: &str,
-        x: &B::Tensor,
-        rms: bool,
-    ) -> Result<B::Tensor> {
-        let h = self.hidden;
-        if !rms {
-            return layer_norm(be, model, prefix, x, h, self.eps);
-        }
-        let w = be.load(model, &format!("{prefix}.weight"), &[h])?;
-        be.rms_norm(x, h, &w, self.eps, Bf16Style::Llama)
-    }
-
     /// q, k, v of one layer: separate projections (transformers) or the fused `attn.qkv`
-    /// whose rows are q, k, v (remote), split on the host.
+    /// whose rows are q, k, v (remote).
     fn qkv<B: Backend>(
         &self,
         be: &B,
@@ -475,25 +460,7 @@ impl InternVl {
             }
             Layout::Remote => {
                 let name = format!("{prefix}.attn.qkv");
-                let w = model.tensor(&format!("{name}.weight"), &[3 * h, h])?;
-                let b = if self.qkv_bias {
-                    Some(model.tensor(&format!("{name}.bias"), &[3 * h])?)
-                } else {
-                    None
-                };
-                let part = |i: usize| -> Result<B::Tensor> {
-                    let mut wi = be.upload(w[i * h * h..(i + 1) * h * h].to_vec())?;
-                    be.round(&mut wi)?;
-                    let mut y = be.linear(x, rows, &wi, h, h)?;
-                    if let Some(b) = &b {
-                        let mut bi = be.upload(b[i * h..(i + 1) * h].to_vec())?;
-                        be.round(&mut bi)?;
-                        be.add_bias(&mut y, &bi, h)?;
-                    }
-                    be.round(&mut y)?;
-                    Ok(y)
-                };
-                Ok([part(0)?, part(1)?, part(2)?])
+                fused_qkv(be, model, &name, x, rows, h, self.qkv_bias)
             }
         }
     }
@@ -516,7 +483,9 @@ impl InternVl {
         let remote = self.layout == Layout::Remote;
         let n = |hf: &str, rm: &str| format!("{p}.{}", if remote { rm } else { hf });
 
-        let normed = self.norm(be, model, &n("layernorm_before", "norm1"), x, self.rms_norm)?;
+        let normed = self
+            .norm
+            .apply(be, model, &n("layernorm_before", "norm1"), x, h)?;
         let [mut q, mut k, v] = self.qkv(be, model, &p, &normed, rows)?;
         drop(normed);
         // QK-norm: one RMSNorm over all heads together (the 6B tower).
@@ -536,52 +505,38 @@ impl InternVl {
         be.add_assign(x, &y)?;
         drop(y);
 
-        let normed = self.norm(be, model, &n("layernorm_after", "norm2"), x, self.rms_norm)?;
-        let mut y = linear(
+        let normed = self
+            .norm
+            .apply(be, model, &n("layernorm_after", "norm2"), x, h)?;
+        let mut y = mlp(
             be,
             model,
-            &format!("{p}.mlp.fc1"),
-            &normed,
+            [&format!("{p}.mlp.fc1"), &format!("{p}.mlp.fc2")],
+            normed,
             rows,
-            self.intermediate,
-            h,
-            true,
-        )?;
-        drop(normed);
-        be.activate(&mut y, self.act)?;
-        let mut y = linear(
-            be,
-            model,
-            &format!("{p}.mlp.fc2"),
-            &y,
-            rows,
-            h,
-            self.intermediate,
-            true,
+            [h, self.intermediate, h],
+            self.act,
         )?;
         let ls = be.load(model, &n("lambda_2", "ls2"), &[h])?;
         be.scale_columns(&mut y, h, &ls)?;
         be.add_assign(x, &y)
     }
 
-    /// `InternVLMultiModalProjector` / `mlp1`: LayerNorm → Linear → GELU → Linear.
-    fn project<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        names: &Names,
-        x: &B::Tensor,
-        tokens: usize,
-    ) -> Result<B::Tensor> {
+    /// `InternVLMultiModalProjector` / `mlp1`: LayerNorm → Linear → GELU → Linear, from the
+    /// shuffled width to the text hidden size.
+    fn projector(&self) -> Projector {
         let (width, text) = (self.hidden * self.shuffle * self.shuffle, self.text_hidden);
-        let [norm, l1, l2] = &names.projector;
-        let w = be.load(model, &format!("{norm}.weight"), &[width])?;
-        let b = be.load(model, &format!("{norm}.bias"), &[width])?;
-        // nn.LayerNorm's default eps in both InternVLMultiModalProjector and mlp1.
-        let y = be.layer_norm(x, width, &w, &b, 1e-5)?;
-        let mut y = linear(be, model, l1, &y, tokens, text, width, true)?;
-        be.activate(&mut y, self.projector_act)?;
-        linear(be, model, l2, &y, tokens, text, text, true)
+        Projector {
+            names: match self.layout {
+                Layout::Hf => ["layer_norm", "linear_1", "linear_2"],
+                Layout::Remote => ["0", "1", "3"],
+            },
+            // nn.LayerNorm's default eps in both InternVLMultiModalProjector and mlp1.
+            norm: Norm::Layer(1e-5),
+            norm_width: width,
+            widths: [width, text, text],
+            act: self.projector_act,
+        }
     }
 }
 
@@ -631,7 +586,8 @@ struct Names {
     cls: String,
     position: String,
     final_norm: String,
-    projector: [String; 3],
+    /// The projector's prefix; [`InternVl::projector`] names its layers.
+    projector: String,
 }
 
 impl Names {
@@ -648,7 +604,6 @@ impl Names {
                         "model."
                     };
                 let t = format!("{root}vision_tower");
-                let m = format!("{root}multi_modal_projector");
                 Names {
                     layers: format!("{t}.encoder.layer"),
                     patch_weight: format!("{t}.embeddings.patch_embeddings.projection.weight"),
@@ -656,11 +611,7 @@ impl Names {
                     cls: format!("{t}.embeddings.cls_token"),
                     position: format!("{t}.embeddings.position_embeddings"),
                     final_norm: format!("{t}.layernorm"),
-                    projector: [
-                        format!("{m}.layer_norm"),
-                        format!("{m}.linear_1"),
-                        format!("{m}.linear_2"),
-                    ],
+                    projector: format!("{root}multi_modal_projector"),
                 }
             }
             Layout::Remote => Names {
@@ -670,7 +621,7 @@ impl Names {
                 cls: "vision_model.embeddings.class_embedding".into(),
                 position: "vision_model.embeddings.position_embedding".into(),
                 final_norm: String::new(),
-                projector: ["mlp1.0".into(), "mlp1.1".into(), "mlp1.3".into()],
+                projector: "mlp1".into(),
             },
         })
     }
@@ -713,7 +664,7 @@ mod tests {
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
     use crate::forward::precision::Precision;
-    use crate::forward::vision::Tower;
+    use crate::forward::vision::{Taps, Tower};
 
     /// The acceptance bound: max |Δ| over the reference tensor's largest magnitude.
     const TOL: f64 = 1e-4;

@@ -8,14 +8,18 @@ use serde_json::Value;
 
 use std::ops::Range;
 
+use super::activation::Activation;
 use super::backend::{AttentionShape, Backend};
+use super::precision::Bf16Style;
 use super::weights::Model;
 use crate::error::Result;
 use crate::image::Grid;
 
+mod block;
 #[cfg(test)]
 pub(crate) mod goldens;
 pub mod internvl;
+mod projector;
 pub mod qwen2_vl;
 pub mod qwen3_vl;
 
@@ -157,10 +161,16 @@ impl Tower {
         pixels: &Pixels,
         taps: Option<&mut Taps>,
     ) -> Result<ImageFeatures> {
+        let mut run = Encoding {
+            be: backend,
+            model,
+            pixels: *pixels,
+            taps,
+        };
         match self {
-            Tower::Qwen3Vl(t) => t.encode(backend, model, pixels, taps),
-            Tower::Qwen2Vl(v) => v.encode(backend, model, pixels, taps),
-            Tower::InternVl(t) => t.encode(backend, model, pixels, taps),
+            Tower::Qwen3Vl(t) => t.encode(&mut run),
+            Tower::Qwen2Vl(v) => v.encode(&mut run),
+            Tower::InternVl(t) => t.encode(&mut run),
         }
     }
 }
@@ -214,18 +224,70 @@ fn linear<B: Backend>(
     Ok(y)
 }
 
-/// LayerNorm `{prefix}` (weight and bias of `width`) of every row of `x`, as a copy.
-fn layer_norm<B: Backend>(
+/// The norm of a tower's blocks, merger or projector, with its epsilon.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Norm {
+    /// LayerNorm with weight and bias.
+    Layer(f32),
+    /// RMSNorm with a weight, rounded in bf16 as Llama's.
+    Rms(f32),
+}
+
+impl Norm {
+    /// The norm `{prefix}` of every `width`-wide row of `x`, as a copy.
+    fn apply<B: Backend>(
+        self,
+        be: &B,
+        model: &Model,
+        prefix: &str,
+        x: &B::Tensor,
+        width: usize,
+    ) -> Result<B::Tensor> {
+        let w = be.load(model, &format!("{prefix}.weight"), &[width])?;
+        match self {
+            Norm::Layer(eps) => {
+                let b = be.load(model, &format!("{prefix}.bias"), &[width])?;
+                be.layer_norm(x, width, &w, &b, eps)
+            }
+            Norm::Rms(eps) => be.rms_norm(x, width, &w, eps, Bf16Style::Llama),
+        }
+    }
+}
+
+/// `fc2(act(fc1(x)))` over `rows` rows, both linears with their biases, `widths` being fc1's
+/// input, its output and fc2's output; `x` is dropped once fc1 has read it.
+fn mlp<B: Backend>(
     be: &B,
     model: &Model,
-    prefix: &str,
-    x: &B::Tensor,
-    width: usize,
-    eps: f32,
+    [fc1, fc2]: [&str; 2],
+    x: B::Tensor,
+    rows: usize,
+    [inp, hidden, out]: [usize; 3],
+    act: Activation,
 ) -> Result<B::Tensor> {
-    let w = be.load(model, &format!("{prefix}.weight"), &[width])?;
-    let b = be.load(model, &format!("{prefix}.bias"), &[width])?;
-    be.layer_norm(x, width, &w, &b, eps)
+    let mut y = linear(be, model, fc1, &x, rows, hidden, inp, true)?;
+    drop(x);
+    be.activate(&mut y, act)?;
+    linear(be, model, fc2, &y, rows, out, hidden, true)
+}
+
+/// One run of a tower over `pixels`: the backend, the weights (tensors by their stored names)
+/// and the intermediates the caller asked to keep.
+struct Encoding<'a, B: Backend> {
+    be: &'a B,
+    model: &'a Model<'a>,
+    pixels: Pixels<'a>,
+    taps: Option<&'a mut Taps>,
+}
+
+impl<B: Backend> Encoding<'_, B> {
+    /// Keeps a host copy of `x` as `name` when the caller asked for taps.
+    fn tap(&mut self, name: String, x: &B::Tensor) -> Result<()> {
+        if let Some(taps) = self.taps.as_deref_mut() {
+            taps.push((name, self.be.to_host(x)?.into_owned()));
+        }
+        Ok(())
+    }
 }
 
 /// The patch rows and grids of `pixels` for a Qwen-VL tower (`family` for messages): every grid

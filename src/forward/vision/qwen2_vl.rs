@@ -8,7 +8,9 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
+use super::block::{Ffn, FusedQkvBlock};
+use super::projector::Projector;
+use super::{patch_grids, Encoding, ImageFeatures, Norm, Pixels};
 use crate::bad;
 use crate::error::Result;
 use crate::forward::activation::Activation;
@@ -210,23 +212,12 @@ impl Vision {
     }
 
     /// Run the tower (`forward` of either modeling file).
-    pub fn encode<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        pixels: &Pixels,
-        mut taps: Option<&mut Taps>,
-    ) -> Result<ImageFeatures> {
-        let (values, grids) = self.grids(pixels)?;
+    pub(super) fn encode<B: Backend>(&self, run: &mut Encoding<B>) -> Result<ImageFeatures> {
+        let (be, model) = (run.be, run.model);
+        let (values, grids) = self.grids(&run.pixels)?;
         let prefix = tower_prefix(model)?;
         let (width, unit) = (self.width, self.unit());
         let rows = values.len() / self.patch_values();
-        let mut tap = |name: String, x: &B::Tensor| -> Result<()> {
-            if let Some(t) = taps.as_deref_mut() {
-                t.push((name, be.to_host(x)?.into_owned()));
-            }
-            Ok(())
-        };
 
         // PatchEmbed: a Conv3d with kernel = stride over whole patches is one GEMM.
         // `PatchEmbed.forward` casts the pixels to the weights' dtype first.
@@ -246,7 +237,7 @@ impl Vision {
         let mut x = be.linear(&pixels, rows, &w, width, self.patch_values())?;
         drop((pixels, w));
         be.round(&mut x)?;
-        tap("vision.patch_embed".into(), &x)?;
+        run.tap("vision.patch_embed".into(), &x)?;
 
         let mut angles = self.rotary_angles(grids);
         let images = frame_segments(grids);
@@ -273,26 +264,31 @@ impl Vision {
         let table = RopeTable::from_angles(self.head_dim() / 2, &angles, 1.0);
         drop(angles);
 
+        let recipe = self.block();
         for block in 0..self.depth {
             let segments = match &windowed {
                 Some((_, windows, win)) if !win.full_blocks.contains(&block) => windows,
                 _ => &images,
             };
-            self.block(
-                be,
-                model,
-                &format!("{prefix}blocks.{block}"),
-                &mut x,
-                rows,
-                segments,
-                &table,
-            )?;
-            tap(format!("vision.block.{block}"), &x)?;
+            let p = format!("{prefix}blocks.{block}");
+            recipe.apply(be, model, &p, &mut x, rows, segments, &table)?;
+            run.tap(format!("vision.block.{block}"), &x)?;
         }
 
-        let merged = self.merger(be, model, &format!("{prefix}merger"), &x, rows)?;
-        drop(x);
+        // `PatchMerger` / `Qwen2_5_VLPatchMerger`: `ln_q` over patch rows, each merge²
+        // consecutive rows then one `[width·merge²]` row (the buffer read with fewer, wider rows),
+        // `mlp.0` → GELU → `mlp.2`.
         let tokens = rows / unit;
+        let wide = width * unit;
+        let merger = Projector {
+            names: ["ln_q", "mlp.0", "mlp.2"],
+            norm: self.norm(),
+            norm_width: width,
+            widths: [wide, wide, self.out_hidden],
+            act: Activation::Gelu,
+        };
+        let merged = merger.apply(be, model, &format!("{prefix}merger"), &x, tokens)?;
+        drop(x);
         let merged = match &windowed {
             // argsort(window_index): the merged tokens back in processor order.
             Some((index, _, _)) => {
@@ -340,168 +336,32 @@ impl Vision {
         angles
     }
 
-    /// One vision block in place: `x + attn(norm1(x))`, then `x + mlp(norm2(x))`
-    /// (`Qwen2VLVisionBlock`, `Qwen2_5_VLVisionBlock`).
-    #[allow(clippy::too_many_arguments)]
-    fn block<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        p: &str,
-        x: &mut B::Tensor,
-        rows: usize,
-        segments: &[Range<usize>],
-        table: &RopeTable,
-    ) -> Result<()> {
-        let (width, heads, hd) = (self.width, self.num_heads, self.head_dim());
-        let normed = self.norm(be, model, &format!("{p}.norm1"), x)?;
-
-        // The fused `attn.qkv`: rows of the weight (and bias) are q, then k, then v.
-        let qkv_w = model.tensor(&format!("{p}.attn.qkv.weight"), &[3 * width, width])?;
-        let qkv_b = model.tensor(&format!("{p}.attn.qkv.bias"), &[3 * width])?;
-        let project = |i: usize| -> Result<B::Tensor> {
-            let mut w = be.upload(qkv_w[i * width * width..(i + 1) * width * width].to_vec())?;
-            let mut b = be.upload(qkv_b[i * width..(i + 1) * width].to_vec())?;
-            be.round(&mut w)?;
-            be.round(&mut b)?;
-            let mut y = be.linear(&normed, rows, &w, width, width)?;
-            be.add_bias(&mut y, &b, width)?;
-            be.round(&mut y)?;
-            Ok(y)
-        };
-        let (mut q, mut k, v) = (project(0)?, project(1)?, project(2)?);
-        drop((normed, qkv_w, qkv_b));
-
-        // `apply_rotary_pos_emb_vision`: rotate-half with each row's own angles.
-        let all = [(0..rows, table)];
-        be.rope(&mut q, width, hd, &all, Bf16Style::Llama)?;
-        be.rope(&mut k, width, hd, &all, Bf16Style::Llama)?;
-        let ctx = segment_attention(be, [q, k, v], segments, heads, hd)?;
-        let o = linear(
-            be,
-            model,
-            &format!("{p}.attn.proj"),
-            &ctx,
-            rows,
-            width,
-            width,
-            true,
-        )?;
-        drop(ctx);
-        be.add_assign(x, &o)?;
-        drop(o);
-
-        let h = self.norm(be, model, &format!("{p}.norm2"), x)?;
-        let y = match self.generation {
-            Generation::Qwen2 => {
-                let inter = self.intermediate;
-                let mut a = linear(
-                    be,
-                    model,
-                    &format!("{p}.mlp.fc1"),
-                    &h,
-                    rows,
-                    inter,
-                    width,
-                    true,
-                )?;
-                be.activate(&mut a, self.act)?;
-                linear(
-                    be,
-                    model,
-                    &format!("{p}.mlp.fc2"),
-                    &a,
-                    rows,
-                    width,
-                    inter,
-                    true,
-                )?
-            }
-            Generation::Qwen25 => {
-                let inter = self.intermediate;
-                let mut gate = linear(
-                    be,
-                    model,
-                    &format!("{p}.mlp.gate_proj"),
-                    &h,
-                    rows,
-                    inter,
-                    width,
-                    true,
-                )?;
-                let up = linear(
-                    be,
-                    model,
-                    &format!("{p}.mlp.up_proj"),
-                    &h,
-                    rows,
-                    inter,
-                    width,
-                    true,
-                )?;
-                be.act_mul(&mut gate, &up, self.act)?;
-                drop(up);
-                linear(
-                    be,
-                    model,
-                    &format!("{p}.mlp.down_proj"),
-                    &gate,
-                    rows,
-                    width,
-                    inter,
-                    true,
-                )?
-            }
-        };
-        be.add_assign(x, &y)
-    }
-
-    /// The block norms and `ln_q`: LayerNorm (with bias) in Qwen2-VL, RMSNorm in Qwen2.5-VL.
-    fn norm<B: Backend>(&self, be: &B, model: &Model, p: &str, x: &B::Tensor) -> Result<B::Tensor> {
-        let width = self.width;
-        match self.generation {
-            Generation::Qwen2 => layer_norm(be, model, p, x, width, NORM_EPS),
-            Generation::Qwen25 => {
-                let w = be.load(model, &format!("{p}.weight"), &[width])?;
-                be.rms_norm(x, width, &w, NORM_EPS, Bf16Style::Llama)
-            }
+    /// The blocks (`Qwen2VLVisionBlock`, `Qwen2_5_VLVisionBlock`): Qwen2-VL's `fc1` →
+    /// `hidden_act` → `fc2`, Qwen2.5-VL's gated MLP; rotary rounded as Llama's in bf16.
+    fn block(&self) -> FusedQkvBlock {
+        FusedQkvBlock {
+            width: self.width,
+            heads: self.num_heads,
+            intermediate: self.intermediate,
+            norm: self.norm(),
+            ffn: match self.generation {
+                Generation::Qwen2 => Ffn::Plain {
+                    fc1: "mlp.fc1",
+                    fc2: "mlp.fc2",
+                },
+                Generation::Qwen25 => Ffn::Gated,
+            },
+            act: self.act,
+            rope: Bf16Style::Llama,
         }
     }
 
-    /// `PatchMerger` / `Qwen2_5_VLPatchMerger`: `ln_q`, each merge² consecutive rows as one
-    /// `[width·merge²]` row (the buffer read with fewer, wider rows), `mlp.0` → GELU → `mlp.2`.
-    fn merger<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        p: &str,
-        x: &B::Tensor,
-        rows: usize,
-    ) -> Result<B::Tensor> {
-        let normed = self.norm(be, model, &format!("{p}.ln_q"), x)?;
-        let (wide, tokens) = (self.width * self.unit(), rows / self.unit());
-        let mut h = linear(
-            be,
-            model,
-            &format!("{p}.mlp.0"),
-            &normed,
-            tokens,
-            wide,
-            wide,
-            true,
-        )?;
-        drop(normed);
-        be.activate(&mut h, Activation::Gelu)?;
-        linear(
-            be,
-            model,
-            &format!("{p}.mlp.2"),
-            &h,
-            tokens,
-            self.out_hidden,
-            wide,
-            true,
-        )
+    /// The block norms and `ln_q`: LayerNorm (with bias) in Qwen2-VL, RMSNorm in Qwen2.5-VL.
+    fn norm(&self) -> Norm {
+        match self.generation {
+            Generation::Qwen2 => Norm::Layer(NORM_EPS),
+            Generation::Qwen25 => Norm::Rms(NORM_EPS),
+        }
     }
 }
 
@@ -578,11 +438,22 @@ mod tests {
     use crate::forward::backend::cuda::host::HostDevice;
     use crate::forward::backend::cuda::CudaBackend;
     use crate::forward::precision::Precision;
-    use crate::forward::vision::Tower;
+    use crate::forward::vision::{Taps, Tower};
 
     /// The acceptance bound: max |Δ| over the golden tensor's largest magnitude.
     const TOLERANCE: f64 = 1e-4;
     const IMAGE_PAD: i64 = 311;
+
+    /// What `vision` gives through [`Tower::encode`], the entry point every caller uses.
+    fn features<B: Backend>(
+        vision: &Vision,
+        be: &B,
+        model: &Model,
+        pixels: &Pixels,
+        taps: Option<&mut Taps>,
+    ) -> Result<ImageFeatures> {
+        Tower::Qwen2Vl(vision.clone()).encode(be, model, pixels, taps)
+    }
 
     fn tower(ckpt: &Checkpoint) -> Vision {
         match Tower::from_config(&ckpt.config).unwrap() {
@@ -616,9 +487,7 @@ mod tests {
 
             let cpu = CpuBackend::new(Precision::F32);
             let mut taps = Taps::new();
-            let got = vision
-                .encode(&cpu, &model, &pixels, Some(&mut taps))
-                .unwrap();
+            let got = features(&vision, &cpu, &model, &pixels, Some(&mut taps)).unwrap();
             assert_eq!(got.tokens, runs.iter().sum::<usize>(), "{}", case.name);
             assert!(got.deepstack.is_empty());
             let mut checked = vec![("image_embeds".to_string(), got.embeds.clone())];
@@ -637,9 +506,7 @@ mod tests {
 
             let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
             let mut gpu_taps = Taps::new();
-            let on_gpu = vision
-                .encode(&gpu, &model, &pixels, Some(&mut gpu_taps))
-                .unwrap();
+            let on_gpu = features(&vision, &gpu, &model, &pixels, Some(&mut gpu_taps)).unwrap();
             assert_eq!(on_gpu.tokens, got.tokens);
             let mut gpu_checked = vec![("image_embeds".to_string(), on_gpu.embeds)];
             gpu_checked.extend(gpu_taps);
@@ -700,7 +567,7 @@ mod tests {
         let encode = |dir: &Path| {
             let ckpt = Checkpoint::open_dir(dir, "qwen2_5_vl").unwrap();
             let model = Model::new(&ckpt).unwrap();
-            tower(&ckpt).encode(&cpu, &model, &pixels, None).unwrap()
+            features(&tower(&ckpt), &cpu, &model, &pixels, None).unwrap()
         };
         let converted = encode(dir.path());
         assert!(!converted.embeds.is_empty());
@@ -760,8 +627,7 @@ mod tests {
             values: &values[..16 * 1176 - 1],
             grid_thw: &[[1, 4, 4]],
         };
-        let e = vision
-            .encode(&cpu, &model, &short, None)
+        let e = features(&vision, &cpu, &model, &short, None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -788,8 +654,7 @@ mod tests {
         let mut config = ckpt.config.clone();
         config["vision_config"]["mlp_ratio"] = 3.into();
         let wrong = Vision::from_config(&config, Generation::Qwen2).unwrap();
-        let e = wrong
-            .encode(&cpu, &model, &good, None)
+        let e = features(&wrong, &cpu, &model, &good, None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -803,11 +668,10 @@ mod tests {
         config["vision_config"]["intermediate_size"] = 64.into();
         config["vision_config"]["hidden_act"] = "silu".into();
         let other = Vision::from_config(&config, Generation::Qwen25).unwrap();
-        let e = other
-            .encode(&cpu, &model, &good, None)
+        let e = features(&other, &cpu, &model, &good, None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("visual.blocks.0.mlp.gate_proj.weight"), "{e}");
-        assert!(vision.encode(&cpu, &model, &good, None).is_ok());
+        assert!(features(&vision, &cpu, &model, &good, None).is_ok());
     }
 }

@@ -9,7 +9,9 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{layer_norm, linear, patch_grids, segment_attention, ImageFeatures, Pixels, Taps};
+use super::block::{Ffn, FusedQkvBlock};
+use super::projector::Projector;
+use super::{patch_grids, Encoding, ImageFeatures, Norm, Pixels};
 use crate::error::Result;
 use crate::forward::activation::Activation;
 use crate::forward::backend::{Backend, RopeTable};
@@ -224,14 +226,9 @@ impl Qwen3VlTower {
 
     /// `Qwen3VLVisionModel.forward`: the merger's rows, the deepstack mergers' rows in block
     /// order, and the taps `vision.patch_embed`, `vision.pos_embeds`, `vision.block.<i>`.
-    pub fn encode<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        pixels: &Pixels,
-        mut taps: Option<&mut Taps>,
-    ) -> Result<ImageFeatures> {
-        let (values, grids) = self.grids(pixels)?;
+    pub(super) fn encode<B: Backend>(&self, run: &mut Encoding<B>) -> Result<ImageFeatures> {
+        let (be, model) = (run.be, run.model);
+        let (values, grids) = self.grids(&run.pixels)?;
         let cfg = &self.cfg;
         let (e, k) = (cfg.hidden_size, self.patch_width());
         let rows = values.len() / k;
@@ -244,12 +241,6 @@ impl Qwen3VlTower {
             );
         }
         let p = prefix(model);
-        let mut keep = |name: String, x: &B::Tensor| -> Result<()> {
-            if let Some(taps) = taps.as_deref_mut() {
-                taps.push((name, be.to_host(x)?.into_owned()));
-            }
-            Ok(())
-        };
 
         // Qwen3VLVisionPatchEmbed: Conv3d with kernel = stride = (T, P, P) over [patches, C·T·P·P]
         // is one GEMM with the weight [embed, C, T, P, P] read as [embed, C·T·P·P], plus its bias.
@@ -269,11 +260,11 @@ impl Qwen3VlTower {
             be.round(&mut x)?;
             x
         };
-        keep("vision.patch_embed".into(), &x)?;
+        run.tap("vision.patch_embed".into(), &x)?;
 
         let pos = self.pos_embeds(be, model, &p, grids)?;
         be.add_assign(&mut x, &pos)?;
-        keep("vision.pos_embeds".into(), &pos)?;
+        run.tap("vision.pos_embeds".into(), &pos)?;
         drop(pos);
 
         let rope = self.rope_table(grids);
@@ -287,34 +278,25 @@ impl Qwen3VlTower {
             }
         }
 
+        let block = self.block();
+        let tokens = rows / cfg.spatial_merge_size.pow(2);
         let mut deepstack = Vec::new();
         for i in 0..cfg.depth {
-            self.block(
-                be,
-                model,
-                &format!("{p}blocks.{i}"),
-                &mut x,
-                rows,
-                &segments,
-                &rope,
-            )?;
-            keep(format!("vision.block.{i}"), &x)?;
+            let prefix = format!("{p}blocks.{i}");
+            block.apply(be, model, &prefix, &mut x, rows, &segments, &rope)?;
+            run.tap(format!("vision.block.{i}"), &x)?;
             if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&d| d == i) {
-                let merged = self.merger(
-                    be,
-                    model,
-                    &format!("{p}deepstack_merger_list.{j}"),
-                    &x,
-                    rows,
-                    true,
-                )?;
+                let prefix = format!("{p}deepstack_merger_list.{j}");
+                let merged = self.merger(true).apply(be, model, &prefix, &x, tokens)?;
                 deepstack.push(be.to_host(&merged)?.into_owned());
             }
         }
-        let merged = self.merger(be, model, &format!("{p}merger"), &x, rows, false)?;
+        let merged = self
+            .merger(false)
+            .apply(be, model, &format!("{p}merger"), &x, tokens)?;
         Ok(ImageFeatures {
             embeds: be.to_host(&merged)?.into_owned(),
-            tokens: rows / cfg.spatial_merge_size.pow(2),
+            tokens,
             deepstack,
         })
     }
@@ -390,114 +372,36 @@ impl Qwen3VlTower {
     }
 
     /// `Qwen3VLVisionBlock`: `x += proj(attn(norm1(x)))`, `x += fc2(act(fc1(norm2(x))))`.
-    #[allow(clippy::too_many_arguments)]
-    fn block<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        p: &str,
-        x: &mut B::Tensor,
-        rows: usize,
-        segments: &[Range<usize>],
-        rope: &RopeTable,
-    ) -> Result<()> {
-        let (e, hd) = (self.cfg.hidden_size, self.head_dim);
-        let h = layer_norm(be, model, &format!("{p}.norm1"), x, e, NORM_EPS)?;
-        // attn.qkv is fused: its weight's and bias's rows are q, k, v in turn.
-        let (mut q, mut k, v) = {
-            let w = be.load(model, &format!("{p}.attn.qkv.weight"), &[3 * e, e])?;
-            let b = be.load(model, &format!("{p}.attn.qkv.bias"), &[3 * e])?;
-            let part = |i: usize| -> Result<B::Tensor> {
-                let wi = be.slice_rows(&w, e, i * e..(i + 1) * e)?;
-                let bi = be.slice_rows(&b, e, i..i + 1)?;
-                let mut y = be.linear(&h, rows, &wi, e, e)?;
-                be.add_bias(&mut y, &bi, e)?;
-                be.round(&mut y)?;
-                Ok(y)
-            };
-            (part(0)?, part(1)?, part(2)?)
-        };
-        drop(h);
-        // apply_rotary_pos_emb_vision rotates in f32 on f32 cos/sin and rounds once: Olmo's style.
-        let table = [(0..rows, rope)];
-        be.rope(&mut q, e, hd, &table, Bf16Style::Olmo)?;
-        be.rope(&mut k, e, hd, &table, Bf16Style::Olmo)?;
-        let ctx = segment_attention(be, [q, k, v], segments, self.cfg.num_heads, hd)?;
-        let o = linear(be, model, &format!("{p}.attn.proj"), &ctx, rows, e, e, true)?;
-        be.add_assign(x, &o)?;
-        drop((ctx, o));
-
-        let h = layer_norm(be, model, &format!("{p}.norm2"), x, e, NORM_EPS)?;
-        let i = self.cfg.intermediate_size;
-        let mut y = linear(
-            be,
-            model,
-            &format!("{p}.mlp.linear_fc1"),
-            &h,
-            rows,
-            i,
-            e,
-            true,
-        )?;
-        be.activate(&mut y, self.act)?;
-        let y = linear(
-            be,
-            model,
-            &format!("{p}.mlp.linear_fc2"),
-            &y,
-            rows,
-            e,
-            i,
-            true,
-        )?;
-        be.add_assign(x, &y)
+    fn block(&self) -> FusedQkvBlock {
+        FusedQkvBlock {
+            width: self.cfg.hidden_size,
+            heads: self.cfg.num_heads,
+            intermediate: self.cfg.intermediate_size,
+            norm: Norm::Layer(NORM_EPS),
+            ffn: Ffn::Plain {
+                fc1: "mlp.linear_fc1",
+                fc2: "mlp.linear_fc2",
+            },
+            act: self.act,
+            // apply_rotary_pos_emb_vision rotates in f32 on f32 cos/sin and rounds once.
+            rope: Bf16Style::Olmo,
+        }
     }
 
     /// `Qwen3VLVisionPatchMerger`: rows in merge-block order, so grouping merge² consecutive
     /// rows into one `[hidden·merge²]` row needs no data movement. LayerNorm over hidden before
     /// the grouping (the final merger) or over the grouped width after it (`use_postshuffle_norm`,
     /// the deepstack mergers), then `linear_fc1` → GELU (erf, `nn.GELU()`) → `linear_fc2`.
-    fn merger<B: Backend>(
-        &self,
-        be: &B,
-        model: &Model,
-        p: &str,
-        x: &B::Tensor,
-        rows: usize,
-        postshuffle: bool,
-    ) -> Result<B::Tensor> {
+    fn merger(&self, postshuffle: bool) -> Projector {
         let e = self.cfg.hidden_size;
         let wide = e * self.cfg.spatial_merge_size.pow(2);
-        let merged = rows * e / wide;
-        let normed = layer_norm(
-            be,
-            model,
-            &format!("{p}.norm"),
-            x,
-            if postshuffle { wide } else { e },
-            NORM_EPS,
-        )?;
-        let mut y = linear(
-            be,
-            model,
-            &format!("{p}.linear_fc1"),
-            &normed,
-            merged,
-            wide,
-            wide,
-            true,
-        )?;
-        be.activate(&mut y, Activation::Gelu)?;
-        linear(
-            be,
-            model,
-            &format!("{p}.linear_fc2"),
-            &y,
-            merged,
-            self.cfg.out_hidden_size,
-            wide,
-            true,
-        )
+        Projector {
+            names: ["norm", "linear_fc1", "linear_fc2"],
+            norm: Norm::Layer(NORM_EPS),
+            norm_width: if postshuffle { wide } else { e },
+            widths: [wide, wide, self.cfg.out_hidden_size],
+            act: Activation::Gelu,
+        }
     }
 }
 
