@@ -4,7 +4,7 @@
 use std::path::{Component, Path};
 
 use sinkmerge::checkpoint::hub::{is_commit, parse_file_meta, parse_repo_info, parse_size, wanted};
-use sinkmerge::checkpoint::resolve::check_revision;
+use sinkmerge::checkpoint::hub_cache::check_revision;
 
 /// The commit the file answers are checked against.
 pub const COMMIT: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";

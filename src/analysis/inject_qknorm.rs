@@ -19,11 +19,11 @@ use serde_json::{json, Value};
 use crate::arch::names::{self, Module, Param};
 use crate::arch::{family, TextConfig};
 use crate::bail;
-use crate::checkpoint::rewrite::Additions;
 use crate::checkpoint::writer::PlannedTensor;
 use crate::checkpoint::Checkpoint;
 use crate::dtype;
 use crate::error::Result;
+use crate::write::rewrite::Additions;
 
 /// A tensor the injection adds.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,7 +19,7 @@ pub struct Inspection {
     pub path: String,
     /// The Hub repo and resolved commit, for models from the Hugging Face cache.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<crate::checkpoint::resolve::HubRef>,
+    pub hub: Option<crate::checkpoint::hub_cache::HubRef>,
     pub architecture: Option<String>,
     pub model_type: Option<String>,
     pub family: Option<&'static str>,

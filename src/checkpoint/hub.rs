@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::ProgressBar;
 use sha2::Digest;
 
-use super::resolve::{check_revision, repo_folder, HubRef};
+use super::hub_cache::{check_revision, repo_folder, HubRef};
 use crate::bail;
 use crate::error::{Error, Result};
 

@@ -3,12 +3,12 @@
 
 pub mod header;
 pub mod hub;
+pub mod hub_cache;
 pub mod mapped;
 pub mod output;
 pub mod prefetch;
 mod residency;
 pub mod resolve;
-pub mod rewrite;
 pub mod writer;
 
 use std::cmp::Ordering;
@@ -96,7 +96,7 @@ pub struct Checkpoint {
     /// How the user named the model (alias, repo id or path), for messages and reports.
     pub label: String,
     /// The Hub repo and commit, for models from the HF cache.
-    pub hub: Option<resolve::HubRef>,
+    pub hub: Option<hub_cache::HubRef>,
     /// `config.json` as written.
     pub config: Value,
     pub shards: Vec<Shard>,

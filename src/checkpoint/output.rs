@@ -766,6 +766,24 @@ impl Drop for OutputDir {
     }
 }
 
+/// A file an output model carries besides its weights and the files copied from its inputs (a
+/// model card, a recipe), written into the staged directory before it is committed.
+pub trait ExtraFile: Sync {
+    fn write_into(&self, out: &OutputDir) -> Result<()>;
+}
+
+/// An extra file given by its name and bytes.
+pub struct NamedFile {
+    pub name: &'static str,
+    pub bytes: Vec<u8>,
+}
+
+impl ExtraFile for NamedFile {
+    fn write_into(&self, out: &OutputDir) -> Result<()> {
+        out.write_file(self.name, &self.bytes)
+    }
+}
+
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())

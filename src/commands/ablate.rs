@@ -7,12 +7,13 @@ use crate::analysis::ablate::{self, Ablation, AblationPlan, LAYER_NORMS};
 use crate::arch::names::Module;
 use crate::arch::LayerList;
 use crate::bail;
-use crate::checkpoint::rewrite::{rewrite, Additions, Edit, ExtraFile};
+use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
-use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
+use crate::write::model_card::{self, ModelCard};
+use crate::write::rewrite::{rewrite, Additions, Edit};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -70,7 +71,7 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     let mut to = args.out.destination("ablate")?;
-    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
     to.into_vlm = vlm.as_ref();
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");

@@ -52,13 +52,13 @@ impl OutputArgs {
     pub fn destination(
         &self,
         command: &str,
-    ) -> crate::error::Result<crate::checkpoint::rewrite::Destination<'_>> {
+    ) -> crate::error::Result<crate::write::rewrite::Destination<'_>> {
         let dir = (self.output.as_deref())
             .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
         Outputs::new(self.force)
             .output("-o", Some(dir), OutputKind::Model)
             .check_before_inputs()?;
-        Ok(crate::checkpoint::rewrite::Destination {
+        Ok(crate::write::rewrite::Destination {
             dir,
             other_inputs: &[],
             force: self.force,

@@ -78,7 +78,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     ckpt.hub = model.hub.clone();
     let family = match &args.family {
         Some(name) => families::by_name(name).ok_or_else(|| bad!("unknown family `{name}`"))?,
-        None => extract::detect_family(&ckpt)?,
+        None => families::detect_family(&ckpt)?,
     };
     let plan = family.plan(&ckpt)?;
     let dest = args

@@ -6,8 +6,8 @@ use crate::bad;
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
-use crate::graft::{self, Summary};
 use crate::units::human_bytes;
+use crate::write::graft::{self, Summary};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -56,7 +56,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let lm = Checkpoint::open_ref(&args.lm)?;
     let family = match &args.family {
         Some(name) => families::by_name(name).ok_or_else(|| bad!("unknown family `{name}`"))?,
-        None => crate::extract::detect_family(&vlm)?,
+        None => families::detect_family(&vlm)?,
     };
     let opts = graft::Options {
         max_shard_size,

@@ -4,12 +4,13 @@
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
-use crate::checkpoint::rewrite::{rewrite, Edit, ExtraFile};
+use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::dtype;
 use crate::error::Result;
-use crate::report::model_card::{self, ModelCard};
+use crate::write::model_card::{self, ModelCard};
+use crate::write::rewrite::{rewrite, Edit};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -47,7 +48,7 @@ pub struct Args {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     let mut to = args.out.destination("inject-qknorm")?;
-    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
     to.into_vlm = vlm.as_ref();
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;

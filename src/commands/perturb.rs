@@ -7,12 +7,13 @@ use serde_json::json;
 
 use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::names;
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile};
+use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
-use crate::report::model_card::{self, ModelCard};
 use crate::report::{fmt_num, Table};
+use crate::write::model_card::{self, ModelCard};
+use crate::write::rewrite::{rewrite, Additions, Destination, Edit};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -62,7 +63,7 @@ const WARN_MISMATCH: f64 = 1e-3;
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     let mut to = args.out.destination("perturb")?;
-    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
     to.into_vlm = vlm.as_ref();
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;

@@ -10,15 +10,16 @@ use crate::analysis::heads::{check_same_geometry, Layers, RankBy};
 use crate::analysis::repair_heads::{self, Selection, TensorRepair};
 use crate::arch::LayerList;
 use crate::bail;
+use crate::checkpoint::output::{ExtraFile, NamedFile};
 use crate::checkpoint::output::{OutputKind, Outputs};
-use crate::checkpoint::rewrite::{rewrite, Additions, Destination, Edit, ExtraFile, NamedFile};
 use crate::checkpoint::Checkpoint;
 use crate::commands::args::OutputArgs;
 use crate::error::Result;
 use crate::forward::weights::Model;
-use crate::report::model_card::{self, ModelCard};
 use crate::report::Table;
 use crate::sink::prompts::{self, PromptSource};
+use crate::write::model_card::{self, ModelCard};
+use crate::write::rewrite::{rewrite, Additions, Destination, Edit};
 
 pub const LONG_ABOUT: &str = "Head-selective repair: in TARGET, move the chosen heads' slices of the \
 chosen attention projections toward REF, W = (1 - lambda) W_target + lambda W_ref (f32 arithmetic, \
@@ -132,7 +133,7 @@ struct Recipe {
 
 pub fn run(args: Args, progress: bool) -> Result<()> {
     let mut to = args.out.destination("repair-heads")?;
-    let vlm = crate::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
+    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
     to.into_vlm = vlm.as_ref();
     if !(0.0..=1.0).contains(&args.lambda) {
         bail!("--lambda {} is outside [0, 1]", args.lambda);

@@ -14,13 +14,12 @@ use std::time::Instant;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_128;
 
-use crate::arch::families::{self, DropKind, ExtractPlan, Family, Piece};
-use crate::bail;
+use crate::arch::families::{DropKind, ExtractPlan, Piece};
 use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{Checkpoint, CONFIG_FILE};
 use crate::error::Result;
-use crate::report::model_card::{self, ModelCard};
+use crate::write::model_card::{self, ModelCard};
 
 /// How to run an extraction.
 #[derive(Debug, Clone)]
@@ -43,7 +42,7 @@ pub struct Summary {
     pub source_dir: String,
     /// The source's Hub repo and resolved commit, for models from the Hugging Face cache.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source_hub: Option<crate::checkpoint::resolve::HubRef>,
+    pub source_hub: Option<crate::checkpoint::hub_cache::HubRef>,
     pub family: &'static str,
     pub architecture: &'static str,
     pub output: String,
@@ -71,29 +70,6 @@ pub struct Summary {
 pub struct Count {
     pub tensors: usize,
     pub bytes: u64,
-}
-
-/// The VLM family of `ckpt`, detected from config.json and the tensor names; the error says
-/// when the checkpoint looks like a plain language model already.
-pub fn detect_family(ckpt: &Checkpoint) -> Result<&'static dyn Family> {
-    if let Some(f) = families::detect(&ckpt.config, ckpt.names()) {
-        return Ok(f);
-    }
-    let (model_type, arch) = families::model_type_and_arch(&ckpt.config);
-    let plain = ckpt
-        .names()
-        .iter()
-        .all(|n| crate::arch::names::parse(n).is_some());
-    let hint = if plain {
-        " Its tensors already have causal-LM names: it looks like a plain language model, with nothing to extract."
-    } else {
-        ""
-    };
-    bail!(
-        "{}: cannot tell which VLM family this is (config.json model_type `{model_type}`, architectures `{arch}`).{hint} Supported families: {}; pass --family to choose one",
-        ckpt.label,
-        families::NAMES.join(", ")
-    )
 }
 
 /// Write `plan` for `ckpt` into `dest`.

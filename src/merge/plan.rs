@@ -30,14 +30,15 @@ use super::params::{default_value, Scope, TensorValues};
 use super::{MergeSpec, TensorMerger};
 use crate::arch::config::{set_dtype, text_section};
 use crate::arch::{family, names, TextConfig};
+use crate::checkpoint::hub_cache::HubRef;
 use crate::checkpoint::output::{OutputDir, OutputKind};
-use crate::checkpoint::resolve::{resolve, HubRef, ModelRef};
+use crate::checkpoint::resolve::{resolve, ModelRef};
 use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
 use crate::dtype::{is_float, torch_name};
 use crate::error::Result;
-use crate::graft::IntoVlm;
-use crate::report::model_card::{self, ModelCard};
+use crate::write::graft::IntoVlm;
+use crate::write::model_card::{self, ModelCard};
 use crate::{bad, bail};
 
 const LM_HEAD: &str = "lm_head.weight";

@@ -1,10 +1,8 @@
 //! Output formatting shared by the commands: aligned text tables, human-readable numbers, SVG plots,
-//! model cards, the reports of `score`, `heads`, `predict` and `norms`, and the figures of
-//! `visual-sinks`.
+//! the reports of `score`, `heads`, `predict` and `norms`, and the figures of `visual-sinks`.
 
 pub mod heads;
 pub mod heatmap;
-pub mod model_card;
 pub mod norms;
 pub mod plot;
 pub mod predict;

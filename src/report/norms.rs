@@ -43,7 +43,7 @@ pub fn render_text(report: &Report, tol: f64) -> String {
 }
 
 fn render_pair(report: &Report, pair: &DriftReport, prefix: &str, tol: f64) -> String {
-    let note = |h: &Option<crate::checkpoint::resolve::HubRef>| {
+    let note = |h: &Option<crate::checkpoint::hub_cache::HubRef>| {
         crate::checkpoint::resolve::commit_note(h.as_ref())
     };
     let mut s = format!(

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::hub_cache::HubRef;
 use crate::checkpoint::output::write_file_atomic;
-use crate::checkpoint::resolve::HubRef;
 use crate::error::{Error, Result};
 
 /// How a manifest names one input.

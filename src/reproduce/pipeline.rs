@@ -108,7 +108,7 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         .as_deref()
         .map(Checkpoint::open_ref)
         .transpose()?;
-    let family = crate::extract::detect_family(&vlm).map_err(|e| {
+    let family = crate::arch::families::detect_family(&vlm).map_err(|e| {
         bad!(
             "--vlm {}: not a vision-language model sinkmerge can extract a language model from: {e}",
             options.vlm

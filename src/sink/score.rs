@@ -131,7 +131,7 @@ pub struct ModelReport {
     pub num_layers: usize,
     /// The Hub repo and resolved commit, for models from the Hugging Face cache.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hub: Option<crate::checkpoint::resolve::HubRef>,
+    pub hub: Option<crate::checkpoint::hub_cache::HubRef>,
     /// First and last layer of the window.
     pub window: [usize; 2],
     pub n_tokens: usize,

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use crate::arch::config::check_compatible;
 use crate::arch::Module;
-use crate::checkpoint::resolve::HubRef;
+use crate::checkpoint::hub_cache::HubRef;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 pub use compute::{MatrixMetrics, Metrics, Row, VectorMetrics};

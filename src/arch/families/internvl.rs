@@ -15,7 +15,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::llava_onevision::plan_llava_hf;
+use super::llava_onevision::{plan_llava_hf, LLAVA_HF};
 use super::plan::{DropKind, ExtractPlan, PlanBuilder};
 use super::prefix::{self, main_dtype, PrefixLayout};
 use super::target::standalone_config;
@@ -47,20 +47,6 @@ static INTERNLM2: PrefixLayout = PrefixLayout {
     ],
 };
 
-static HF: PrefixLayout = PrefixLayout {
-    lm: &[
-        ("language_model.model.", "model."),
-        ("model.language_model.", "model."),
-    ],
-    heads: &["language_model.lm_head.weight", "lm_head.weight"],
-    drop: &[
-        ("vision_tower.", DropKind::Vision),
-        ("model.vision_tower.", DropKind::Vision),
-        ("multi_modal_projector.", DropKind::Projector),
-        ("model.multi_modal_projector.", DropKind::Projector),
-    ],
-};
-
 const TARGETS: [Target; 4] = [
     Target::Qwen2,
     Target::Qwen3,
@@ -88,7 +74,7 @@ impl Family for InternVl {
 
     fn plan(&self, ckpt: &Checkpoint) -> Result<ExtractPlan> {
         let Some(llm) = ckpt.config.get("llm_config") else {
-            return plan_llava_hf(ckpt, self.name(), &HF, &TARGETS);
+            return plan_llava_hf(ckpt, self.name(), &LLAVA_HF, &TARGETS);
         };
         let class = llm
             .get("architectures")

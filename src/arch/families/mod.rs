@@ -29,6 +29,7 @@ use serde_json::Value;
 pub use plan::{DropKind, ExtractPlan, OutTensor, Part, Piece};
 pub use target::Target;
 
+use crate::bail;
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 
@@ -83,6 +84,29 @@ pub fn detect(config: &Value, tensor_names: &[String]) -> Option<&'static dyn Fa
         .iter()
         .copied()
         .find(|f| f.detect(config, tensor_names))
+}
+
+/// The VLM family of `ckpt`, detected from config.json and the tensor names; the error says
+/// when the checkpoint looks like a plain language model already.
+pub fn detect_family(ckpt: &Checkpoint) -> Result<&'static dyn Family> {
+    if let Some(f) = detect(&ckpt.config, ckpt.names()) {
+        return Ok(f);
+    }
+    let (model_type, arch) = model_type_and_arch(&ckpt.config);
+    let plain = ckpt
+        .names()
+        .iter()
+        .all(|n| crate::arch::names::parse(n).is_some());
+    let hint = if plain {
+        " Its tensors already have causal-LM names: it looks like a plain language model, with nothing to extract."
+    } else {
+        ""
+    };
+    bail!(
+        "{}: cannot tell which VLM family this is (config.json model_type `{model_type}`, architectures `{arch}`).{hint} Supported families: {}; pass --family to choose one",
+        ckpt.label,
+        NAMES.join(", ")
+    )
 }
 
 /// A family by its `--family` name.

@@ -35,7 +35,17 @@ use crate::error::Result;
 
 pub struct Molmo2;
 
-const LM: &str = "model.transformer.";
+/// Where allenai/molmo's `Molmo` keeps its language model, in Molmo2 and MolmoE alike.
+pub(super) const LM: &str = "model.transformer.";
+
+/// The layer and the rest of the name of a tensor under `model.transformer.blocks.{i}.` (`rest`
+/// being its name after [`LM`]): the block naming of allenai/molmo's `Molmo`, which Molmo2 and
+/// MolmoE share.
+pub(super) fn block_layer(rest: &str) -> Option<(usize, &str)> {
+    rest.strip_prefix("blocks.")
+        .and_then(|r| r.split_once('.'))
+        .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)))
+}
 
 impl Family for Molmo2 {
     fn name(&self) -> &'static str {
@@ -260,11 +270,7 @@ fn block_tensor(b: &mut PlanBuilder, text: &Text, stored: &str, rest: &str) -> R
             ckpt.describe(stored)
         )
     };
-    let (layer, tail) = rest
-        .strip_prefix("blocks.")
-        .and_then(|r| r.split_once('.'))
-        .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)))
-        .ok_or_else(unknown)?;
+    let (layer, tail) = block_layer(rest).ok_or_else(unknown)?;
     let post_norm = text.target == Target::Olmo3;
     let name = |m: Module| layer_name(layer, m, Param::Weight);
     match tail {

@@ -19,6 +19,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::molmo2::{block_layer, LM};
 use super::plan::{DropKind, ExtractPlan, OutTensor, Part, Piece, PlanBuilder};
 use super::prefix::{self, main_dtype};
 use super::target::standalone_config;
@@ -30,7 +31,6 @@ use crate::error::Result;
 
 pub struct Molmoe;
 
-const LM: &str = "model.transformer.";
 const HEAD: &str = "model.transformer.ff_out.weight";
 
 impl Family for Molmoe {
@@ -227,11 +227,7 @@ fn block_tensor(b: &mut PlanBuilder, cfg: &Config, stored: &str, rest: &str) -> 
             ckpt.describe(stored)
         )
     };
-    let (layer, tail) = rest
-        .strip_prefix("blocks.")
-        .and_then(|r| r.split_once('.'))
-        .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)))
-        .ok_or_else(unknown)?;
+    let (layer, tail) = block_layer(rest).ok_or_else(unknown)?;
     let name = |m: Module| layer_name(layer, m, Param::Weight);
     let expert =
         |e: usize, proj: &str| format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight");

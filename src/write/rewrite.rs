@@ -11,34 +11,17 @@ use std::sync::Mutex;
 
 use indicatif::ProgressBar;
 
-use super::header::TensorInfo;
-use super::output::{OutputDir, OutputKind};
-use super::writer::{self, PlannedTensor, Progress};
-use super::{copy_aux_files, natural_cmp, Checkpoint};
+use super::graft::IntoVlm;
+use crate::checkpoint::header::TensorInfo;
+use crate::checkpoint::output::{ExtraFile, OutputDir, OutputKind};
+use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::{copy_aux_files, natural_cmp, Checkpoint};
 use crate::error::Result;
 
 /// The committed output and what the edits reported, by tensor name in natural order.
 pub struct Rewritten<R> {
     pub dest: PathBuf,
     pub edits: Vec<(String, R)>,
-}
-
-/// A file the output carries besides the source's (a model card, a recipe), written into the
-/// staged directory before it is committed.
-pub trait ExtraFile: Sync {
-    fn write_into(&self, out: &OutputDir) -> Result<()>;
-}
-
-/// An extra file given by its name and bytes.
-pub struct NamedFile {
-    pub name: &'static str,
-    pub bytes: Vec<u8>,
-}
-
-impl ExtraFile for NamedFile {
-    fn write_into(&self, out: &OutputDir) -> Result<()> {
-        out.write_file(self.name, &self.bytes)
-    }
 }
 
 /// Where the output goes.
@@ -52,7 +35,7 @@ pub struct Destination<'a> {
     pub force: bool,
     pub max_shard_size: u64,
     /// Write the output into this VLM's layout instead (`--into-vlm`).
-    pub into_vlm: Option<&'a crate::graft::IntoVlm>,
+    pub into_vlm: Option<&'a IntoVlm>,
 }
 
 /// What the output has besides the source's tensors and files.

@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::checkpoint::output::OutputDir;
-use crate::checkpoint::resolve::HubRef;
-use crate::checkpoint::rewrite::ExtraFile;
+use crate::checkpoint::hub_cache::HubRef;
+use crate::checkpoint::output::{ExtraFile, OutputDir};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::shell::quote;

@@ -21,14 +21,17 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::arch::config::{check_compatible, TextConfig};
-use crate::arch::families::{transpose, ExtractPlan, Family, OutTensor, Part, Piece};
+use crate::arch::families::{
+    detect_family, transpose, ExtractPlan, Family, OutTensor, Part, Piece,
+};
 use crate::arch::names;
 use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, CONFIG_FILE, INDEX_FILE};
 use crate::error::Result;
-use crate::report::model_card::{self, ModelCard};
 use crate::{bail, dtype};
+
+use super::model_card::{self, ModelCard};
 
 /// One piece of a stored VLM tensor taken from an LM tensor.
 #[derive(Debug, Clone)]
@@ -736,7 +739,7 @@ impl std::fmt::Debug for IntoVlm {
 impl IntoVlm {
     pub fn open(reference: &str) -> Result<IntoVlm> {
         let ckpt = Checkpoint::open_ref(reference)?;
-        let family = crate::extract::detect_family(&ckpt)?;
+        let family = detect_family(&ckpt)?;
         Ok(IntoVlm { ckpt, family })
     }
 
