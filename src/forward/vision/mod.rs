@@ -2,7 +2,9 @@
 //! language model, as transformers computes them in eager f32 (`docs/reference/vision.md`).
 //! Written once over the [`Backend`] seam, like the decoder, so the CUDA backend runs them and
 //! the CPU stand-in tests them. One file per tower family; [`Tower`] dispatches on the VLM's
-//! `config.json`.
+//! `config.json`. The towers share their pieces, each tower's differences being fields: the
+//! fused-qkv block (`block.rs`), the norm-then-MLP projector (`projector.rs`), and here the
+//! norms, linears and attention.
 
 use serde_json::Value;
 
