@@ -21,9 +21,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::arch::config::{check_compatible, TextConfig};
-use crate::arch::families::{
-    detect_family, transpose, ExtractPlan, Family, OutTensor, Part, Piece,
-};
+use crate::arch::families::{detect_family, ExtractPlan, Family, OutTensor, Part, Piece};
 use crate::arch::names;
 use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
@@ -255,18 +253,7 @@ impl<'v> GraftPlan<'v> {
             let src = &fetched.iter().find(|(j, _)| *j == s.lm).expect("fetched").1;
             let n = s.piece.numel();
             let chunk = &src[s.lm_start * size..(s.lm_start + n) * size];
-            match s.piece {
-                Piece::Range { start, len } => {
-                    buf[start * size..(start + len) * size].copy_from_slice(chunk)
-                }
-                Piece::Transposed {
-                    start,
-                    rows,
-                    stride,
-                    col,
-                    cols,
-                } => transpose::scatter(&mut buf, chunk, size, start + col, rows, stride, cols),
-            }
+            s.piece.scatter_into(&mut buf, chunk, size);
         }
         Ok(Cow::Owned(buf))
     }
