@@ -780,7 +780,7 @@ pub enum ModelLayout<'v> {
     /// As planned, beside the model's own config and tokenizer files.
     Own,
     /// Grafted into the VLM's stored tensors, beside the VLM's other tensors and files.
-    IntoVlm(GraftPlan<'v>),
+    IntoVlm(Box<GraftPlan<'v>>),
 }
 
 impl<'v> ModelLayout<'v> {
@@ -793,7 +793,7 @@ impl<'v> ModelLayout<'v> {
         config: &Value,
     ) -> Result<ModelLayout<'v>> {
         Ok(match vlm {
-            Some(v) => ModelLayout::IntoVlm(v.plan(label, tensors, config)?),
+            Some(v) => ModelLayout::IntoVlm(Box::new(v.plan(label, tensors, config)?)),
             None => ModelLayout::Own,
         })
     }
