@@ -7,9 +7,9 @@
 //!   drift norms between checkpoints.
 //! - [`arch`]: the tensor-name grammar, config normalization, VLM families, QK-norm classes.
 //! - [`extract`]: running a VLM family's extraction plan (streamed copy, verification, atomic commit).
-//! - [`write`]: the plans for whole output models above [`checkpoint`]'s disk layer: a copy of
-//!   one checkpoint with some tensors recomputed, a language model grafted back into its VLM
-//!   (the inverse of the extraction plan), and the model card each carries.
+//! - [`write`](mod@write): the plans for whole output models, above [`checkpoint`]'s disk layer:
+//!   a copy of one checkpoint with some tensors recomputed, a language model grafted back into
+//!   its VLM (the inverse of the extraction plan), and the model card each carries.
 //! - [`linalg`]: deterministic f32 reductions and the seeded per-tensor random streams.
 //! - [`dtype`]: decoding and encoding the stored float dtypes (bf16, f16, f32) to and from f32,
 //!   below both [`checkpoint`] and [`linalg`], which read stored bytes directly.

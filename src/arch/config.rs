@@ -80,16 +80,7 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: usize,
     },
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: Option<usize>,
-        attention_factor: Option<f64>,
-        beta_fast: f64,
-        beta_slow: f64,
-        mscale: Option<f64>,
-        mscale_all_dim: Option<f64>,
-        truncate: bool,
-    },
+    Yarn(Yarn),
     /// Multimodal RoPE of Qwen-VL: identical to `Default` on text-only input.
     Mrope {
         sections: Vec<usize>,
@@ -99,6 +90,24 @@ pub enum RopeScaling {
     Other {
         name: String,
     },
+}
+
+/// YaRN's parameters (transformers' `_compute_yarn_parameters`), checked as they are parsed:
+/// every number finite, and those RoPE divides by or takes the logarithm of positive.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Yarn {
+    pub factor: f64,
+    /// The context the model was trained for; `max_position_embeddings` when absent.
+    pub original_max_position_embeddings: Option<usize>,
+    /// Multiplies cos and sin; derived from `mscale` and `mscale_all_dim` when absent.
+    pub attention_factor: Option<f64>,
+    /// The rotations that bound the correction range: 32 and 1 when absent, as in transformers.
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    /// Whether the correction range is rounded out to whole dimensions (HF's default: true).
+    pub truncate: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -779,7 +788,7 @@ fn parse_rope(m: &Map<String, Value>, theta: f64, partial: f64, model_type: &str
                     crate::bad!("config ({model_type}): llama3 rope scaling lacks `original_max_position_embeddings`")
                 })?,
             },
-            "yarn" => RopeScaling::Yarn {
+            "yarn" => RopeScaling::Yarn(Yarn {
                 factor: need("factor")?,
                 original_max_position_embeddings: u("original_max_position_embeddings")?,
                 attention_factor: positive("attention_factor")?,
@@ -788,7 +797,7 @@ fn parse_rope(m: &Map<String, Value>, theta: f64, partial: f64, model_type: &str
                 mscale: f("mscale")?,
                 mscale_all_dim: f("mscale_all_dim")?,
                 truncate: m.get("truncate").and_then(Value::as_bool).unwrap_or(true),
-            },
+            }),
             other => RopeScaling::Other { name: other.to_string() },
         }
     };
@@ -844,10 +853,7 @@ mod tests {
         let c = TextConfig::from_model_config(&v4).unwrap();
         assert_eq!(c.layer_types[3], LayerType::FullAttention);
         assert_eq!(c.layer_types[0], LayerType::SlidingAttention);
-        assert!(matches!(
-            c.rope_for_layer(3).scaling,
-            RopeScaling::Yarn { .. }
-        ));
+        assert!(matches!(c.rope_for_layer(3).scaling, RopeScaling::Yarn(_)));
         assert_eq!(c.rope_for_layer(0).scaling, RopeScaling::Default);
         assert_eq!(c.sliding_window, Some(4096));
     }

@@ -158,7 +158,7 @@ fn rope_name(s: &crate::arch::config::RopeScaling) -> String {
         Linear { factor } => format!("linear x{factor}"),
         Dynamic { factor, .. } => format!("dynamic x{factor}"),
         Llama3 { factor, .. } => format!("llama3 x{factor}"),
-        Yarn { factor, .. } => format!("yarn x{factor}"),
+        Yarn(yarn) => format!("yarn x{}", yarn.factor),
         Mrope { interleaved, .. } => {
             if *interleaved {
                 "interleaved mrope".into()

@@ -7,7 +7,7 @@
 use std::f64::consts::PI;
 
 use super::backend::RopeTable;
-use crate::arch::config::{Rope, RopeScaling};
+use crate::arch::config::{Rope, RopeScaling, Yarn};
 use crate::bail;
 use crate::error::Result;
 
@@ -97,46 +97,25 @@ pub fn frequencies(
                     .collect(),
             )
         }
-        RopeScaling::Yarn {
-            factor,
-            original_max_position_embeddings,
-            attention_factor,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            truncate,
-        } => yarn(
-            theta,
-            dim,
-            *factor,
-            original_max_position_embeddings.unwrap_or(max_position_embeddings),
-            *attention_factor,
-            *beta_fast,
-            *beta_slow,
-            *mscale,
-            *mscale_all_dim,
-            *truncate,
-        ),
+        RopeScaling::Yarn(params) => yarn(theta, dim, params, max_position_embeddings),
         RopeScaling::Other { name } => {
             bail!("rope type `{name}` is not supported (supported: default, linear, dynamic, llama3, yarn)")
         }
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn yarn(
-    theta: f64,
-    dim: usize,
-    factor: f64,
-    original_max: usize,
-    attention_factor: Option<f64>,
-    beta_fast: f64,
-    beta_slow: f64,
-    mscale: Option<f64>,
-    mscale_all_dim: Option<f64>,
-    truncate: bool,
-) -> Frequencies {
+fn yarn(theta: f64, dim: usize, params: &Yarn, max_position_embeddings: usize) -> Frequencies {
+    let Yarn {
+        factor,
+        original_max_position_embeddings,
+        attention_factor,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+        truncate,
+    } = *params;
+    let original_max = original_max_position_embeddings.unwrap_or(max_position_embeddings);
     let get_mscale = |scale: f64, m: f64| {
         if scale <= 1.0 {
             1.0
@@ -148,9 +127,6 @@ fn yarn(
         (Some(m), Some(a)) if m != 0.0 && a != 0.0 => get_mscale(factor, m) / get_mscale(factor, a),
         _ => get_mscale(factor, 1.0),
     });
-    // HF: `beta_fast or 32`, so a zero means the default too.
-    let beta_fast = if beta_fast == 0.0 { 32.0 } else { beta_fast };
-    let beta_slow = if beta_slow == 0.0 { 1.0 } else { beta_slow };
     let d = dim as f64;
     let correction_dim = |rotations: f64| {
         d * (original_max as f64 / (rotations * 2.0 * PI)).ln() / (2.0 * theta.ln())

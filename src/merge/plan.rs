@@ -33,11 +33,11 @@ use crate::arch::{family, names, TextConfig};
 use crate::checkpoint::hub_cache::HubRef;
 use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::resolve::{resolve, ModelRef};
-use crate::checkpoint::writer::{write_tensors, PlannedTensor, Progress};
+use crate::checkpoint::writer::{PlannedTensor, Progress};
 use crate::checkpoint::{natural_cmp, Checkpoint, AUX_FILES};
 use crate::dtype::{is_float, torch_name};
 use crate::error::Result;
-use crate::write::graft::IntoVlm;
+use crate::write::graft::{IntoVlm, ModelLayout};
 use crate::write::model_card::{self, ModelCard};
 use crate::{bad, bail};
 
@@ -110,10 +110,8 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
         fix_vocab_size(&mut config, rows, &mut warnings);
     }
     let vlm = IntoVlm::from_arg(spec.into_vlm.as_deref())?;
-    let graft = match &vlm {
-        Some(v) => Some(v.plan("the merged model", &tensors.planned, &config)?),
-        None => None,
-    };
+    let layout = ModelLayout::plan(vlm.as_ref(), "the merged model", &tensors.planned, &config)?;
+    warnings.extend(layout.warnings().iter().cloned());
     let mut input_dirs: Vec<&Path> = inputs.iter().map(|i| i.ckpt.dir.as_path()).collect();
     input_dirs.push(&tokenizer.dir);
     input_dirs.extend(vlm.iter().map(|v| v.ckpt.dir.as_path()));
@@ -134,37 +132,33 @@ pub fn run(spec: &MergeSpec, options: &RunOptions, mut warnings: Vec<String>) ->
             Ok(Cow::Owned(bytes))
         }
     };
-    let written = match &graft {
-        None => {
-            let bar =
-                crate::progress::items(tensors.planned.len() as u64, "merging", options.progress);
-            let written = write_tensors(
-                &out,
-                &tensors.planned,
-                options.max_shard_size,
-                Some((&bar, Progress::Tensors)),
-                origin,
-                produce,
-            )?;
-            bar.finish_and_clear();
-            out.write_json("config.json", &config)?;
-            for file in AUX_FILES {
-                let path = tokenizer.dir.join(file);
-                if path.is_file() {
-                    out.copy_file(&path, file)?;
-                }
-            }
-            written
+    // Merging goes tensor by tensor; into a VLM, the bar counts the VLM's stored bytes.
+    let bar = match &layout {
+        ModelLayout::Own => {
+            crate::progress::items(tensors.planned.len() as u64, "merging", options.progress)
         }
-        Some(g) => {
-            warnings.extend(g.warnings.iter().cloned());
-            let bar = crate::progress::bytes(g.total_bytes(), "merging", options.progress);
-            let written = g.write_tensors(&out, options.max_shard_size, &bar, origin, produce)?;
-            bar.finish_and_clear();
-            g.copy_files(&out, options.model_card)?;
-            written
+        ModelLayout::IntoVlm(g) => {
+            crate::progress::bytes(g.total_bytes(), "merging", options.progress)
         }
     };
+    let written = layout.write_tensors(
+        &out,
+        &tensors.planned,
+        options.max_shard_size,
+        (&bar, Progress::Tensors),
+        origin,
+        produce,
+    )?;
+    layout.write_files(&out, options.model_card, || {
+        out.write_json("config.json", &config)?;
+        for file in AUX_FILES {
+            let path = tokenizer.dir.join(file);
+            if path.is_file() {
+                out.copy_file(&path, file)?;
+            }
+        }
+        Ok(())
+    })?;
     let record = spec.to_record(&|reference: &str| {
         inputs
             .iter()

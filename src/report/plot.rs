@@ -77,6 +77,24 @@ fn err(e: impl std::fmt::Display) -> String {
     format!("plot: {e}")
 }
 
+/// A series' legend entry as every chart here draws it: a short line in its colour `c`.
+pub fn legend_line(c: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+}
+
+/// Draw `chart`'s legend at `position`, on a light box with a black border.
+pub fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), plotters::drawing::DrawingAreaErrorKind<DB::ErrorType>> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+}
+
 impl LineChart {
     pub fn to_svg(&self) -> Result<String, String> {
         let mut svg = String::new();
@@ -142,20 +160,12 @@ impl LineChart {
                 .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(2)))
                 .map_err(err)?
                 .label(&s.label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .legend(legend_line(c));
             chart
                 .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
                 .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(err)?;
         Ok(())
     }
 }
@@ -237,9 +247,7 @@ impl Scatter {
                     ))
                     .map_err(err)?
                     .label(format!("fit: y = {a:.2} + {b:.2} x"))
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                    });
+                    .legend(legend_line(c));
             }
             let c = colour(0);
             chart
@@ -260,12 +268,7 @@ impl Scatter {
                     .map_err(err)?;
             }
             if self.line.is_some() {
-                chart
-                    .configure_series_labels()
-                    .background_style(WHITE.mix(0.85))
-                    .border_style(BLACK)
-                    .draw()
-                    .map_err(err)?;
+                draw_legend(&mut chart, SeriesLabelPosition::MiddleRight).map_err(err)?;
             }
             root.present().map_err(err)?;
         }

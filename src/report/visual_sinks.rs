@@ -13,7 +13,7 @@ use image::{imageops, ImageEncoder, RgbImage};
 use plotters::prelude::*;
 
 use super::heatmap::{ticks, viridis};
-use super::plot::{colour, padded_range};
+use super::plot::{colour, draw_legend, legend_line, padded_range};
 
 /// One image token at one layer (the paper's Figure 2).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,13 +59,22 @@ fn esc(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The opening of a standalone SVG of `w` × `h` pixels on white.
-fn open_svg(w: f64, h: f64) -> String {
-    format!(
+/// The opening of a standalone SVG of `w` × `h` pixels on white, with `title` centred on top.
+fn open_svg(w: f64, h: f64, title: &str) -> String {
+    let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w:.0}\" height=\"{h:.0}\" \
          viewBox=\"0 0 {w:.0} {h:.0}\" font-family=\"sans-serif\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n"
-    )
+    );
+    text(
+        &mut svg,
+        w / 2.0,
+        28.0,
+        18.0,
+        "text-anchor=\"middle\"",
+        title,
+    );
+    svg
 }
 
 /// A `<text>` element; `attrs` adds attributes (anchor, colour, transform).
@@ -148,15 +157,7 @@ pub fn angle_svg(
         );
     };
     let (w, h) = ANGLE_SIZE;
-    let mut svg = open_svg(w, h);
-    text(
-        &mut svg,
-        w / 2.0,
-        28.0,
-        18.0,
-        "text-anchor=\"middle\"",
-        title,
-    );
+    let mut svg = open_svg(w, h, title);
 
     // The gated sector, then the grid: decade rings (labelled left of the centre) and spokes.
     let (gx, gy) = at(DISC, gate);
@@ -341,9 +342,7 @@ pub fn depth_svg(
                 .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
                 .map_err(plot_err)?
                 .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .legend(legend_line(c));
             chart
                 .draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))
                 .map_err(plot_err)?;
@@ -360,17 +359,9 @@ pub fn depth_svg(
                 ))
                 .map_err(plot_err)?
                 .label(format!("peak layer {p}"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+                .legend(legend_line(c));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(plot_err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(plot_err)?;
         root.present().map_err(plot_err)?;
     }
     Ok(svg)
@@ -434,15 +425,7 @@ pub fn ratio_heatmap_svg(
     let bar_title_x = bar_x + 16.0 + 6.0 + widest + 16.0;
     let legend_y = top + bar_h + 22.0;
     let w = (bar_title_x + 12.0).max(18.0 * 0.6 * title.chars().count() as f64 + 2.0 * left);
-    let mut svg = open_svg(w, legend_y + 16.0);
-    text(
-        &mut svg,
-        w / 2.0,
-        28.0,
-        18.0,
-        "text-anchor=\"middle\"",
-        title,
-    );
+    let mut svg = open_svg(w, legend_y + 16.0, title);
     let _ = writeln!(
         svg,
         "<image x=\"{left}\" y=\"{top}\" width=\"{iw}\" height=\"{ih}\" preserveAspectRatio=\"none\" \

@@ -21,9 +21,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::arch::config::{check_compatible, TextConfig};
-use crate::arch::families::{
-    detect_family, transpose, ExtractPlan, Family, OutTensor, Part, Piece,
-};
+use crate::arch::families::{detect_family, ExtractPlan, Family, OutTensor, Part, Piece};
 use crate::arch::names;
 use crate::checkpoint::output::{OutputDir, OutputKind};
 use crate::checkpoint::writer::{self, PlannedTensor, Progress};
@@ -255,18 +253,7 @@ impl<'v> GraftPlan<'v> {
             let src = &fetched.iter().find(|(j, _)| *j == s.lm).expect("fetched").1;
             let n = s.piece.numel();
             let chunk = &src[s.lm_start * size..(s.lm_start + n) * size];
-            match s.piece {
-                Piece::Range { start, len } => {
-                    buf[start * size..(start + len) * size].copy_from_slice(chunk)
-                }
-                Piece::Transposed {
-                    start,
-                    rows,
-                    stride,
-                    col,
-                    cols,
-                } => transpose::scatter(&mut buf, chunk, size, start + col, rows, stride, cols),
-            }
+            s.piece.scatter_into(&mut buf, chunk, size);
         }
         Ok(Cow::Owned(buf))
     }
@@ -784,5 +771,85 @@ impl IntoVlm {
                 .splice(at..at, ["--into-vlm".to_string(), input.reference()]);
         }
         card.inputs.push(input);
+    }
+}
+
+/// Where a written model's tensors go: its own layout, or a VLM's (`--into-vlm`). The merge and
+/// rewrite writers decide it once and write through it.
+pub enum ModelLayout<'v> {
+    /// As planned, beside the model's own config and tokenizer files.
+    Own,
+    /// Grafted into the VLM's stored tensors, beside the VLM's other tensors and files.
+    IntoVlm(Box<GraftPlan<'v>>),
+}
+
+impl<'v> ModelLayout<'v> {
+    /// The layout of a model with `tensors` and `config` (named `label` in messages): grafted into
+    /// `vlm` when one is given, once the model is checked to fit it.
+    pub fn plan(
+        vlm: Option<&'v IntoVlm>,
+        label: &str,
+        tensors: &[PlannedTensor],
+        config: &Value,
+    ) -> Result<ModelLayout<'v>> {
+        Ok(match vlm {
+            Some(v) => ModelLayout::IntoVlm(Box::new(v.plan(label, tensors, config)?)),
+            None => ModelLayout::Own,
+        })
+    }
+
+    /// What the graft warns about; nothing in the model's own layout.
+    pub fn warnings(&self) -> &[String] {
+        match self {
+            ModelLayout::Own => &[],
+            ModelLayout::IntoVlm(g) => &g.warnings,
+        }
+    }
+
+    /// Write the model's `tensors` into `out`, each from `produce(i)` (`origin(i)` naming where it
+    /// comes from), and finish the bar. In the own layout the bar counts `progress`; in the VLM's
+    /// it counts the bytes of the VLM's stored tensors.
+    pub fn write_tensors<'a>(
+        &'a self,
+        out: &OutputDir,
+        tensors: &[PlannedTensor],
+        max_shard_size: u64,
+        (bar, progress): (&ProgressBar, Progress),
+        origin: impl Fn(usize) -> Option<String> + Sync,
+        produce: impl Fn(usize) -> Result<Cow<'a, [u8]>> + Sync,
+    ) -> Result<writer::Written>
+    where
+        'v: 'a,
+    {
+        let written = match self {
+            ModelLayout::Own => writer::write_tensors(
+                out,
+                tensors,
+                max_shard_size,
+                Some((bar, progress)),
+                origin,
+                produce,
+            )?,
+            ModelLayout::IntoVlm(g) => {
+                bar.set_length(g.total_bytes());
+                g.write_tensors(out, max_shard_size, bar, origin, produce)?
+            }
+        };
+        bar.finish_and_clear();
+        Ok(written)
+    }
+
+    /// Write the files beside the weights: in the own layout those `own` writes (config,
+    /// tokenizer); in the VLM's, the VLM's, less its README.md when `card` replaces it.
+    pub fn write_files(
+        &self,
+        out: &OutputDir,
+        card: bool,
+        own: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            ModelLayout::Own => own(),
+            ModelLayout::IntoVlm(g) => g.copy_files(out, card).map(|_| ()),
+        }
     }
 }

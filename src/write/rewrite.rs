@@ -11,10 +11,10 @@ use std::sync::Mutex;
 
 use indicatif::ProgressBar;
 
-use super::graft::IntoVlm;
+use super::graft::{IntoVlm, ModelLayout};
 use crate::checkpoint::header::TensorInfo;
 use crate::checkpoint::output::{ExtraFile, OutputDir, OutputKind};
-use crate::checkpoint::writer::{self, PlannedTensor, Progress};
+use crate::checkpoint::writer::{PlannedTensor, Progress};
 use crate::checkpoint::{copy_aux_files, natural_cmp, Checkpoint};
 use crate::error::Result;
 
@@ -76,10 +76,7 @@ pub fn rewrite<R: Send>(
     planned.sort_by(|a, b| natural_cmp(&a.0.name, &b.0.name));
     let (planned, added): (Vec<PlannedTensor>, Vec<Option<usize>>) = planned.into_iter().unzip();
     let config = additions.config.as_ref().unwrap_or(&source.config);
-    let graft = match to.into_vlm {
-        Some(v) => Some(v.plan(&source.label, &planned, config)?),
-        None => None,
-    };
+    let layout = ModelLayout::plan(to.into_vlm, &source.label, &planned, config)?;
     let mut inputs = vec![source.dir.as_path()];
     inputs.extend_from_slice(to.other_inputs);
     inputs.extend(to.into_vlm.map(|v| v.ckpt.dir.as_path()));
@@ -118,33 +115,25 @@ pub fn rewrite<R: Send>(
             }
         }
     };
-    match &graft {
-        None => {
-            match &additions.config {
-                Some(config) => out.write_json("config.json", config)?,
-                None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
-            }
-            copy_aux_files(&out, source)?;
-            writer::write_tensors(
-                &out,
-                &planned,
-                to.max_shard_size,
-                Some((bar, Progress::Bytes)),
-                origin,
-                produce,
-            )?;
-        }
-        Some(g) => {
-            for w in &g.warnings {
-                eprintln!("sinkmerge: warning: {w}");
-            }
-            bar.set_length(g.total_bytes());
-            g.write_tensors(&out, to.max_shard_size, bar, origin, produce)?;
-            // The caller's files (a model card) come after, and replace the VLM's README.md.
-            g.copy_files(&out, false)?;
-        }
+    for w in layout.warnings() {
+        eprintln!("sinkmerge: warning: {w}");
     }
-    bar.finish_and_clear();
+    layout.write_tensors(
+        &out,
+        &planned,
+        to.max_shard_size,
+        (bar, Progress::Bytes),
+        origin,
+        produce,
+    )?;
+    // The caller's files (a model card) come after, and replace the VLM's README.md.
+    layout.write_files(&out, false, || {
+        match &additions.config {
+            Some(config) => out.write_json("config.json", config)?,
+            None => out.copy_file(&source.dir.join("config.json"), "config.json")?,
+        }
+        copy_aux_files(&out, source).map(|_| ())
+    })?;
     for file in &additions.files {
         file.write_into(&out)?;
     }

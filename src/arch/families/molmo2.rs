@@ -47,6 +47,26 @@ pub(super) fn block_layer(rest: &str) -> Option<(usize, &str)> {
         .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)))
 }
 
+/// What a tensor under `model.vision_backbone.` is: the vision tower (`image_vit.`) or the
+/// projector around it, in Molmo2 and MolmoE alike; `None` for any other tensor.
+pub(super) fn vision_part(name: &str) -> Option<DropKind> {
+    let rest = name.strip_prefix("model.vision_backbone.")?;
+    Some(if rest.starts_with("image_vit.") {
+        DropKind::Vision
+    } else {
+        DropKind::Projector
+    })
+}
+
+/// The error for a tensor `stored` under [`LM`] that no Molmo layout has; `layouts` says which
+/// were tried.
+pub(super) fn unknown_tensor(ckpt: &Checkpoint, stored: &str, layouts: &str) -> crate::Error {
+    crate::bad!(
+        "{}: unknown tensor under the language-model prefix `{LM}`; {layouts}",
+        ckpt.describe(stored)
+    )
+}
+
 impl Family for Molmo2 {
     fn name(&self) -> &'static str {
         "molmo2"
@@ -69,10 +89,8 @@ impl Family for Molmo2 {
         for name in ckpt.names() {
             if name == "lm_head.weight" {
                 b.head(name)?;
-            } else if name.starts_with("model.vision_backbone.image_vit.") {
-                b.drop(name, DropKind::Vision)?;
-            } else if name.starts_with("model.vision_backbone.") {
-                b.drop(name, DropKind::Projector)?;
+            } else if let Some(kind) = vision_part(name) {
+                b.drop(name, kind)?;
             } else if let Some(rest) = name.strip_prefix(LM) {
                 match rest {
                     "wte.embedding" => embedding = Some(name.as_str()),
@@ -264,12 +282,7 @@ impl Text {
 /// One tensor under `model.transformer.blocks.{i}.`.
 fn block_tensor(b: &mut PlanBuilder, text: &Text, stored: &str, rest: &str) -> Result<()> {
     let ckpt = b.ckpt();
-    let unknown = || {
-        crate::bad!(
-            "{}: unknown tensor under the language-model prefix `{LM}`; the molmo2 layout may have changed",
-            ckpt.describe(stored)
-        )
-    };
+    let unknown = || unknown_tensor(ckpt, stored, "the molmo2 layout may have changed");
     let (layer, tail) = block_layer(rest).ok_or_else(unknown)?;
     let post_norm = text.target == Target::Olmo3;
     let name = |m: Module| layer_name(layer, m, Param::Weight);

@@ -19,7 +19,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::molmo2::{block_layer, LM};
+use super::molmo2::{block_layer, unknown_tensor, vision_part, LM};
 use super::plan::{DropKind, ExtractPlan, OutTensor, Part, Piece, PlanBuilder};
 use super::prefix::{self, main_dtype};
 use super::target::standalone_config;
@@ -64,10 +64,8 @@ impl Family for Molmoe {
         for name in ckpt.names() {
             if name == HEAD {
                 b.head(name)?;
-            } else if name.starts_with("model.vision_backbone.image_vit.") {
-                b.drop(name, DropKind::Vision)?;
-            } else if name.starts_with("model.vision_backbone.") {
-                b.drop(name, DropKind::Projector)?;
+            } else if let Some(kind) = vision_part(name) {
+                b.drop(name, kind)?;
             } else if let Some(rest) = name.strip_prefix(LM) {
                 match rest {
                     "wte.embedding" => b.keep(name, "model.embed_tokens.weight".into())?,
@@ -221,12 +219,7 @@ impl Config {
 /// One tensor under `model.transformer.blocks.{i}.`.
 fn block_tensor(b: &mut PlanBuilder, cfg: &Config, stored: &str, rest: &str) -> Result<Style> {
     let ckpt = b.ckpt();
-    let unknown = || {
-        crate::bad!(
-            "{}: unknown tensor under the language-model prefix `{LM}`; neither MolmoE layout has it",
-            ckpt.describe(stored)
-        )
-    };
+    let unknown = || unknown_tensor(ckpt, stored, "neither MolmoE layout has it");
     let (layer, tail) = block_layer(rest).ok_or_else(unknown)?;
     let name = |m: Module| layer_name(layer, m, Param::Weight);
     let expert =

@@ -66,6 +66,40 @@ impl Piece {
         }
     }
 
+    /// Append this piece of the stored tensor `src` (elements of `size` bytes) to `out`, in the
+    /// order the output tensor holds it.
+    pub fn append_to(&self, out: &mut Vec<u8>, src: &[u8], size: usize) {
+        match *self {
+            Piece::Range { start, len } => {
+                out.extend_from_slice(&src[start * size..(start + len) * size])
+            }
+            Piece::Transposed {
+                start,
+                rows,
+                stride,
+                col,
+                cols,
+            } => transpose::append(out, src, size, start + col, rows, stride, cols),
+        }
+    }
+
+    /// Write `chunk`, this piece in the order the output tensor holds it, back to its place in the
+    /// stored tensor `dst`: the inverse of [`Piece::append_to`].
+    pub fn scatter_into(&self, dst: &mut [u8], chunk: &[u8], size: usize) {
+        match *self {
+            Piece::Range { start, len } => {
+                dst[start * size..(start + len) * size].copy_from_slice(chunk)
+            }
+            Piece::Transposed {
+                start,
+                rows,
+                stride,
+                col,
+                cols,
+            } => transpose::scatter(dst, chunk, size, start + col, rows, stride, cols),
+        }
+    }
+
     /// One past the last source element read.
     fn end(&self) -> usize {
         match *self {
@@ -128,19 +162,8 @@ impl OutTensor {
         }
         let mut out = Vec::with_capacity(self.byte_len());
         for part in &self.parts {
-            let src = ckpt.bytes(&part.source)?;
-            match part.piece {
-                Piece::Range { start, len } => {
-                    out.extend_from_slice(&src[start * size..(start + len) * size])
-                }
-                Piece::Transposed {
-                    start,
-                    rows,
-                    stride,
-                    col,
-                    cols,
-                } => transpose::append(&mut out, src, size, start + col, rows, stride, cols),
-            }
+            part.piece
+                .append_to(&mut out, ckpt.bytes(&part.source)?, size);
         }
         Ok(Cow::Owned(out))
     }
