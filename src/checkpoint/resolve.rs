@@ -24,7 +24,7 @@ pub struct ModelRef {
 }
 
 /// A model on the Hub at one commit.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HubRef {
     /// `ORG/NAME`.
     pub repo: String,
