@@ -8,6 +8,9 @@
 //! `--vision-depth N` (N > 0) makes it a Qwen2.5-VL in the Hub layout instead: the same language
 //! model plus N vision blocks of Qwen2.5-VL's widths under `visual.*`, with a flat Qwen2.5-VL config.
 
+// An example prints its result; the rule against printing is for the commands (clippy.toml).
+#![allow(clippy::disallowed_macros)]
+
 use std::borrow::Cow;
 use std::path::PathBuf;
 

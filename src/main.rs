@@ -16,7 +16,12 @@ fn main() {
         let message = panic_message(info.payload()).unwrap_or_else(|| "unknown panic".into());
         eprintln!("sinkmerge: internal error: {message}{location}; please report this as a bug");
     }));
-    match std::panic::catch_unwind(|| sinkmerge::commands::run(cli.command, globals)) {
+    match std::panic::catch_unwind(|| {
+        // The one place stdout is taken: every command reports through the writer it is handed.
+        #[allow(clippy::disallowed_methods)]
+        let mut stdout = std::io::stdout();
+        sinkmerge::commands::run(cli.command, globals, &mut stdout)
+    }) {
         Ok(Ok(())) => exit(0, None),
         Ok(Err(err)) => {
             let message = match err.kind() {

@@ -3,6 +3,10 @@
 //! [`util::sinkmerge`], which runs the binary with the Hugging Face environment isolated. A new
 //! file of tests is a new `mod` line here; `cargo test --test tests MODULE::` runs one module.
 
+// The tests print what they measured (with --nocapture); the rule against printing is for the
+// commands, whose reports go through their writer (clippy.toml).
+#![allow(clippy::disallowed_macros, clippy::disallowed_methods)]
+
 mod util;
 
 mod ablate;
@@ -33,6 +37,7 @@ mod non_finite_outputs;
 mod norms;
 mod perturb;
 mod predict;
+mod report_writer;
 mod reproduce;
 mod resolve;
 mod score_bytes;

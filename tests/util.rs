@@ -66,7 +66,7 @@ pub fn read_json<T: DeserializeOwned>(path: impl AsRef<Path>) -> T {
 /// The Hugging Face variables a run starts without, and sinkmerge's own Hub limits
 /// (docs/reference/hub.md): a token, a token file, another endpoint, offline mode or a limit of
 /// the user's must not change what a test sees.
-const CLEARED_HF_VARIABLES: [&str; 7] = [
+pub const CLEARED_HF_VARIABLES: [&str; 7] = [
     "HF_TOKEN",
     "HF_TOKEN_PATH",
     "HF_ENDPOINT",

@@ -7,12 +7,13 @@
 //! `LlamaAttention.forward`: `view(..., -1, head_dim)` splits the projections' outputs into heads
 //! and `o_proj` reads their concatenation).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, Par, Side};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::predict::{average_ranks, pearson};
 use crate::arch::names::{layer_name, Module, Param};
@@ -102,7 +103,7 @@ impl Projection {
 }
 
 /// The drift of one head's slice of one projection: `dW = TARGET - REF` restricted to it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SliceDrift {
     /// `||dW||_F`
     pub fro: f64,
@@ -115,7 +116,7 @@ pub struct SliceDrift {
 }
 
 /// The drift of the part of a QK-norm scale that acts on one head.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct NormDrift {
     pub l2: f64,
     pub linf: f64,
@@ -124,7 +125,7 @@ pub struct NormDrift {
 }
 
 /// Every drift measure of one head.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct HeadDrift {
     pub q: SliceDrift,
     pub k: SliceDrift,
@@ -398,7 +399,7 @@ pub fn check_same_geometry(reference: &Model, target: &Model) -> Result<()> {
 }
 
 /// One head: its sink before and after, and its drift.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeadRow {
     #[serde(flatten)]
     pub sink: HeadPairStatistics,
@@ -408,7 +409,7 @@ pub struct HeadRow {
 }
 
 /// The sink measure that ranks damaged heads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum RankBy {
     /// Most negative ΔG first: the heads whose sink weakened most.
@@ -464,10 +465,10 @@ pub fn join(
 }
 
 /// Spearman's rank correlation of a sink measure with a drift measure across heads.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Correlation {
     /// `delta_g` or `margin`.
-    pub sink: &'static str,
+    pub sink: Cow<'static, str>,
     /// `q.fro`, `k.rel_op`, `q_norm.l2`, ...
     pub drift: String,
     /// Heads with both measures defined.
@@ -576,7 +577,7 @@ pub fn correlations(rows: &[HeadRow], permutations: usize, seed: u64) -> Vec<Cor
                 spearman(&x, &y, permutations, stream)
             };
             out.push(Correlation {
-                sink,
+                sink: sink.into(),
                 drift: drift.clone(),
                 n: x.len(),
                 spearman: rho,
@@ -588,7 +589,7 @@ pub fn correlations(rows: &[HeadRow], permutations: usize, seed: u64) -> Vec<Cor
 }
 
 /// What [`diagnose`] found.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Diagnosis {
     /// Every head of the chosen layers, layer-major.
     pub heads: Vec<HeadRow>,

@@ -8,14 +8,14 @@ pub mod layer_list;
 pub mod layout;
 pub mod names;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use config::TextConfig;
 pub use layer_list::LayerList;
 pub use names::{Module, Param, TensorName};
 
 /// How an architecture normalizes queries and keys before RoPE (the paper's central switch).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum QkNorm {
     /// RMSNorm over each head's `head_dim` (Qwen3, Qwen3-MoE, Gemma-3).

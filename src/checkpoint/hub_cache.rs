@@ -4,7 +4,7 @@
 //! (docs/reference/hub.md).
 
 /// A model on the Hub at one commit.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HubRef {
     /// `ORG/NAME`.
     pub repo: String,

@@ -1,6 +1,8 @@
 //! `sinkmerge ablate`: the norm-channel ablation (Appendix D.3). In every layer's listed norm
 //! scales, the K entries of largest |gamma| become the tensor's mean.
 
+use std::io::Write;
+
 use serde_json::json;
 
 use crate::analysis::ablate::{self, Ablation, AblationPlan, LAYER_NORMS};
@@ -9,7 +11,7 @@ use crate::arch::LayerList;
 use crate::bail;
 use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
-use crate::commands::args::OutputArgs;
+use crate::commands::args::RewriteArgs;
 use crate::error::Result;
 use crate::report::{fmt_num, Table};
 use crate::write::model_card::{self, ModelCard};
@@ -59,20 +61,16 @@ pub struct Args {
     pub layers: Option<LayerList>,
 
     #[command(flatten)]
-    pub out: OutputArgs,
-
-    #[command(flatten)]
-    pub vlm: crate::commands::args::IntoVlmArgs,
+    pub rewrite: RewriteArgs,
 
     /// Print one JSON object with every ablated tensor's channels and mean instead of text
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
-    let mut to = args.out.destination("ablate")?;
-    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
-    to.into_vlm = vlm.as_ref();
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
+    let output = args.rewrite.open("ablate")?;
+    let to = output.destination();
     if args.top_k == 0 {
         bail!("--top-k must be at least 1");
     }
@@ -89,8 +87,8 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
 
     let bar = crate::progress::bytes(model.total_bytes(), "ablating", progress && !args.json);
-    let mut card = (!args.out.no_model_card).then(|| card(&args, &model, &plan));
-    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+    let mut card = (!args.rewrite.out.no_model_card).then(|| card(&args, &model, &plan));
+    if let (Some(c), Some(v)) = (card.as_mut(), &output.into_vlm) {
         v.mark_card(c, true);
     }
     let additions = Additions {
@@ -132,7 +130,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "layers": plan.layers,
             "tensors": ablations,
         });
-        print!("{}", crate::report::json_text(&value)?);
+        super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
         let mut t = Table::new([
             "tensor",
@@ -152,13 +150,16 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 a.changed.to_string(),
             ]);
         }
-        print!("{}", t.render());
-        println!(
-            "\nablated {} tensors (top {} |gamma| -> mean); wrote {}",
-            ablations.len(),
-            args.top_k,
-            dest.display()
-        );
+        super::emit(out, &t.render())?;
+        super::emit(
+            out,
+            &format!(
+                "\nablated {} tensors (top {} |gamma| -> mean); wrote {}\n",
+                ablations.len(),
+                args.top_k,
+                dest.display()
+            ),
+        )?;
     }
     Ok(())
 }

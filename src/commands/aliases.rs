@@ -1,5 +1,7 @@
 //! `sinkmerge aliases`: the paper's model pairs and whether each model is in the local HF cache.
 
+use std::io::Write;
+
 use serde_json::json;
 
 use crate::checkpoint::resolve::{self, PAPER_PAIRS};
@@ -13,7 +15,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args, out: &mut dyn Write) -> Result<()> {
     // The cache only: listing aliases never downloads. The commit names what is cached.
     let cached = |repo: &str| {
         resolve::find_cached(repo, None)
@@ -33,7 +35,7 @@ pub fn run(args: Args) -> Result<()> {
                 })
             })
             .collect();
-        print!("{}", crate::report::json_text(&rows)?);
+        super::emit(out, &crate::report::json_text(&rows)?)?;
         return Ok(());
     }
     let mark = |c: Option<String>| match c {
@@ -60,7 +62,10 @@ pub fn run(args: Args) -> Result<()> {
             p.qk_norm.to_string(),
         ]);
     }
-    print!("{}", table.render());
-    println!("\nHF cache: {}", resolve::hub_cache_dir().display());
+    super::emit(out, &table.render())?;
+    super::emit(
+        out,
+        &format!("\nHF cache: {}\n", resolve::hub_cache_dir().display()),
+    )?;
     Ok(())
 }

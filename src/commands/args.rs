@@ -1,11 +1,14 @@
 //! The flag groups and value parsers several commands share: where a model is written
-//! (`OutputArgs`), `--into-vlm`, and the checks of counts and lists.
+//! (`OutputArgs`), `--into-vlm`, both for a command that rewrites one model (`RewriteArgs`), and
+//! the checks of counts and lists.
 
 use std::path::PathBuf;
 
 use crate::bail;
 use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::error::Result;
+use crate::write::graft::IntoVlm;
+use crate::write::rewrite::Destination;
 
 /// Where and how a command writes a model directory.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +44,42 @@ pub struct IntoVlmArgs {
     pub into_vlm: Option<String>,
 }
 
+/// The flags of a command that rewrites one model: where it goes, and `--into-vlm`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RewriteArgs {
+    #[command(flatten)]
+    pub out: OutputArgs,
+
+    #[command(flatten)]
+    pub vlm: IntoVlmArgs,
+}
+
+impl RewriteArgs {
+    /// The output checked (required by `command`), then `--into-vlm`'s VLM opened: where every
+    /// rewriting command starts, before it opens its inputs.
+    pub fn open(&self, command: &str) -> Result<Rewrite<'_>> {
+        let to = self.out.destination(command)?;
+        let into_vlm = IntoVlm::from_arg(self.vlm.into_vlm.as_deref())?;
+        Ok(Rewrite { to, into_vlm })
+    }
+}
+
+/// Where a rewrite goes, and the VLM it is written into (`--into-vlm`).
+pub struct Rewrite<'a> {
+    to: Destination<'a>,
+    pub into_vlm: Option<IntoVlm>,
+}
+
+impl Rewrite<'_> {
+    /// The destination, in the layout of `--into-vlm`'s VLM when one is given.
+    pub fn destination(&self) -> Destination<'_> {
+        Destination {
+            into_vlm: self.into_vlm.as_ref(),
+            ..self.to
+        }
+    }
+}
+
 impl OutputArgs {
     /// The output directory (required by `command`) and the shard size in bytes.
     pub fn required(&self, command: &str) -> crate::error::Result<(PathBuf, u64)> {
@@ -49,16 +88,13 @@ impl OutputArgs {
     }
 
     /// Where a rewrite of one checkpoint goes (required by `command`), with no other inputs.
-    pub fn destination(
-        &self,
-        command: &str,
-    ) -> crate::error::Result<crate::write::rewrite::Destination<'_>> {
+    pub fn destination(&self, command: &str) -> crate::error::Result<Destination<'_>> {
         let dir = (self.output.as_deref())
             .ok_or_else(|| crate::bad!("{command} needs an output directory: -o OUT"))?;
         Outputs::new(self.force)
             .output("-o", Some(dir), OutputKind::Model)
             .check_before_inputs()?;
-        Ok(crate::write::rewrite::Destination {
+        Ok(Destination {
             dir,
             other_inputs: &[],
             force: self.force,

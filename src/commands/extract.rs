@@ -1,6 +1,7 @@
 //! `sinkmerge extract`: cut the language model out of a vision-language model as a standalone
 //! Hugging Face causal LM (the paper's first step, Appendix B.2).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::arch::families;
@@ -63,7 +64,7 @@ tools/check_extract.py).";
     s
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     // The default output lies in the working directory; a given one is checked before any work,
     // against the VLM too when it is a folder (a Hub id is resolved, and maybe fetched, later).
     if let Some(dest) = &args.out.output {
@@ -95,9 +96,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     };
     let summary = extract::run(&ckpt, &plan, &dest, &opts)?;
     if args.json {
-        super::emit(&crate::report::json_text(&summary)?);
+        super::emit(out, &crate::report::json_text(&summary)?)?;
     } else {
-        super::emit(&render(&summary));
+        super::emit(out, &render(&summary))?;
     }
     Ok(())
 }

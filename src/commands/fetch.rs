@@ -1,6 +1,8 @@
 //! `sinkmerge fetch MODEL...`: download models into the Hugging Face cache ahead of time (the
 //! files sinkmerge reads only), and say which commit each resolved to.
 
+use std::io::Write;
+
 use serde_json::json;
 
 use crate::checkpoint::resolve;
@@ -18,7 +20,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args, out: &mut dyn Write) -> Result<()> {
     // Resolve every model first (downloading what is missing), then report: a bad name fails
     // before anything is printed.
     let mut models = Vec::with_capacity(args.models.len());
@@ -37,7 +39,10 @@ pub fn run(args: Args) -> Result<()> {
                 json!({"model": m.label, "repo": hub.repo, "commit": hub.commit, "dir": m.dir})
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&rows).expect("JSON"));
+        super::emit(
+            out,
+            &format!("{}\n", serde_json::to_string_pretty(&rows).expect("JSON")),
+        )?;
         return Ok(());
     }
     let mut table = Table::new(["model", "commit", "snapshot"]);
@@ -49,6 +54,6 @@ pub fn run(args: Args) -> Result<()> {
             m.dir.display().to_string(),
         ]);
     }
-    print!("{}", table.render());
+    super::emit(out, &table.render())?;
     Ok(())
 }

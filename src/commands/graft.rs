@@ -1,6 +1,8 @@
 //! `sinkmerge graft`: write a language model back into its vision-language model, the inverse of
 //! `extract` (docs/commands/graft.md).
 
+use std::io::Write;
+
 use crate::arch::families;
 use crate::bad;
 use crate::checkpoint::Checkpoint;
@@ -50,7 +52,7 @@ pub struct Args {
     pub json: bool,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     let (dest, max_shard_size) = args.out.required("graft")?;
     let vlm = Checkpoint::open_ref(&args.vlm)?;
     let lm = Checkpoint::open_ref(&args.lm)?;
@@ -69,9 +71,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         eprintln!("sinkmerge: warning: {w}");
     }
     if args.json {
-        print!("{}", crate::report::json_text(&summary)?);
+        super::emit(out, &crate::report::json_text(&summary)?)?;
     } else {
-        print!("{}", render(&summary));
+        super::emit(out, &render(&summary))?;
     }
     Ok(())
 }

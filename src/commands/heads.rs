@@ -1,6 +1,8 @@
 //! `sinkmerge heads`: which heads lost their sink, and whether they are the heads whose weights
 //! moved most (`docs/commands/heads.md`).
 
+use std::borrow::Cow;
+use std::io::Write;
 use std::path::PathBuf;
 
 use super::scoring_args::ScoringArgs;
@@ -103,7 +105,7 @@ pub struct Args {
     pub heatmap: Option<PathBuf>,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     args.scoring.validate()?;
     let reports = Outputs::new(false)
         .files([
@@ -162,7 +164,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             precision: args.scoring.precision,
             device: args.scoring.device,
         },
-        diagnosis: &diagnosis,
+        diagnosis: Cow::Borrowed(&diagnosis),
     };
 
     // Render every artefact before writing any.
@@ -170,7 +172,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let svg = (args.heatmap.as_ref())
         .map(|_| heatmap_svg(&diagnosis, &report.settings))
         .transpose()?;
-    let out = if args.json {
+    let rendered = if args.json {
         json_text(&report)?
     } else {
         render_text(&report, args.top)
@@ -181,7 +183,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let (Some(path), Some(svg)) = (&args.heatmap, svg) {
         write_file_atomic(path, svg.as_bytes())?;
     }
-    super::emit(&out);
+    super::emit(out, &rendered)?;
     Ok(())
 }
 

@@ -1,12 +1,14 @@
 //! `sinkmerge inject-qknorm`: rewrite a Qwen2/Qwen2.5 causal LM as a Qwen3 checkpoint with
 //! unit-scale per-head QK-RMSNorm (Section 5, Appendix F.3).
 
+use std::io::Write;
+
 use serde_json::json;
 
 use crate::analysis::inject_qknorm;
 use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
-use crate::commands::args::OutputArgs;
+use crate::commands::args::RewriteArgs;
 use crate::dtype;
 use crate::error::Result;
 use crate::write::model_card::{self, ModelCard};
@@ -36,26 +38,22 @@ pub struct Args {
     pub model: String,
 
     #[command(flatten)]
-    pub out: OutputArgs,
-
-    #[command(flatten)]
-    pub vlm: crate::commands::args::IntoVlmArgs,
+    pub rewrite: RewriteArgs,
 
     /// Print one JSON summary instead of text
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
-    let mut to = args.out.destination("inject-qknorm")?;
-    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
-    to.into_vlm = vlm.as_ref();
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
+    let output = args.rewrite.open("inject-qknorm")?;
+    let to = output.destination();
     let model = Checkpoint::open_ref(&args.model)?;
     let plan = inject_qknorm::plan(&model)?;
 
     let originals = model.names().len();
     let dtype_name = dtype::torch_name(plan.dtype).unwrap_or("?");
-    let mut card = (!args.out.no_model_card).then(|| {
+    let mut card = (!args.rewrite.out.no_model_card).then(|| {
         let input = model_card::Input::new("model", true, &model);
         let description = format!(
             "`{}` rewritten as a `Qwen3ForCausalLM` checkpoint with unit-scale per-head \
@@ -92,7 +90,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             inputs: vec![input],
         }
     });
-    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+    if let (Some(c), Some(v)) = (card.as_mut(), &output.into_vlm) {
         v.mark_card(c, true);
     }
     let mut additions = plan.additions()?;
@@ -115,18 +113,18 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "copied": originals,
             "added": plan.added.iter().map(|t| &t.name).collect::<Vec<_>>(),
         });
-        print!("{}", crate::report::json_text(&value)?);
+        super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
-        println!(
+        super::emit(out, &format!(
             "{}: {} layers, head_dim {}: added q_norm/k_norm (ones) and o_proj.bias (zeros) in {}; \
-             {} original tensors copied unchanged\nwrote {} (Qwen3ForCausalLM, attention_bias: true)",
+             {} original tensors copied unchanged\nwrote {} (Qwen3ForCausalLM, attention_bias: true)\n",
             model.label,
             plan.num_layers,
             plan.head_dim,
             dtype_name,
             originals,
             dest.display()
-        );
+        ))?;
     }
     Ok(())
 }

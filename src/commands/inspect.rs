@@ -1,6 +1,8 @@
 //! `sinkmerge inspect`: what a checkpoint is, at a glance or as JSON, and optionally whether any
 //! tensor holds NaN or Inf.
 
+use std::io::Write;
+
 use crate::analysis::inspect::{scan_non_finite, Inspection};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -19,7 +21,7 @@ pub struct Args {
     pub check: bool,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     let ckpt = Checkpoint::open_ref(&args.model)?;
     let mut report = Inspection::of(&ckpt);
     if args.check {
@@ -28,9 +30,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         bar.finish_and_clear();
     }
     if args.json {
-        super::emit(&crate::report::json_text(&report)?);
+        super::emit(out, &crate::report::json_text(&report)?)?;
     } else {
-        super::emit(&render(&report));
+        super::emit(out, &render(&report))?;
     }
     match &report.non_finite {
         Some(bad) if !bad.is_empty() => Err(Error::NonFinite(format!(

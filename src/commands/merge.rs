@@ -1,6 +1,7 @@
 //! `sinkmerge merge CONFIG.yaml`: run a mergekit-style YAML config (or a `sinkmerge_config.yml`
 //! record), and the reporting every merge command shares.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use safetensors::Dtype;
@@ -29,7 +30,7 @@ pub struct Args {
     pub common: CommonArgs,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     let (mut spec, warnings) = MergeSpec::from_yaml_file(&args.config)?;
     if let Some(dtype) = out_dtype(args.common.out_dtype.as_deref())? {
         spec.out_dtype = Some(dtype);
@@ -40,7 +41,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let Some(v) = &args.common.vlm.into_vlm {
         spec.into_vlm = Some(v.clone());
     }
-    execute(&spec, &args.common, progress, warnings)
+    execute(&spec, &args.common, progress, warnings, out)
 }
 
 /// Parse `--out-dtype`.
@@ -58,6 +59,7 @@ pub fn execute(
     common: &CommonArgs,
     progress: bool,
     warnings: Vec<String>,
+    out: &mut dyn Write,
 ) -> Result<()> {
     let (dest, max_shard_size) = common.output.required(spec.method.name())?;
     let options = RunOptions {
@@ -72,9 +74,9 @@ pub fn execute(
         eprintln!("sinkmerge: warning: {w}");
     }
     if common.json {
-        super::emit(&crate::report::json_text(&summary)?);
+        super::emit(out, &crate::report::json_text(&summary)?)?;
     } else {
-        super::emit(&text_report(&summary));
+        super::emit(out, &text_report(&summary))?;
     }
     Ok(())
 }

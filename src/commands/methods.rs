@@ -2,6 +2,8 @@
 //! mergekit's defaults. Each command builds the same [`MergeSpec`] a YAML config would, so
 //! `sinkmerge merge OUT/sinkmerge_config.yml` replays it.
 
+use std::io::Write;
+
 use clap::ValueEnum;
 
 use crate::commands::args::CommonArgs;
@@ -313,6 +315,7 @@ fn merge_with(
     params: Settings,
     common: &CommonArgs,
     progress: bool,
+    out: &mut dyn Write,
 ) -> Result<()> {
     // As for --weights: clap parses `nan` and `inf` as numbers, which the YAML path refuses.
     for (name, setting) in &params {
@@ -339,10 +342,10 @@ fn merge_with(
         &mut warnings,
     )?;
     spec.into_vlm = common.vlm.into_vlm.clone();
-    super::merge::execute(&spec, common, progress, warnings)
+    super::merge::execute(&spec, common, progress, warnings, out)
 }
 
-pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
+pub fn run_linear(args: LinearArgs, progress: bool, out: &mut dyn Write) -> Result<()> {
     let weights = per_model(
         "weights",
         &args.weights.weights,
@@ -360,10 +363,15 @@ pub fn run_linear(args: LinearArgs, progress: bool) -> Result<()> {
         params,
         &args.common,
         progress,
+        out,
     )
 }
 
-pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<()> {
+pub fn run_task_arithmetic(
+    args: TaskArithmeticArgs,
+    progress: bool,
+    out: &mut dyn Write,
+) -> Result<()> {
     let params = Settings::from([
         set(
             &task_vector::LAMBDA,
@@ -381,10 +389,11 @@ pub fn run_task_arithmetic(args: TaskArithmeticArgs, progress: bool) -> Result<(
         params,
         &args.common,
         progress,
+        out,
     )
 }
 
-pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
+pub fn run_ties(args: TiesArgs, progress: bool, out: &mut dyn Write) -> Result<()> {
     let params = Settings::from([
         set(&task_vector::LAMBDA, ParamValue::Number(args.lambda.lambda)),
         set(&ties::NORMALIZE, ParamValue::Bool(!args.no_normalize)),
@@ -399,10 +408,11 @@ pub fn run_ties(args: TiesArgs, progress: bool) -> Result<()> {
         params,
         &args.common,
         progress,
+        out,
     )
 }
 
-pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
+pub fn run_dare(args: DareArgs, progress: bool, out: &mut dyn Write) -> Result<()> {
     let density = if args.drop_rate.is_empty() {
         ("density", args.density)
     } else {
@@ -440,6 +450,7 @@ pub fn run_dare(args: DareArgs, progress: bool) -> Result<()> {
         params,
         &args.common,
         progress,
+        out,
     )
 }
 
@@ -451,6 +462,7 @@ fn run_spectral(
     models: TaskModels,
     common: &CommonArgs,
     progress: bool,
+    out: &mut dyn Write,
 ) -> Result<()> {
     let params = Settings::from([
         set(spec, ParamValue::Number(value)),
@@ -463,10 +475,11 @@ fn run_spectral(
         params,
         common,
         progress,
+        out,
     )
 }
 
-pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
+pub fn run_tsv(args: TsvArgs, progress: bool, out: &mut dyn Write) -> Result<()> {
     let scale = (&tsv::ALPHA, args.alpha);
     run_spectral(
         "tsv",
@@ -475,10 +488,11 @@ pub fn run_tsv(args: TsvArgs, progress: bool) -> Result<()> {
         args.models,
         &args.common,
         progress,
+        out,
     )
 }
 
-pub fn run_star(args: StarArgs, progress: bool) -> Result<()> {
+pub fn run_star(args: StarArgs, progress: bool, out: &mut dyn Write) -> Result<()> {
     let scale = (&star::ETA, args.eta);
     run_spectral(
         "star",
@@ -487,6 +501,7 @@ pub fn run_star(args: StarArgs, progress: bool) -> Result<()> {
         args.models,
         &args.common,
         progress,
+        out,
     )
 }
 

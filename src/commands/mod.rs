@@ -24,11 +24,11 @@ pub mod scoring_args;
 pub mod trace;
 pub mod visual_sinks;
 
-use std::cell::RefCell;
+use std::io::Write;
 
 use clap::Subcommand;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Every subcommand, parsed by `cli::Cli` and run by [`dispatch`].
 #[derive(Debug, Subcommand)]
@@ -87,33 +87,24 @@ pub struct Globals {
     pub no_download: bool,
 }
 
-thread_local! {
-    /// Where [`emit`] sends a command's report on this thread: stdout, or the buffer of a
-    /// [`dispatch_captured`] call (a `reproduce` step keeps each command's own report).
-    static CAPTURE: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Print a command's report: to stdout, or into the capture of the step that runs it.
-pub fn emit(text: &str) {
-    CAPTURE.with(|capture| match capture.borrow_mut().as_mut() {
-        Some(buffer) => buffer.push_str(text),
-        None => print!("{text}"),
-    })
+/// Write `text`, part of a command's report, to `out`: every command reports through the writer
+/// its `run` is handed, stdout on the command line ([`run`]) or a `reproduce` step's buffer
+/// ([`run_captured`]), so a step's saved report is the command's whole output.
+pub fn emit(out: &mut dyn Write, text: &str) -> Result<()> {
+    out.write_all(text.as_bytes())
+        .map_err(|e| Error::Write(format!("cannot write the report: {e}")))
 }
 
 /// Run one parsed subcommand as its library call and return what it would have printed: the
 /// steps of `reproduce` are the commands themselves, so their reports are the commands' own.
-pub fn dispatch_captured(command: Command, progress: bool) -> Result<String> {
-    let previous = CAPTURE.with(|capture| capture.replace(Some(String::new())));
-    let result = dispatch(command, progress);
-    let text = CAPTURE
-        .with(|capture| capture.replace(previous))
-        .unwrap_or_default();
-    result.map(|()| text)
+pub fn run_captured(command: Command, progress: bool) -> Result<String> {
+    let mut report = Vec::new();
+    dispatch(command, progress, &mut report)?;
+    String::from_utf8(report).map_err(|e| crate::internal!("a report that is not UTF-8: {e}"))
 }
 
-/// Run the parsed command line.
-pub fn run(command: Command, globals: Globals) -> Result<()> {
+/// Run the parsed command line, its report to `out` (stdout, for the binary).
+pub fn run(command: Command, globals: Globals, out: &mut dyn Write) -> Result<()> {
     if let Some(n) = globals.threads {
         // Ignore the error of a pool already built (only possible when embedding the library).
         let _ = rayon::ThreadPoolBuilder::new()
@@ -123,34 +114,34 @@ pub fn run(command: Command, globals: Globals) -> Result<()> {
     crate::checkpoint::output::handle_signals()?;
     let progress = crate::progress::enabled(globals.quiet);
     crate::checkpoint::resolve::allow_downloads(!globals.no_download, progress);
-    dispatch(command, progress)
+    dispatch(command, progress, out)
 }
 
-fn dispatch(command: Command, progress: bool) -> Result<()> {
+fn dispatch(command: Command, progress: bool, out: &mut dyn Write) -> Result<()> {
     match command {
-        Command::Inspect(args) => inspect::run(args, progress),
-        Command::Aliases(args) => aliases::run(args),
-        Command::Fetch(args) => fetch::run(args),
-        Command::Extract(args) => extract::run(args, progress),
-        Command::Graft(args) => graft::run(args, progress),
-        Command::Predict(args) => predict::run(args, progress),
-        Command::Perturb(args) => perturb::run(args, progress),
-        Command::Ablate(args) => ablate::run(args, progress),
-        Command::InjectQknorm(args) => inject_qknorm::run(args, progress),
-        Command::Score(args) => score::run(args, progress),
-        Command::Heads(args) => heads::run(args, progress),
-        Command::RepairHeads(args) => repair_heads::run(args, progress),
-        Command::Parity(args) => parity::run(args),
-        Command::Trace(args) => trace::run(args, progress),
-        Command::VisualSinks(args) => visual_sinks::run(args, progress),
-        Command::Norms(args) => norms::run(args, progress),
-        Command::Linear(args) => methods::run_linear(args, progress),
-        Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress),
-        Command::Ties(args) => methods::run_ties(args, progress),
-        Command::Dare(args) => methods::run_dare(args, progress),
-        Command::Tsv(args) => methods::run_tsv(args, progress),
-        Command::Star(args) => methods::run_star(args, progress),
-        Command::Merge(args) => merge::run(args, progress),
-        Command::Reproduce(args) => reproduce::run(args, progress),
+        Command::Inspect(args) => inspect::run(args, progress, out),
+        Command::Aliases(args) => aliases::run(args, out),
+        Command::Fetch(args) => fetch::run(args, out),
+        Command::Extract(args) => extract::run(args, progress, out),
+        Command::Graft(args) => graft::run(args, progress, out),
+        Command::Predict(args) => predict::run(args, progress, out),
+        Command::Perturb(args) => perturb::run(args, progress, out),
+        Command::Ablate(args) => ablate::run(args, progress, out),
+        Command::InjectQknorm(args) => inject_qknorm::run(args, progress, out),
+        Command::Score(args) => score::run(args, progress, out),
+        Command::Heads(args) => heads::run(args, progress, out),
+        Command::RepairHeads(args) => repair_heads::run(args, progress, out),
+        Command::Parity(args) => parity::run(args, out),
+        Command::Trace(args) => trace::run(args, progress, out),
+        Command::VisualSinks(args) => visual_sinks::run(args, progress, out),
+        Command::Norms(args) => norms::run(args, progress, out),
+        Command::Linear(args) => methods::run_linear(args, progress, out),
+        Command::TaskArithmetic(args) => methods::run_task_arithmetic(args, progress, out),
+        Command::Ties(args) => methods::run_ties(args, progress, out),
+        Command::Dare(args) => methods::run_dare(args, progress, out),
+        Command::Tsv(args) => methods::run_tsv(args, progress, out),
+        Command::Star(args) => methods::run_star(args, progress, out),
+        Command::Merge(args) => merge::run(args, progress, out),
+        Command::Reproduce(args) => reproduce::run(args, progress, out),
     }
 }

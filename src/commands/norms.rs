@@ -1,6 +1,7 @@
 //! `sinkmerge norms`: how far TARGET's weights moved from REF's, per tensor and per module type,
 //! optionally against a second pair (`--vs`), as a table, JSON, CSV and an SVG plot.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::analysis::norms::{self, LayerSelection, Metric};
@@ -105,7 +106,7 @@ fn parse_tol(s: &str) -> std::result::Result<f64, String> {
     Ok(tol)
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     let reports = output::Outputs::new(false).files([
         ("--csv", args.csv.as_deref()),
         ("--plot", args.plot.as_deref()),
@@ -160,9 +161,9 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     }
     if args.json {
         let value = json_value(&report, args.tol);
-        super::emit(&crate::report::json_text(&value)?);
+        super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
-        super::emit(&render_text(&report, args.tol));
+        super::emit(out, &render_text(&report, args.tol))?;
     }
     for w in &report.warnings {
         eprintln!("sinkmerge: warning: {w}");

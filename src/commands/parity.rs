@@ -1,6 +1,8 @@
 //! `sinkmerge parity`: the GPU scorer against the CPU scorer on the same models and token ids,
 //! for checking a GPU installation (and what `benches/gpu_check.sh` runs first).
 
+use std::io::Write;
+
 use serde::Serialize;
 
 use crate::bail;
@@ -59,7 +61,7 @@ struct Report<'a> {
     holds: bool,
 }
 
-pub fn run(args: Args) -> Result<()> {
+pub fn run(args: Args, out: &mut dyn Write) -> Result<()> {
     let ComputeDevice::Cuda(ordinal) = args.device else {
         bail!("--device cpu: parity compares a GPU with the CPU; give --device cuda or cuda:N");
     };
@@ -81,9 +83,9 @@ pub fn run(args: Args) -> Result<()> {
         holds,
     };
     if args.json {
-        print!("{}", json_text(&report)?);
+        super::emit(out, &json_text(&report)?)?;
     } else {
-        print!("{}", render_text(&report));
+        super::emit(out, &render_text(&report))?;
     }
     if !holds {
         let t = &parity.tolerances;

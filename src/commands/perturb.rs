@@ -2,6 +2,7 @@
 //! of REF gets Gaussian noise with the Frobenius size of TARGET's change to it.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 
 use serde_json::json;
 
@@ -9,7 +10,7 @@ use crate::analysis::perturb::{self, TensorReport};
 use crate::arch::names;
 use crate::checkpoint::output::ExtraFile;
 use crate::checkpoint::Checkpoint;
-use crate::commands::args::OutputArgs;
+use crate::commands::args::RewriteArgs;
 use crate::error::Result;
 use crate::report::{fmt_num, Table};
 use crate::write::model_card::{self, ModelCard};
@@ -48,10 +49,7 @@ pub struct Args {
     pub seed: u64,
 
     #[command(flatten)]
-    pub out: OutputArgs,
-
-    #[command(flatten)]
-    pub vlm: crate::commands::args::IntoVlmArgs,
+    pub rewrite: RewriteArgs,
 
     /// Print one JSON object with every tensor's target and realized drift instead of text
     #[arg(long)]
@@ -61,10 +59,9 @@ pub struct Args {
 /// Realized and target drift may differ by this much (relative) before a warning.
 const WARN_MISMATCH: f64 = 1e-3;
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
-    let mut to = args.out.destination("perturb")?;
-    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
-    to.into_vlm = vlm.as_ref();
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
+    let output = args.rewrite.open("perturb")?;
+    let to = output.destination();
     let reference = Checkpoint::open_ref(&args.reference)?;
     let target = Checkpoint::open_ref(&args.target)?;
     let pairing = perturb::pair(&reference, &target)?;
@@ -78,7 +75,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         progress && !args.json,
     );
     let perturbed = pairing.partners.len();
-    let mut card = (!args.out.no_model_card).then(|| {
+    let mut card = (!args.rewrite.out.no_model_card).then(|| {
         card(
             &args,
             &reference,
@@ -87,7 +84,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             reference.names().len() - perturbed,
         )
     });
-    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+    if let (Some(c), Some(v)) = (card.as_mut(), &output.into_vlm) {
         v.mark_card(c, true);
     }
     let additions = Additions {
@@ -157,19 +154,22 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "max_abs_cosine": max_cos,
             "tensors": reports,
         });
-        print!("{}", crate::report::json_text(&value)?);
+        super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
-        print!("{}", summary(&reports));
-        println!(
-            "\nperturbed {} tensors, copied {} unchanged; worst drift mismatch {} ({}); \
-             max |cosine(noise, target dW)| {}",
-            reports.len(),
-            reference.names().len() - reports.len(),
-            fmt_num(worst.mismatch),
-            worst.tensor,
-            fmt_num(max_cos)
-        );
-        println!("wrote {}", dest.display());
+        super::emit(out, &summary(&reports))?;
+        super::emit(
+            out,
+            &format!(
+                "\nperturbed {} tensors, copied {} unchanged; worst drift mismatch {} ({}); \
+             max |cosine(noise, target dW)| {}\n",
+                reports.len(),
+                reference.names().len() - reports.len(),
+                fmt_num(worst.mismatch),
+                worst.tensor,
+                fmt_num(max_cos)
+            ),
+        )?;
+        super::emit(out, &format!("wrote {}\n", dest.display()))?;
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `sinkmerge predict`: how well Sink Strength predicts the text-capability change on a panel
 //! of VLM / reference-LLM pairs, and what it predicts for a new backbone.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::analysis::predict::{self, Panel};
@@ -75,7 +76,7 @@ pub struct Args {
     pub plot: Option<PathBuf>,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     // Every argument and the panel are checked before the scorer runs: it takes minutes.
     let panel_file = Path::new(&args.panel);
     let plot = Outputs::new(false)
@@ -135,7 +136,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         .as_ref()
         .map(|_| scatter_svg(&report))
         .transpose()?;
-    let out = if args.json {
+    let rendered = if args.json {
         render_json(&report)
     } else {
         render_text(&report)
@@ -143,6 +144,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if let (Some(path), Some(svg)) = (&args.plot, svg) {
         write_file_atomic(path, svg.as_bytes())?;
     }
-    super::emit(&out);
+    super::emit(out, &rendered)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `sinkmerge repair-heads`: restore chosen heads' slices of the attention projections toward
 //! the reference, everything else byte for byte (`docs/commands/repair-heads.md`).
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -13,7 +14,7 @@ use crate::bail;
 use crate::checkpoint::output::{ExtraFile, NamedFile};
 use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::commands::args::OutputArgs;
+use crate::commands::args::RewriteArgs;
 use crate::error::Result;
 use crate::forward::weights::Model;
 use crate::report::Table;
@@ -99,10 +100,7 @@ pub struct Args {
     pub prompt_seed: u64,
 
     #[command(flatten)]
-    pub out: OutputArgs,
-
-    #[command(flatten)]
-    pub vlm: crate::commands::args::IntoVlmArgs,
+    pub rewrite: RewriteArgs,
 
     /// Print one JSON object: the heads, modules and every repaired tensor
     #[arg(long)]
@@ -131,10 +129,9 @@ struct Recipe {
     into_vlm: Option<String>,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
-    let mut to = args.out.destination("repair-heads")?;
-    let vlm = crate::write::graft::IntoVlm::from_arg(args.vlm.into_vlm.as_deref())?;
-    to.into_vlm = vlm.as_ref();
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
+    let output = args.rewrite.open("repair-heads")?;
+    let to = output.destination();
     if !(0.0..=1.0).contains(&args.lambda) {
         bail!("--lambda {} is outside [0, 1]", args.lambda);
     }
@@ -215,11 +212,11 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         heads: chosen.iter().map(|(l, h)| format!("{l}.{h}")).collect(),
         modules: modules.iter().map(|m| m.short_name()).collect(),
         lambda: args.lambda,
-        into_vlm: vlm.as_ref().map(|v| v.card_input().reference()),
+        into_vlm: (output.into_vlm.as_ref()).map(|v| v.card_input().reference()),
     };
     let yaml = serde_yaml_ng::to_string(&recipe).expect("the recipe serializes");
-    let mut card = (!args.out.no_model_card).then(|| card(&args, &ckpts, &recipe, &yaml));
-    if let (Some(c), Some(v)) = (card.as_mut(), &vlm) {
+    let mut card = (!args.rewrite.out.no_model_card).then(|| card(&args, &ckpts, &recipe, &yaml));
+    if let (Some(c), Some(v)) = (card.as_mut(), &output.into_vlm) {
         v.mark_card(c, true);
     }
     let config = NamedFile {
@@ -265,7 +262,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             "lambda": args.lambda,
             "tensors": repairs,
         });
-        print!("{}", crate::report::json_text(&value)?);
+        super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
         let mut t = Table::new(["tensor", "entries", "changed"]);
         for r in &repairs {
@@ -275,16 +272,19 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 r.changed.to_string(),
             ]);
         }
-        print!("{}", t.render());
-        println!(
-            "\nrepaired heads {} ({}; modules {}; lambda {}) toward {}; wrote {}",
-            recipe.heads.join(","),
-            recipe.selection,
-            recipe.modules.join(","),
-            args.lambda,
-            ckpts[0].label,
-            dest.display()
-        );
+        super::emit(out, &t.render())?;
+        super::emit(
+            out,
+            &format!(
+                "\nrepaired heads {} ({}; modules {}; lambda {}) toward {}; wrote {}\n",
+                recipe.heads.join(","),
+                recipe.selection,
+                recipe.modules.join(","),
+                args.lambda,
+                ckpts[0].label,
+                dest.display()
+            ),
+        )?;
     }
     Ok(())
 }

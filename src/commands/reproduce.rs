@@ -1,12 +1,16 @@
 //! `sinkmerge reproduce`: the paper's whole analysis of one VLM-LLM pair, as a resumable
 //! pipeline of the other commands, with `summary.json` and a self-contained `report.html`.
 
+use std::io::Write;
 use std::path::PathBuf;
+
+use clap::Parser;
 
 use crate::bail;
 use crate::error::Result;
 use crate::forward::device::ComputeDevice;
 use crate::reproduce::lock::{self, Mode};
+use crate::reproduce::pipeline::StepRunner;
 use crate::reproduce::plan::setting_names;
 use crate::reproduce::slurm::Slurm;
 use crate::reproduce::{self, pipeline};
@@ -36,6 +40,27 @@ pub const AFTER_HELP: &str = "Examples:\n  \
 sinkmerge reproduce --ref assets/models/tiny-qwen3/ref --vlm assets/models/tiny-qwen3/vlm -o repro\n  \
 sinkmerge reproduce --ref qwen3-vl:ref --vlm qwen3-vl --base Qwen/Qwen3-8B-Base -o qwen3-vl-repro --device cuda\n  \
 sinkmerge reproduce --ref REF --vlm VLM -o DIR --merges average,tsv --skip heads --dry-run";
+
+/// The steps' runner: each step's command line parsed as the binary parses its own, and run
+/// with its report captured.
+struct Steps;
+
+/// A step's command line: the subcommand and its flags (steps never set the global flags).
+#[derive(clap::Parser)]
+#[command(name = "sinkmerge")]
+struct StepLine {
+    #[command(subcommand)]
+    command: super::Command,
+}
+
+impl StepRunner for Steps {
+    fn run(&self, argv: &[String], progress: bool) -> Result<String> {
+        let program = std::iter::once("sinkmerge".to_string());
+        let line = StepLine::try_parse_from(program.chain(argv.iter().cloned()))
+            .map_err(|e| crate::internal!("its command line does not parse: {e}"))?;
+        super::run_captured(line.command, progress)
+    }
+}
 
 /// Where the steps run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -131,14 +156,17 @@ pub struct Args {
     pub step: Option<String>,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     if let Some(dir) = &args.status {
         let status = reproduce::status::collect(dir)?;
-        super::emit(&if args.json {
-            crate::report::json_text(&status)?
-        } else {
-            reproduce::status::text(&status)
-        });
+        super::emit(
+            out,
+            &if args.json {
+                crate::report::json_text(&status)?
+            } else {
+                reproduce::status::text(&status)
+            },
+        )?;
         return Ok(());
     }
     args.device
@@ -174,21 +202,22 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         let mut prepared =
             pipeline::prepare(options(reference, vlm, args.base.as_deref(), dir.clone()))?;
         if args.dry_run {
-            return dry_run(&[("", &prepared)], false, args.json);
+            return super::emit(out, &dry_run(&[("", &prepared)], false, args.json)?);
         }
         // Held until the run returns (docs/commands/reproduce.md, "Concurrent runs").
         let _lock = lock::acquire(&dir, lock_mode(&args))?;
         return match (&args.step, args.executor) {
             (Some(step), _) if step == "report" => reproduce::report(&mut prepared).map(|_| ()),
-            (Some(step), _) => pipeline::execute_one(&mut prepared, step),
+            (Some(step), _) => pipeline::execute_one(&mut prepared, step, &Steps),
             (None, Executor::Local) => {
-                let summary = reproduce::run(&mut prepared)?;
-                finished(&summary, &dir, args.json)
+                let summary = reproduce::run(&mut prepared, &Steps)?;
+                super::emit(out, &finished(&summary, &dir, args.json)?)
             }
             (None, Executor::Slurm) => {
                 let reinvoke = pair_argv(&args, reference, vlm, args.base.as_deref(), &dir);
                 let s = reproduce::slurm::submit(&mut prepared, &reinvoke, &slurm)?;
-                submitted(&dir, s.submitted, s.report.into_iter().collect(), args.json)
+                let report = s.report.into_iter().collect();
+                super::emit(out, &submitted(&dir, s.submitted, report, args.json)?)
             }
         };
     };
@@ -218,7 +247,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     if args.dry_run {
         let views: Vec<(&str, &pipeline::Prepared)> =
             prepared.iter().map(|(n, p)| (n.as_str(), p)).collect();
-        return dry_run(&views, true, args.json);
+        return super::emit(out, &dry_run(&views, true, args.json)?);
     }
     // The panel's folder, then each pair's while it runs or is submitted.
     let _lock = lock::acquire(&dir, lock_mode(&args))?;
@@ -227,14 +256,17 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         Executor::Local => {
             for (_, p) in &mut prepared {
                 let _pair = lock::acquire(&p.options.dir, Mode::Exclusive)?;
-                reproduce::run(p)?;
+                reproduce::run(p, &Steps)?;
             }
             let summary = reproduce::panel_report(&pairs, &dir)?;
-            super::emit(&if args.json {
-                crate::report::json_text(&summary)?
-            } else {
-                reproduce::panel::text(&summary, &dir)
-            });
+            super::emit(
+                out,
+                &if args.json {
+                    crate::report::json_text(&summary)?
+                } else {
+                    reproduce::panel::text(&summary, &dir)
+                },
+            )?;
             Ok(())
         }
         Executor::Slurm => {
@@ -253,7 +285,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
                 jobs.extend(s.report);
             }
             if count == 0 && jobs.is_empty() && dir.join("report.html").is_file() {
-                return submitted(&dir, 0, jobs, args.json);
+                return super::emit(out, &submitted(&dir, 0, jobs, args.json)?);
             }
             let mut reinvoke: Vec<String> = vec!["reproduce".into(), "--panel".into()];
             reinvoke.push(panel_csv.to_string_lossy().into_owned());
@@ -261,7 +293,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             reinvoke.extend(common_argv(&args));
             let panel_job = reproduce::slurm::submit_panel_report(&dir, &reinvoke, &slurm, &jobs)?;
             jobs.push(panel_job);
-            submitted(&dir, count, jobs, args.json)
+            super::emit(out, &submitted(&dir, count, jobs, args.json)?)
         }
     }
 }
@@ -317,8 +349,9 @@ fn common_argv(args: &Args) -> Vec<String> {
     argv
 }
 
-fn dry_run(plans: &[(&str, &pipeline::Prepared)], panel: bool, json: bool) -> Result<()> {
-    let text = if json {
+/// What `--dry-run` prints: each pair's plan.
+fn dry_run(plans: &[(&str, &pipeline::Prepared)], panel: bool, json: bool) -> Result<String> {
+    Ok(if json {
         let value: Vec<serde_json::Value> = (plans.iter())
             .map(|(name, p)| {
                 let mut v = pipeline::plan_json(p);
@@ -342,23 +375,26 @@ fn dry_run(plans: &[(&str, &pipeline::Prepared)], panel: bool, json: bool) -> Re
             })
             .collect::<Vec<_>>()
             .join("\n")
-    };
-    super::emit(&text);
-    Ok(())
+    })
 }
 
-fn finished(summary: &serde_json::Value, dir: &std::path::Path, json: bool) -> Result<()> {
-    super::emit(&if json {
+/// What a finished local run prints: its summary.
+fn finished(summary: &serde_json::Value, dir: &std::path::Path, json: bool) -> Result<String> {
+    Ok(if json {
         crate::report::json_text(summary)?
     } else {
         reproduce::summary::text(summary, dir)
-    });
-    Ok(())
+    })
 }
 
 /// What the Slurm executor prints: how many step jobs it submitted and the report jobs.
-fn submitted(dir: &std::path::Path, steps: usize, reports: Vec<String>, json: bool) -> Result<()> {
-    super::emit(&if json {
+fn submitted(
+    dir: &std::path::Path,
+    steps: usize,
+    reports: Vec<String>,
+    json: bool,
+) -> Result<String> {
+    Ok(if json {
         crate::report::json_text(
             &serde_json::json!({ "step_jobs": steps, "report_jobs": reports }),
         )?
@@ -374,8 +410,7 @@ fn submitted(dir: &std::path::Path, steps: usize, reports: Vec<String>, json: bo
             reports.join(", "),
             dir.display()
         )
-    });
-    Ok(())
+    })
 }
 
 /// `--slurm-args`: words split as a shell splits them, with single and double quotes.

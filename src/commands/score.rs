@@ -2,6 +2,7 @@
 //! `--ref`, B_gap and the margin G_base - B_gap of each model against the reference, as a
 //! before/after table, JSON, and SVG plots.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use super::scoring_args::ScoringArgs;
@@ -211,7 +212,7 @@ fn parse_k_sweep(s: &str) -> Result<(usize, usize), String> {
     Ok((lo, hi))
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     args.scoring.validate()?;
     let reports = Outputs::new(false)
         .files([
@@ -313,7 +314,7 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
     let heatmap = (args.heatmap.as_ref())
         .map(|_| head_heatmap_svg(&scores))
         .transpose()?;
-    let out = if args.json {
+    let rendered = if args.json {
         json_text(&report)?
     } else {
         render_text(&report)
@@ -323,6 +324,6 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             write_file_atomic(path, svg.as_bytes())?;
         }
     }
-    super::emit(&out);
+    super::emit(out, &rendered)?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! vision tower, and the chosen activations written to a safetensors file under transformers'
 //! names (`docs/commands/trace.md`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -148,7 +149,7 @@ struct Summary {
     tensors: Vec<TensorSummary>,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     let started = Instant::now();
     // Everything checkable before opening the model: the markers against the images, files.
     let markers = args.prompt.matches(IMAGE_MARKER).count();
@@ -245,18 +246,21 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
             .collect(),
     };
     if args.json {
-        println!("{}", json_text(&summary)?);
+        super::emit(out, &format!("{}\n", json_text(&summary)?))?;
     } else {
-        println!(
-            "{}: {} tokens, {} image(s) ({} image tokens), {} tensors, {} bytes -> {}",
-            summary.model,
-            summary.tokens,
-            summary.images,
-            summary.image_tokens.iter().sum::<usize>(),
-            summary.tensors.len(),
-            summary.bytes,
-            summary.output
-        );
+        super::emit(
+            out,
+            &format!(
+                "{}: {} tokens, {} image(s) ({} image tokens), {} tensors, {} bytes -> {}\n",
+                summary.model,
+                summary.tokens,
+                summary.images,
+                summary.image_tokens.iter().sum::<usize>(),
+                summary.tensors.len(),
+                summary.bytes,
+                summary.output
+            ),
+        )?;
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! that finds them and the key edit that moves their attention back to the text sink
 //! (`docs/commands/visual-sinks.md`, `docs/reference/visual-sinks.md`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -478,7 +479,7 @@ struct Report<'r> {
     aggregate: Aggregate,
 }
 
-pub fn run(args: Args, progress: bool) -> Result<()> {
+pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     // Everything checkable before the model is opened.
     if args.controls && args.edit == EditKind::None {
         bail!("--controls needs an edit (--edit remove or --edit align)");
@@ -554,16 +555,16 @@ pub fn run(args: Args, progress: bool) -> Result<()> {
         write_file_atomic(csv, render_csv(&report).as_bytes())?;
     }
     if let Some(dir) = &args.plot {
-        let out = OutputDir::create(dir, OutputKind::Figures, &inputs, args.force)?;
+        let figures_dir = OutputDir::create(dir, OutputKind::Figures, &inputs, args.force)?;
         for (name, svg) in figures(&report, &prepared)? {
-            out.write_file(&name, svg.as_bytes())?;
+            figures_dir.write_file(&name, svg.as_bytes())?;
         }
-        out.commit()?;
+        figures_dir.commit()?;
     }
     if args.json {
-        println!("{}", json_text(&report)?);
+        super::emit(out, &format!("{}\n", json_text(&report)?))?;
     } else {
-        print!("{}", render_text(&report));
+        super::emit(out, &render_text(&report))?;
     }
     Ok(())
 }

@@ -49,7 +49,7 @@ pub struct QkNormStats {
 /// most `||γ_h||_∞ · sqrt(ρ_h · n)` for the projection width n: a head that carries little of
 /// the layer's energy `ρ_h = ||q_h||² / ||q||²` is scaled down with it, unlike under per-head
 /// norms.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LayerwiseHeads {
     /// Per query head: the mean over calibration tokens of `ρ_h`, and its maximum.
     pub rho_q: Vec<f64>,

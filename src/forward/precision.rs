@@ -13,7 +13,17 @@
 ///   scores round after `q kᵀ` and again after the scaling; softmax runs in f32 on the rounded
 ///   scores and its probabilities are rounded; MoE routing runs in f32 and its weights are
 ///   rounded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     #[default]

@@ -1,6 +1,8 @@
 //! The text, JSON, CSV and SVG reports of `sinkmerge heads` (`docs/commands/heads.md`).
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::heatmap::{ColourScale, Heatmap, Panel, Scale};
 use super::{fmt_opt, short_label, Table};
@@ -11,7 +13,7 @@ use crate::forward::precision::Precision;
 use crate::sink::prompts::PromptSource;
 
 /// `settings` of the JSON report.
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct HeadsReportSettings {
     pub reference: String,
     pub target: String,
@@ -23,14 +25,22 @@ pub struct HeadsReportSettings {
     pub permutation_seed: u64,
     pub chat_template: bool,
     pub precision: Precision,
+    #[serde(deserialize_with = "device_named")]
     pub device: ComputeDevice,
 }
 
-/// The whole report: the diagnosis, its ranking and correlations, and the settings.
-#[derive(Serialize)]
+/// A device as `--device` names it and the report writes it (`cpu`, `cuda:N`).
+fn device_named<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<ComputeDevice, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse().map_err(serde::de::Error::custom)
+}
+
+/// The whole report: the diagnosis, its ranking and correlations, and the settings. The command
+/// writes it from its diagnosis (borrowed); `reproduce` reads it back (owned).
+#[derive(Serialize, Deserialize)]
 pub struct HeadsReport<'a> {
     #[serde(flatten)]
-    pub diagnosis: &'a Diagnosis,
+    pub diagnosis: Cow<'a, Diagnosis>,
     /// Indices into `heads`, most damaged first.
     pub ranking: Vec<usize>,
     pub correlations: Vec<Correlation>,
@@ -39,7 +49,7 @@ pub struct HeadsReport<'a> {
 
 /// The text report: the `top` most damaged heads, then the correlations.
 pub fn render_text(report: &HeadsReport, top: usize) -> String {
-    let d = report.diagnosis;
+    let d = &*report.diagnosis;
     let s = &report.settings;
     let mut out = format!(
         "{} vs {}: {} prompts; layers {}; S {} -> {}; margin {} (all heads pooled)\n\n",

@@ -3,7 +3,8 @@
 //!
 //! - [`plan`]: the steps, each an existing command's command line;
 //! - [`hash`]: the inputs' identities (Hub commits or content hashes) that manifests record;
-//! - [`pipeline`]: the checks before any step, manifests, resuming, the local executor;
+//! - [`pipeline`]: the checks before any step, manifests, resuming, the local executor, which
+//!   runs each step with the caller's [`pipeline::StepRunner`];
 //! - [`slurm`]: the Slurm executor, one `sbatch` job per step;
 //! - [`summary`]: `summary.json`, every number the report shows, gathered from the steps' own
 //!   reports;
@@ -25,12 +26,12 @@ use std::path::Path;
 
 use crate::bail;
 use crate::error::Result;
-use pipeline::Prepared;
+use pipeline::{Prepared, StepRunner};
 
-/// Run the prepared plan here, then write `summary.json` and `report.html`; returns the
-/// summary.
-pub fn run(prepared: &mut Prepared) -> Result<serde_json::Value> {
-    pipeline::execute(prepared)?;
+/// Run the prepared plan here, each step with `runner`, then write `summary.json` and
+/// `report.html`; returns the summary.
+pub fn run(prepared: &mut Prepared, runner: &dyn StepRunner) -> Result<serde_json::Value> {
+    pipeline::execute(prepared, runner)?;
     report(prepared)
 }
 

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use clap::Parser;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -16,13 +16,20 @@ use super::plan::{self, PlanInput, Read, Role, Step};
 use crate::arch::config::{check_compatible, TextConfig};
 use crate::checkpoint::output::{check_cancelled, write_file_atomic, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
-use crate::cli::Cli;
 use crate::error::Result;
+use crate::sink::score::Scores;
 use crate::units::human_bytes;
 use crate::{bad, bail};
 
 /// The bundled text of the perplexity column, used when `--text` is not given.
 pub const SAMPLE_TEXT: &str = include_str!("../../assets/text/sample.txt");
+
+/// Runs one step's command line (`argv`, without the program's name) and returns what the
+/// command printed: each step is an existing command, run by the caller that knows the
+/// commands (`commands/reproduce.rs`), so its report is that command's own.
+pub trait StepRunner {
+    fn run(&self, argv: &[String], progress: bool) -> Result<String>;
+}
 
 /// What `reproduce` is asked to do for one pair.
 #[derive(Debug, Clone)]
@@ -562,7 +569,7 @@ fn after_keys(prepared: &Prepared, step: &Step) -> BTreeMap<String, String> {
 
 /// The local executor: run the plan's steps in order, one at a time (each command uses every
 /// thread of the pool), reusing every step that is done.
-pub fn execute(prepared: &mut Prepared) -> Result<()> {
+pub fn execute(prepared: &mut Prepared, runner: &dyn StepRunner) -> Result<()> {
     begin(prepared)?;
     let done = done_steps(prepared);
     // The hashes of the outputs just checked, so the next run reads no model again.
@@ -579,7 +586,7 @@ pub fn execute(prepared: &mut Prepared) -> Result<()> {
             if prepared.options.progress {
                 eprintln!("{tag}: sinkmerge {}", command_line(&step.argv));
             }
-            let seconds = run_step(prepared, step)?;
+            let seconds = run_step(prepared, step, runner)?;
             if prepared.options.progress {
                 eprintln!("{tag}: done in {seconds:.1} s");
             }
@@ -591,7 +598,7 @@ pub fn execute(prepared: &mut Prepared) -> Result<()> {
 
 /// Run the one step `name` (a job of the Slurm executor, which submits only steps to redo):
 /// the steps it reads must be done.
-pub fn execute_one(prepared: &mut Prepared, name: &str) -> Result<()> {
+pub fn execute_one(prepared: &mut Prepared, name: &str, runner: &dyn StepRunner) -> Result<()> {
     begin(prepared)?;
     let done = done_steps(prepared);
     prepared.cache.borrow_mut().save()?;
@@ -601,7 +608,7 @@ pub fn execute_one(prepared: &mut Prepared, name: &str) -> Result<()> {
     if let Some(missing) = step.after.iter().find(|a| !done.contains(a)) {
         bail!("step {name} reads step {missing}, which is not done");
     }
-    run_step(prepared, step)?;
+    run_step(prepared, step, runner)?;
     finish_step(prepared, step)
 }
 
@@ -661,9 +668,9 @@ fn resolved_argv(dir: &Path, step: &Step) -> Result<Vec<String>> {
     if step.role != Role::Predict {
         return Ok(step.argv.clone());
     }
-    let report = read_report(dir, "score-ref")?;
-    let s = report["models"][0]["sink_strength"]
-        .as_f64()
+    let scores: Scores = read_step_report(dir, "score-ref")?;
+    let s = (scores.models.first())
+        .and_then(|m| m.statistics.sink_strength)
         .ok_or_else(|| crate::internal!("score-ref's report has no sink_strength"))?;
     Ok(step
         .argv
@@ -677,9 +684,23 @@ pub fn read_report(dir: &Path, name: &str) -> Result<serde_json::Value> {
     crate::checkpoint::read_json(&plan::step_dir(dir, name).join(REPORT))
 }
 
-/// Run one step as its command's library call; its report, then its manifest, are written
-/// atomically. Returns the seconds it took.
-fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
+/// A finished step's report as the struct its command serialised: a report that does not fit
+/// it is an error naming the step and the file, never a silent empty value.
+pub fn read_step_report<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<T> {
+    let path = plan::step_dir(dir, name).join(REPORT);
+    let value =
+        crate::checkpoint::read_json(&path).map_err(|e| e.context(format!("step {name}")))?;
+    serde_json::from_value(value).map_err(|e| {
+        bad!(
+            "step {name}: {}: not the report its command writes: {e}",
+            path.display()
+        )
+    })
+}
+
+/// Run one step with `runner`; its report, then its manifest, are written atomically. Returns
+/// the seconds it took.
+fn run_step(prepared: &Prepared, step: &Step, runner: &dyn StepRunner) -> Result<f64> {
     let dir = &prepared.options.dir;
     let folder = plan::step_dir(dir, &step.name);
     fs::create_dir_all(&folder).map_err(|e| crate::error::Error::write(&folder, e))?;
@@ -694,12 +715,8 @@ fn run_step(prepared: &Prepared, step: &Step) -> Result<f64> {
         write_file_atomic(&folder.join(CONFIG), config.as_bytes())?;
     }
     let argv = resolved_argv(dir, step)?;
-    let cli = Cli::try_parse_from(std::iter::once("sinkmerge".to_string()).chain(argv.clone()))
-        .map_err(|e| {
-            crate::internal!("step {}: its command line does not parse: {e}", step.name)
-        })?;
     let started = Instant::now();
-    let report = crate::commands::dispatch_captured(cli.command, prepared.options.progress)
+    let report = (runner.run(&argv, prepared.options.progress))
         .map_err(|e| e.context(format!("step {}", step.name)))?;
     let seconds = started.elapsed().as_secs_f64();
     write_file_atomic(&folder.join(REPORT), report.as_bytes())?;
@@ -856,4 +873,36 @@ pub fn plan_text(p: &Prepared) -> String {
         if gflops == 50 { "CPU" } else { "GPU" },
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finished step whose report.json no longer fits its command's report: the summary
+    /// must stop there, naming the step and the file, not carry on with empty values.
+    #[test]
+    fn a_report_that_does_not_deserialise_names_its_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = plan::step_dir(dir.path(), "score-ref");
+        fs::create_dir_all(&folder).unwrap();
+        for (corrupted, reason) in [
+            (
+                r#"{"models": [{"model": "ref"}], "pairs": []}"#,
+                "missing field",
+            ),
+            (r#"{"models": 3, "pairs": []}"#, "invalid type"),
+            ("{\"models\": [", "not valid JSON"),
+        ] {
+            fs::write(folder.join(REPORT), corrupted).unwrap();
+            let err = read_step_report::<Scores>(dir.path(), "score-ref").unwrap_err();
+            let message = err.to_string();
+            assert!(message.starts_with("step score-ref: "), "{message}");
+            assert!(
+                message.contains(&folder.join(REPORT).display().to_string()),
+                "{message}"
+            );
+            assert!(message.contains(reason), "{message}");
+        }
+    }
 }

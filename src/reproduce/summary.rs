@@ -7,9 +7,11 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::pipeline::{read_report, Prepared, REMOVED};
+use super::pipeline::{read_report, read_step_report, Prepared, REMOVED};
 use super::plan::{self, SETTINGS};
 use crate::error::Result;
+use crate::report::heads::HeadsReport;
+use crate::sink::score::Scores;
 
 /// The heads the report lists, most damaged first.
 pub const TOP_HEADS: usize = 10;
@@ -26,7 +28,11 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         }
     };
 
-    let scores = scores(&report)?;
+    let scores = scores(&|name: &str| {
+        ran(name)
+            .then(|| read_step_report::<Scores>(dir, name))
+            .transpose()
+    })?;
     let mut space_saved = 0u64;
     let merges: Vec<Value> = SETTINGS
         .iter()
@@ -83,7 +89,10 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         "drift": report("norms")?.map(|n| drift(&n)),
         "scores": scores,
         "merges": merges,
-        "heads": report("heads")?.map(|h| heads(&h)),
+        "heads": ran("heads")
+            .then(|| read_step_report::<HeadsReport>(dir, "heads"))
+            .transpose()?
+            .map(|h| heads(&h)),
         "predictor": report("predict")?.map(|p| predictor(&p)),
         "steps": steps,
         "text": prepared.text,
@@ -180,7 +189,7 @@ fn drift(norms: &Value) -> Value {
 
 /// One row per scored model: the reference, the VLM-LM and each merge, with Δ against the
 /// VLM-LM.
-fn scores(report: &ReportOf) -> Result<Vec<Value>> {
+fn scores(report: &dyn Fn(&str) -> Result<Option<Scores>>) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     let mut models: Vec<(String, String)> = vec![
         ("ref".into(), "reference LLM".into()),
@@ -192,31 +201,42 @@ fn scores(report: &ReportOf) -> Result<Vec<Value>> {
     for (model, title) in models {
         let step = plan::score_step(&model.replace('_', "-"));
         let Some(r) = report(&step)? else { continue };
-        let (m, pair) = if model == "ref" {
-            (&r["models"][0], &Value::Null)
+        // The reference is scored alone; every other model against it, as the second model.
+        let (index, pair) = if model == "ref" {
+            (0, None)
         } else {
-            (&r["models"][1], &r["pairs"][0])
+            (1, r.pairs.first().map(|p| &p.statistics))
         };
-        let per_layer: Vec<Value> = (m["per_layer"].as_array().into_iter().flatten())
-            .map(|l| json!({ "layer": l["layer"], "median_g": l["median_g"], "pos0_share": l["pos0_share"] }))
+        let m = r.models.get(index).ok_or_else(|| {
+            crate::bad!(
+                "step {step}: its report has {} model(s), not {}",
+                r.models.len(),
+                index + 1
+            )
+        })?;
+        let s = &m.statistics;
+        let per_layer: Vec<Value> = (m.per_layer.iter())
+            .map(
+                |l| json!({ "layer": l.layer, "median_g": l.median_g, "pos0_share": l.pos0_share }),
+            )
             .collect();
         rows.push(json!({
             "model": model,
             "title": title,
             "step": step,
-            "path": m["path"],
-            "sink_strength": m["sink_strength"],
-            "margin": pair["margin"],
-            "b_gap_median": pair["b_gap_median"],
-            "g_base_median": pair["g_base_median"],
-            "pos0_share": m["pos0_share"],
-            "pos0_trailing": m["pos0_trailing"],
-            "pos0_trailing_ci": m["pos0_trailing_ci"],
-            "strong_sink_frac": m["strong_sink_frac"],
-            "sink_strength_bands": m["sink_strength_bands"],
-            "margin_bands": pair["margin_bands"],
-            "text_loss": m["text"]["loss"],
-            "perplexity": m["text"]["perplexity"],
+            "path": m.path,
+            "sink_strength": s.sink_strength,
+            "margin": pair.and_then(|p| p.margin),
+            "b_gap_median": pair.and_then(|p| p.b_gap_median),
+            "g_base_median": pair.and_then(|p| p.g_base_median),
+            "pos0_share": s.pos0_share,
+            "pos0_trailing": s.pos0_trailing,
+            "pos0_trailing_ci": s.pos0_trailing_ci,
+            "strong_sink_frac": s.strong_sink_frac,
+            "sink_strength_bands": s.sink_strength_bands,
+            "margin_bands": pair.and_then(|p| p.margin_bands),
+            "text_loss": m.text.as_ref().map(|t| t.loss),
+            "perplexity": m.text.as_ref().map(|t| t.perplexity),
             "per_layer": per_layer,
         }));
     }
@@ -239,32 +259,33 @@ fn scores(report: &ReportOf) -> Result<Vec<Value>> {
 
 /// The heads: the pair's layer-by-head grid lives in the heads step's own SVG; here the most
 /// damaged heads, in the command's ranking.
-fn heads(h: &Value) -> Value {
-    let all = h["heads"].as_array().cloned().unwrap_or_default();
-    let top: Vec<Value> = (h["ranking"].as_array().into_iter().flatten())
-        .filter_map(|i| all.get(i.as_u64()? as usize))
+fn heads(h: &HeadsReport) -> Value {
+    let all = &h.diagnosis.heads;
+    let top: Vec<Value> = (h.ranking.iter())
+        .filter_map(|&i| all.get(i))
         .take(TOP_HEADS)
         .enumerate()
         .map(|(rank, head)| {
+            let s = &head.sink;
             json!({
                 "rank": rank + 1,
-                "layer": head["layer"],
-                "head": head["head"],
-                "delta_g": head["delta_g"],
-                "g_base_median": head["g_base_median"],
-                "g_target_median": head["g_target_median"],
-                "margin": head["margin"],
-                "pos0_before": head["pos0_before"],
-                "pos0_after": head["pos0_after"],
-                "q_rel_op": head["drift"]["q"]["rel_op"],
-                "k_rel_op": head["drift"]["k"]["rel_op"],
+                "layer": s.layer,
+                "head": s.head,
+                "delta_g": s.delta_g,
+                "g_base_median": s.g_base_median,
+                "g_target_median": s.g_target_median,
+                "margin": s.margin,
+                "pos0_before": s.pos0_before,
+                "pos0_after": s.pos0_after,
+                "q_rel_op": head.drift.q.rel_op,
+                "k_rel_op": head.drift.k.rel_op,
             })
         })
         .collect();
     json!({
-        "rank_by": h["settings"]["rank_by"],
+        "rank_by": h.settings.rank_by,
         "n_heads": all.len(),
-        "pair": h["pair"],
+        "pair": h.diagnosis.pair,
         "top": top,
     })
 }

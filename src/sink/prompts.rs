@@ -23,7 +23,7 @@ pub const DEFAULT: &str = include_str!("../../assets/prompts/default.txt");
 pub const POOL: &str = include_str!("../../assets/prompts/pool.txt");
 
 /// Which prompts were used, for reports.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PromptSource {
     /// The built-in default set.

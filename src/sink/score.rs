@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::metrics::{
     mean, median, mode, observe, percentile_sorted, trailing_pos0, GapFrom, HeadObservations,
@@ -76,7 +76,7 @@ pub struct Input<'a> {
     pub tokens: Vec<Vec<u32>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LayerReport {
     pub layer: usize,
     /// Median of G over the layer's valid observations (null if none).
@@ -86,7 +86,7 @@ pub struct LayerReport {
     pub n_observations: usize,
     /// Infinite G among the observations (`--gap-from probabilities` only): the mean is then
     /// undefined (null), the median stays defined.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub n_infinite_g: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gamma_q_inf: Option<f64>,
@@ -101,7 +101,7 @@ pub struct LayerReport {
     pub layerwise_heads: Option<LayerwiseHeads>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeadReport {
     pub layer: usize,
     pub head: usize,
@@ -109,7 +109,7 @@ pub struct HeadReport {
     /// The most frequent sink position over prompts (and queries, per-query mode); lowest on ties.
     pub sink_position: Option<u32>,
     pub pos0_share: Option<f64>,
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub n_infinite_g: usize,
 }
 
@@ -121,7 +121,7 @@ fn count_infinite(g: &[f64]) -> usize {
     g.iter().filter(|v| v.is_infinite()).count()
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelReport {
     pub model: String,
     pub path: String,
@@ -145,7 +145,7 @@ pub struct ModelReport {
 }
 
 /// One model's statistics over the window, and over the bands and windows asked for.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelStatistics {
     /// S: the median (or mean, `--stat mean`) of G over the window's valid observations.
     pub sink_strength: Option<f64>,
@@ -181,7 +181,7 @@ pub enum Bands {
 }
 
 /// One value per third of the layers (Appendix E.4, Table 13).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct BandValues {
     pub early: Option<f64>,
     pub middle: Option<f64>,
@@ -212,19 +212,19 @@ fn by_last<T>(
         .collect()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SinkStrengthAt {
     pub last: usize,
     pub sink_strength: Option<f64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MarginAt {
     pub last: usize,
     pub margin: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairReport {
     #[serde(rename = "ref")]
     pub reference: String,
@@ -234,7 +234,7 @@ pub struct PairReport {
 }
 
 /// A target against the reference over the window, and over the bands and windows asked for.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PairStatistics {
     /// Median G of the reference over the window.
     pub g_base_median: Option<f64>,
@@ -251,7 +251,7 @@ pub struct PairStatistics {
     pub margin_by_last: Option<Vec<MarginAt>>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Scores {
     pub models: Vec<ModelReport>,
     pub pairs: Vec<PairReport>,
@@ -551,7 +551,7 @@ impl Observations {
 
 /// One head of a target against the same head of the reference, over the window: the per-head
 /// view of [`PairStatistics`]. Pooling every head's observations gives the pair's own.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeadPairStatistics {
     pub layer: usize,
     pub head: usize,

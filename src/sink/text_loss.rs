@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::tokenize::TextEncoder;
 use crate::checkpoint::Checkpoint;
@@ -33,7 +33,7 @@ pub const DEFAULT_WINDOW: usize = 1024;
 const LOGITS_BUDGET: usize = 1 << 26;
 
 /// One model's loss on the text: `models[i].text` of the JSON report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextLoss {
     /// The text file as given.
     pub file: String,
