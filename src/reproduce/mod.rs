@@ -83,7 +83,7 @@ pub fn check_panel_dir(dir: &Path, pairs: &[panel::Pair]) -> Result<()> {
         PANEL,
         "summary.json",
         "report.html",
-        slurm::REPORT_JOB,
+        pipeline::SLURM_REPORT_JOB,
         lock::LOCK,
     ]
     .map(|name| dir.join(name));

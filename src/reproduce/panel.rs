@@ -88,7 +88,7 @@ pub fn load(path: &Path) -> Result<Vec<Pair>> {
             super::PANEL,
             "summary.json",
             "report.html",
-            super::slurm::REPORT_JOB,
+            super::pipeline::SLURM_REPORT_JOB,
         ]
         .contains(&name.as_str())
             || name.starts_with("slurm-")

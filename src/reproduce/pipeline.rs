@@ -316,7 +316,7 @@ fn written_paths(dir: &Path, steps: &[Step], text: Option<&Path>) -> Vec<(PathBu
         super::lock::LOCK,
         "summary.json",
         "report.html",
-        super::slurm::REPORT_JOB,
+        SLURM_REPORT_JOB,
     ]
     .iter()
     .map(|name| dir.join(name))
@@ -325,8 +325,7 @@ fn written_paths(dir: &Path, steps: &[Step], text: Option<&Path>) -> Vec<(PathBu
     let mut models = Vec::new();
     for step in steps {
         let folder = plan::step_dir(dir, &step.name);
-        files
-            .extend([MANIFEST, REPORT, REMOVED, CONFIG, super::slurm::JOB].map(|n| folder.join(n)));
+        files.extend([MANIFEST, REPORT, REMOVED, CONFIG, SLURM_JOB].map(|n| folder.join(n)));
         files.extend(step.files.iter().cloned());
         models.extend(step.model.iter().cloned());
     }
@@ -413,6 +412,10 @@ pub const REPORT: &str = "report.json";
 pub const MANIFEST: &str = "manifest.json";
 /// Beside a merge step's manifest once its model was deleted after scoring: the bytes freed.
 pub const REMOVED: &str = "removed.json";
+/// Beside a step's manifest: the Slurm job that runs it.
+pub const SLURM_JOB: &str = "slurm.json";
+/// In the run's directory: the Slurm job that writes summary.json and report.html.
+pub const SLURM_REPORT_JOB: &str = "slurm-report.json";
 
 /// Where a step's plan is kept for `--status` and for the jobs of the Slurm executor.
 pub const PLAN: &str = "plan.json";

@@ -12,16 +12,11 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::pipeline::{self, command_line, Prepared};
+use super::pipeline::{self, command_line, Prepared, SLURM_JOB, SLURM_REPORT_JOB};
 use super::plan::{self, Role};
 use crate::checkpoint::output::write_file_atomic;
 use crate::error::Result;
 use crate::{bad, bail};
-
-/// Beside a step's manifest: the job that runs it.
-pub const JOB: &str = "slurm.json";
-/// In the run's directory: the job that writes summary.json and report.html.
-pub const REPORT_JOB: &str = "slurm-report.json";
 
 /// How the jobs are submitted.
 #[derive(Debug, Clone, Default)]
@@ -178,7 +173,7 @@ pub fn submit(prepared: &mut Prepared, reinvoke: &[String], slurm: &Slurm) -> Re
         }
         let folder = plan::step_dir(&dir, &step.name);
         fs::create_dir_all(&folder).map_err(|e| crate::error::Error::write(&folder, e))?;
-        let record = folder.join(JOB);
+        let record = folder.join(SLURM_JOB);
         let key = prepared.keys[&step.name].clone();
         let upstream_fresh = step.after.iter().any(|a| fresh.contains(a));
         if let Some(previous) = read_job(&record) {
@@ -209,7 +204,7 @@ pub fn submit(prepared: &mut Prepared, reinvoke: &[String], slurm: &Slurm) -> Re
         jobs.push((step.name.clone(), job));
         fresh.push(step.name.clone());
     }
-    let report_record = dir.join(REPORT_JOB);
+    let report_record = dir.join(SLURM_REPORT_JOB);
     let previous = read_job(&report_record);
     let previous_alive = (previous.as_ref())
         .and_then(|p| job_state(&p.job))
@@ -264,7 +259,7 @@ fn submit_report(
         false,
         command,
     )?;
-    write_job(&dir.join(REPORT_JOB), &job, "")?;
+    write_job(&dir.join(SLURM_REPORT_JOB), &job, "")?;
     Ok(job)
 }
 
@@ -288,7 +283,7 @@ pub fn submit_panel_report(
     argv.extend(reinvoke.iter().cloned());
     argv.extend(["--step".into(), "panel-report".into()]);
     fs::create_dir_all(dir).map_err(|e| crate::error::Error::write(dir, e))?;
-    if let Some(previous) = read_job(&dir.join(REPORT_JOB)) {
+    if let Some(previous) = read_job(&dir.join(SLURM_REPORT_JOB)) {
         if job_state(&previous.job).is_some_and(|s| s.state == "PENDING") {
             scancel(&previous.job);
         }
@@ -301,7 +296,7 @@ pub fn submit_panel_report(
         false,
         &argv,
     )?;
-    write_job(&dir.join(REPORT_JOB), &job, "")?;
+    write_job(&dir.join(SLURM_REPORT_JOB), &job, "")?;
     Ok(job)
 }
 

@@ -6,8 +6,9 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::pipeline::{read_manifest, PLAN};
+use super::pipeline::{SLURM_JOB, SLURM_REPORT_JOB};
 use super::plan::step_dir;
-use super::slurm::{alive, job_state, log_of, read_job, waits_forever, JOB, REPORT_JOB};
+use super::slurm::{alive, job_state, log_of, read_job, waits_forever};
 use crate::bad;
 use crate::error::Result;
 use crate::report::Table;
@@ -41,7 +42,7 @@ pub fn collect(dir: &Path) -> Result<Value> {
             let step_name = step["name"].as_str().unwrap_or_default();
             let folder = step_dir(&pair_dir, step_name);
             let done = read_manifest(&pair_dir, step_name).is_some_and(|m| m.key == step["key"]);
-            let job = read_job(&folder.join(JOB)).filter(|j| j.key == step["key"]);
+            let job = read_job(&folder.join(SLURM_JOB)).filter(|j| j.key == step["key"]);
             let state = job.as_ref().and_then(|j| job_state(&j.job));
             let status = match (&state, done) {
                 (_, true) => "done",
@@ -87,7 +88,7 @@ pub fn collect(dir: &Path) -> Result<Value> {
 /// The job that writes a report (a pair's or the panel's): its id and whether it is queued,
 /// running, or finished (done or not: the report file tells).
 fn report_job(dir: &Path) -> Value {
-    let Some(job) = read_job(&dir.join(REPORT_JOB)) else {
+    let Some(job) = read_job(&dir.join(SLURM_REPORT_JOB)) else {
         return Value::Null;
     };
     let status = match job_state(&job.job) {
