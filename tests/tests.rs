@@ -29,6 +29,7 @@ mod heads;
 mod hostile_inputs;
 mod hub;
 mod image;
+mod import_graph;
 mod inject_qknorm;
 mod inspect;
 mod merge;
