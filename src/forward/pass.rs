@@ -308,7 +308,7 @@ pub fn to_logits<B: Backend, R: Send>(
     backend: &B,
     model: &Model,
     prompts: &[Vec<u32>],
-    visit: &Visitor<R>,
+    visit: &(impl Fn(&HeadView) -> R + Sync),
 ) -> Result<Logits<R>> {
     let mut pass = Pass::new(State::new(model, backend, prompts)?, End::Logits);
     let mut heads = EveryLayer(Vec::with_capacity(model.spec.num_layers()));

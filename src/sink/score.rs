@@ -768,6 +768,8 @@ pub fn score<B: Backend>(
         let with_b = layer >= first_b_layer(spec.num_layers(), &settings);
         let in_window = accs[mi].in_window(layer);
         let is_ref = reference == Some(mi);
+        // The reference runs first in its layer: its previous layer's heads go before it runs,
+        // so only one layer of them is ever held.
         if is_ref {
             ref_heads = None;
         }
