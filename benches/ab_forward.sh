@@ -43,11 +43,9 @@ for _ in $(seq "$RUNS"); do
   for side in old new; do
     bin=$OLD; [ "$side" = new ] && bin=$NEW
     cat "$WORK"/small/*.safetensors >/dev/null
-    measure "score_$side" "$bin" score "$WORK/small" --prompts "$P" --json
-    "$bin" score "$WORK/small" --prompts "$P" --json >"$WORK/score.$side.json"
+    measure "score_$side" bash -c "'$bin' score '$WORK/small' --prompts '$P' --json >'$WORK/score.$side.json'"
     cold
-    measure "prefetch_$side" "$bin" score "$WORK/wide" --prompts "$P" --json
-    "$bin" score "$WORK/wide" --prompts "$P" --json >"$WORK/wide.$side.json"
+    measure "prefetch_$side" bash -c "'$bin' score '$WORK/wide' --prompts '$P' --json >'$WORK/wide.$side.json'"
   done
   for case in score wide; do
     cmp -s "$WORK/$case.old.json" "$WORK/$case.new.json" || { differing=1; echo "DIFF $case"; }
