@@ -671,3 +671,32 @@ fn a_bad_panel_is_refused_before_any_step() {
         &["pair bad", "not a vision-language model"],
     );
 }
+
+/// The structs `reproduce` reads its steps' reports into are the ones the commands print: each
+/// report reads back and prints the same bytes, on the reports' optional parts too (`norms
+/// --vs`, `inspect --check`, `predict --model`'s measured S).
+#[test]
+fn step_reports_read_back_into_the_structs_their_commands_print() {
+    fn same_bytes<T: serde::Serialize + serde::de::DeserializeOwned>(args: &[&str]) {
+        let printed = sinkmerge(args).ok();
+        let value: T = serde_json::from_str(&printed)
+            .unwrap_or_else(|e| panic!("sinkmerge {args:?}: not its struct: {e}"));
+        let reprinted = sinkmerge::report::json_text(&value).unwrap();
+        assert_eq!(reprinted, printed, "sinkmerge {args:?}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let lm = tmp.path().join("lm");
+    let vl = "assets/models/tiny-qwen3/vl";
+    same_bytes::<sinkmerge::report::norms::NormsJson>(&[
+        "norms", REF, VLM, "--vs", REF, vl, "--json",
+    ]);
+    same_bytes::<sinkmerge::analysis::inspect::Inspection>(&["inspect", VLM, "--check", "--json"]);
+    same_bytes::<sinkmerge::extract::Summary>(&[
+        "extract",
+        VLM,
+        "-o",
+        lm.to_str().unwrap(),
+        "--json",
+    ]);
+    same_bytes::<sinkmerge::report::predict::PredictJson>(&["predict", "--model", REF, "--json"]);
+}

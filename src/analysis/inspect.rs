@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::arch::{family, names, QkNorm, TextConfig};
@@ -13,7 +13,7 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype;
 
 /// Everything `inspect` reports.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Inspection {
     pub model: String,
     pub path: String,
@@ -22,7 +22,7 @@ pub struct Inspection {
     pub hub: Option<crate::checkpoint::hub_cache::HubRef>,
     pub architecture: Option<String>,
     pub model_type: Option<String>,
-    pub family: Option<&'static str>,
+    pub family: Option<String>,
     pub num_parameters: u64,
     pub num_tensors: usize,
     pub total_bytes: u64,
@@ -42,7 +42,7 @@ pub struct Inspection {
     pub non_finite: Option<Vec<NonFinite>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct ModuleSummary {
     pub module: String,
     pub count: usize,
@@ -51,14 +51,14 @@ pub struct ModuleSummary {
     pub parameters: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct OtherSummary {
     pub prefix: String,
     pub tensors: usize,
     pub parameters: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct NonFinite {
     pub tensor: String,
     pub file: String,
@@ -165,7 +165,7 @@ impl Inspection {
             hub: ckpt.hub.clone(),
             architecture: str_of(config.get("architectures").and_then(|a| a.get(0))),
             model_type: str_of(config.get("model_type")),
-            family: family::detect(config, ckpt.names()),
+            family: family::detect(config, ckpt.names()).map(str::to_string),
             num_parameters: ckpt.num_parameters(),
             num_tensors: ckpt.names().len(),
             total_bytes: ckpt.total_bytes(),

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::{bad, bail};
@@ -211,7 +211,7 @@ impl Panel {
 }
 
 /// Section 3.4's check: how the margin G_base - B_gap of each pair tracks its delta.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MarginCorrelation {
     /// Pairs with both a margin and a value for the task.
     pub n: usize,
@@ -294,7 +294,7 @@ pub(crate) fn number(cell: &str, source: &str, line: usize, column: &str) -> Res
 }
 
 /// One pair's sink strength and observed delta.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     pub pair: String,
     pub sink_strength: f64,
@@ -356,7 +356,7 @@ pub fn least_squares(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
 }
 
 /// One pair's leave-one-pair-out prediction.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HeldOut {
     pub pair: String,
     pub sink_strength: f64,
@@ -368,7 +368,7 @@ pub struct HeldOut {
 }
 
 /// The predictor's figures on a panel.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Analysis {
     pub n: usize,
     pub spearman: f64,
@@ -435,7 +435,7 @@ pub fn analyze(points: &[Point]) -> Result<Analysis> {
 }
 
 /// What the panel says about a new backbone with sink strength `s`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Query {
     pub sink_strength: f64,
     /// From the full-panel fit.

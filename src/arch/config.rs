@@ -7,7 +7,7 @@
 //! defaults (transformers 5.23) filled in before parsing. Both dialects of one model normalize to
 //! the same [`TextConfig`].
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::bail;
@@ -16,8 +16,10 @@ use crate::error::Result;
 /// The most layers a config may declare (docs/architecture.md#panics).
 pub const MAX_LAYERS: usize = 1 << 16;
 
-/// The language model's configuration, normalized.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The language model's configuration, normalized. `Deserialize` reads back what `inspect --json`
+/// printed (reproduce's inspect steps); a model's config.json goes through the checked
+/// [`TextConfig::from_model_config`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TextConfig {
     /// The text model's type after mapping VLM text types to their LM (`qwen2_5_vl_text` -> `qwen2`).
     pub model_type: String,
@@ -49,21 +51,21 @@ pub struct TextConfig {
     pub dtype: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerType {
     FullAttention,
     SlidingAttention,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rope {
     pub theta: f64,
     pub partial_rotary_factor: f64,
     pub scaling: RopeScaling,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rope_type", rename_all = "snake_case")]
 pub enum RopeScaling {
     Default,
@@ -94,7 +96,7 @@ pub enum RopeScaling {
 
 /// YaRN's parameters (transformers' `_compute_yarn_parameters`), checked as they are parsed:
 /// every number finite, and those RoPE divides by or takes the logarithm of positive.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Yarn {
     pub factor: f64,
     /// The context the model was trained for; `max_position_embeddings` when absent.
@@ -110,7 +112,7 @@ pub struct Yarn {
     pub truncate: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeConfig {
     pub num_experts: usize,
     pub num_experts_per_tok: usize,

@@ -55,7 +55,7 @@ fn render(r: &Inspection) -> String {
     s += &format!("model_type    {}\n", opt(&r.model_type));
     s += &format!(
         "family        {}\n",
-        r.family.unwrap_or("- (plain causal LM)")
+        r.family.as_deref().unwrap_or("- (plain causal LM)")
     );
     s += &format!(
         "parameters    {} ({}) in {} tensors, {} shard(s), {}\n",

@@ -8,7 +8,7 @@ use crate::analysis::norms::{self, LayerSelection, Metric};
 use crate::arch::{LayerList, Module};
 use crate::checkpoint::{output, Checkpoint};
 use crate::error::Result;
-use crate::report::norms::{json_value, plot_svg, render_csv, render_text};
+use crate::report::norms::{json_report, plot_svg, render_csv, render_text};
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -160,7 +160,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         output::write_file_atomic(path, csv.as_bytes())?;
     }
     if args.json {
-        let value = json_value(&report, args.tol);
+        let value = json_report(&report, args.tol);
         super::emit(out, &crate::report::json_text(&value)?)?;
     } else {
         super::emit(out, &render_text(&report, args.tol))?;

@@ -8,7 +8,7 @@ use crate::analysis::predict::{self, Panel};
 use crate::checkpoint::output::{write_file_atomic, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
-use crate::report::predict::{render_json, render_text, scatter_svg, PredictReport};
+use crate::report::predict::{json_report, render_text, scatter_svg, PredictReport};
 use crate::sink::pass::default_sink_strength;
 
 #[derive(Debug, clap::Args)]
@@ -137,7 +137,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         .map(|_| scatter_svg(&report))
         .transpose()?;
     let rendered = if args.json {
-        render_json(&report)
+        crate::report::json_text(&json_report(&report))?
     } else {
         render_text(&report)
     };

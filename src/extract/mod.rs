@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::arch::families::{DropKind, ExtractPlan, Piece};
@@ -36,15 +36,15 @@ pub struct Options {
 }
 
 /// What an extraction did, for the text and `--json` reports.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Summary {
     pub source: String,
     pub source_dir: String,
     /// The source's Hub repo and resolved commit, for models from the Hugging Face cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_hub: Option<crate::checkpoint::hub_cache::HubRef>,
-    pub family: &'static str,
-    pub architecture: &'static str,
+    pub family: String,
+    pub architecture: String,
     pub output: String,
     /// Output tensors written.
     pub tensors_written: usize,
@@ -66,7 +66,7 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Count {
     pub tensors: usize,
     pub bytes: u64,
@@ -111,8 +111,8 @@ pub fn run(ckpt: &Checkpoint, plan: &ExtractPlan, dest: &Path, opts: &Options) -
         source: ckpt.label.clone(),
         source_dir: ckpt.dir.display().to_string(),
         source_hub: ckpt.hub.clone(),
-        family: plan.family,
-        architecture: plan.target.architecture(),
+        family: plan.family.to_string(),
+        architecture: plan.target.architecture().to_string(),
         output: out.dest().display().to_string(),
         tensors_written: plan.outputs.len(),
         tensors_kept: sources.len(),
@@ -222,7 +222,7 @@ fn card(ckpt: &Checkpoint, s: &Summary) -> ModelCard {
         s.architecture
     );
     let mut recipe = vec![
-        ("family", s.family.to_string()),
+        ("family", s.family.clone()),
         ("architecture", format!("`{}`", s.architecture)),
         (
             "tensors",
@@ -253,7 +253,7 @@ fn card(ckpt: &Checkpoint, s: &Summary) -> ModelCard {
         "extract".to_string(),
         source.reference(),
         "--family".to_string(),
-        s.family.to_string(),
+        s.family.clone(),
         "-o".to_string(),
         "OUT".to_string(),
     ];

@@ -1,12 +1,15 @@
 //! The reports of `sinkmerge norms`: text tables, the JSON object, the CSV rows and the SVG
 //! plot of a [`Report`] (`docs/commands/norms.md`).
 
-use serde_json::{json, Map, Value};
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::plot::{LineChart, Series};
 use super::{fmt_num, fmt_opt, Table};
-use crate::analysis::norms::{self, DriftReport, Metric, RatioSeries, Report, Row};
+use crate::analysis::norms::{self, DriftReport, MedianMax, Metric, RatioSeries, Report, Row};
 use crate::bail;
+use crate::checkpoint::hub_cache::HubRef;
 use crate::error::Result;
 
 fn shape_str(shape: &[usize]) -> String {
@@ -171,76 +174,134 @@ fn render_ratios(ratios: &[RatioSeries]) -> String {
     t.render()
 }
 
-fn stat_json(s: &norms::MedianMax) -> Value {
-    json!({"median": s.median, "max": s.max, "count": s.count})
-}
-
-fn summary_json(pair: &DriftReport) -> Value {
-    let mut modules = Map::new();
-    for m in &pair.summary.modules {
-        let (mut all, mut win) = (Map::new(), Map::new());
-        for (metric, a, w) in &m.stats {
-            all.insert(metric.name().into(), stat_json(a));
-            win.insert(metric.name().into(), stat_json(w));
-        }
-        modules.insert(m.module.clone(), json!({"all": all, "window": win}));
-    }
-    Value::Object(modules)
-}
-
-fn pair_json(pair: &DriftReport) -> Map<String, Value> {
-    let mut out = Map::new();
-    out.insert("reference".into(), json!(pair.reference));
-    out.insert("target".into(), json!(pair.target));
-    // The resolved commits of Hub models (absent for directories).
-    for (key, hub) in [("reference_hub", &pair.hub.0), ("target_hub", &pair.hub.1)] {
-        if let Some(h) = hub {
-            out.insert(key.into(), json!(h));
-        }
-    }
-    out.insert(
-        "ignored".into(),
-        json!({"reference": pair.ignored.0, "target": pair.ignored.1}),
-    );
-    out.insert(
-        "rows".into(),
-        serde_json::to_value(&pair.rows).expect("rows serialize"),
-    );
-    out.insert("summary".into(), summary_json(pair));
-    out
-}
-
 /// The `--json` object: the first pair's rows and summary, the window, and `--vs`'s pair and
-/// ratios.
-pub fn json_value(report: &Report, tol: f64) -> Value {
-    let mut out = pair_json(&report.pair);
-    out.insert("num_layers".into(), json!(report.num_layers));
-    out.insert(
-        "window".into(),
-        json!({"size": report.window.len(), "layers": report.window.clone().collect::<Vec<_>>()}),
-    );
-    out.insert("tol".into(), json!(tol));
-    if let Some((second, ratios)) = &report.vs {
-        let mut vs = pair_json(second);
-        let mut by_module = Map::new();
-        for r in ratios {
-            let entry = by_module
-                .entry(r.module.clone())
-                .or_insert_with(|| Value::Object(Map::new()));
-            entry[r.metric.name()] = json!({
-                "layers": r.per_layer.iter().map(|p| p.0).collect::<Vec<_>>(),
-                "values": r.per_layer.iter().map(|p| p.1).collect::<Vec<_>>(),
-                "median": r.all.median,
-                "max": r.all.max,
-                "median_window": r.window.median,
-                "max_window": r.window.max,
-            });
-        }
-        vs.insert("ratio".into(), Value::Object(by_module));
-        out.insert("vs".into(), Value::Object(vs));
+/// ratios (docs/commands/norms.md). `reproduce` reads its norms step back into it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct NormsJson {
+    #[serde(flatten)]
+    pub pair: PairJson,
+    pub num_layers: usize,
+    pub window: WindowJson,
+    pub tol: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs: Option<VsJson>,
+    pub warnings: Vec<String>,
+}
+
+/// One REF/TARGET pair's rows and per-module summary.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PairJson {
+    pub reference: String,
+    pub target: String,
+    /// The resolved commits of Hub models (absent for directories).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference_hub: Option<HubRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_hub: Option<HubRef>,
+    pub ignored: Ignored,
+    pub rows: Vec<Row>,
+    /// Per module type, in the rows' order: per metric over all layers and over the window.
+    pub summary: IndexMap<String, ModuleStats>,
+}
+
+/// Tensors outside the language model, in REF and TARGET.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Ignored {
+    pub reference: usize,
+    pub target: usize,
+}
+
+/// One module type's statistics by metric name.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModuleStats {
+    pub all: IndexMap<String, MedianMax>,
+    pub window: IndexMap<String, MedianMax>,
+}
+
+/// The summary window: the model's last K layers.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WindowJson {
+    pub size: usize,
+    pub layers: Vec<usize>,
+}
+
+/// `--vs`: the second pair, and the ratios pair1/pair2 by module and metric.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VsJson {
+    #[serde(flatten)]
+    pub pair: PairJson,
+    pub ratio: IndexMap<String, IndexMap<String, RatioJson>>,
+}
+
+/// One module's and metric's ratio pair1/pair2 per layer (null where pair 2's value is 0), with
+/// its median and max over all layers and over the window.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RatioJson {
+    pub layers: Vec<usize>,
+    pub values: Vec<Option<f64>>,
+    pub median: Option<f64>,
+    pub max: Option<f64>,
+    pub median_window: Option<f64>,
+    pub max_window: Option<f64>,
+}
+
+fn pair_json(pair: &DriftReport) -> PairJson {
+    let stats = |m: &norms::summary::ModuleSummary, window: bool| {
+        (m.stats.iter())
+            .map(|(metric, a, w)| (metric.name().to_string(), if window { *w } else { *a }))
+            .collect()
+    };
+    PairJson {
+        reference: pair.reference.clone(),
+        target: pair.target.clone(),
+        reference_hub: pair.hub.0.clone(),
+        target_hub: pair.hub.1.clone(),
+        ignored: Ignored {
+            reference: pair.ignored.0,
+            target: pair.ignored.1,
+        },
+        rows: pair.rows.clone(),
+        summary: (pair.summary.modules.iter())
+            .map(|m| {
+                let (all, window) = (stats(m, false), stats(m, true));
+                (m.module.clone(), ModuleStats { all, window })
+            })
+            .collect(),
     }
-    out.insert("warnings".into(), json!(report.warnings));
-    Value::Object(out)
+}
+
+/// The `--json` object of `report`.
+pub fn json_report(report: &Report, tol: f64) -> NormsJson {
+    NormsJson {
+        pair: pair_json(&report.pair),
+        num_layers: report.num_layers,
+        window: WindowJson {
+            size: report.window.len(),
+            layers: report.window.clone().collect(),
+        },
+        tol,
+        vs: report.vs.as_ref().map(|(second, ratios)| {
+            let mut ratio: IndexMap<String, IndexMap<String, RatioJson>> = IndexMap::new();
+            for r in ratios {
+                ratio.entry(r.module.clone()).or_default().insert(
+                    r.metric.name().to_string(),
+                    RatioJson {
+                        layers: r.per_layer.iter().map(|p| p.0).collect(),
+                        values: r.per_layer.iter().map(|p| p.1).collect(),
+                        median: r.all.median,
+                        max: r.all.max,
+                        median_window: r.window.median,
+                        max_window: r.window.max,
+                    },
+                );
+            }
+            VsJson {
+                pair: pair_json(second),
+                ratio,
+            }
+        }),
+        warnings: report.warnings.clone(),
+    }
 }
 
 const CSV_METRICS: [&str; 11] = [

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 
 use super::plot::Scatter;
 use super::{fmt_num, Table};
@@ -46,37 +46,51 @@ pub fn scatter_svg(r: &PredictReport) -> Result<String> {
     chart.to_svg().map_err(Error::Internal)
 }
 
-/// `--json`: one object, the analysis's fields flattened into it.
-pub fn render_json(r: &PredictReport) -> String {
-    let mut out = json!({
-        "panel": r.panel,
-        "task": r.task,
-        "pairs": r.points.iter().map(|p| &p.pair).collect::<Vec<_>>(),
-        "skipped": r.skipped,
-    });
-    let map = out.as_object_mut().expect("object");
-    if let serde_json::Value::Object(a) =
-        serde_json::to_value(r.analysis).expect("the report's own structs serialize to JSON")
-    {
-        map.extend(a);
+/// `--json`: one object, the analysis's fields flattened into it. `reproduce` reads its predict
+/// step back into it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PredictJson {
+    pub panel: String,
+    pub task: String,
+    pub pairs: Vec<String>,
+    pub skipped: Vec<String>,
+    #[serde(flatten)]
+    pub analysis: Analysis,
+    pub margin_correlation: Option<MarginCorrelation>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub query: Option<Query>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+}
+
+/// `--model`'s S, and the `score` defaults it was measured with.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Measured {
+    pub model: String,
+    pub sink_strength: f64,
+    pub prompts: String,
+    pub last: usize,
+    pub stat: String,
+}
+
+/// The `--json` object of `r`.
+pub fn json_report(r: &PredictReport) -> PredictJson {
+    PredictJson {
+        panel: r.panel.to_string(),
+        task: r.task.to_string(),
+        pairs: r.points.iter().map(|p| p.pair.clone()).collect(),
+        skipped: r.skipped.to_vec(),
+        analysis: r.analysis.clone(),
+        margin_correlation: r.margin.cloned(),
+        query: r.query.cloned(),
+        measured: r.measured.map(|(model, s)| Measured {
+            model: model.to_string(),
+            sink_strength: s,
+            prompts: "default".into(),
+            last: 10,
+            stat: "median".into(),
+        }),
     }
-    map.insert(
-        "margin_correlation".into(),
-        serde_json::to_value(r.margin).expect("the report's own structs serialize to JSON"),
-    );
-    if let Some(q) = r.query {
-        map.insert(
-            "query".into(),
-            serde_json::to_value(q).expect("the report's own structs serialize to JSON"),
-        );
-    }
-    if let Some((model, s)) = r.measured {
-        map.insert(
-            "measured".into(),
-            json!({"model": model, "sink_strength": s, "prompts": "default", "last": 10, "stat": "median"}),
-        );
-    }
-    serde_json::to_string_pretty(&out).expect("the report's own structs serialize to JSON") + "\n"
 }
 
 /// The text report: the measured S, the panel's summary, and where the plot went.

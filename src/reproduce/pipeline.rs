@@ -682,11 +682,6 @@ fn resolved_argv(dir: &Path, step: &Step) -> Result<Vec<String>> {
         .collect())
 }
 
-/// A finished step's report.
-pub fn read_report(dir: &Path, name: &str) -> Result<serde_json::Value> {
-    crate::checkpoint::read_json(&plan::step_dir(dir, name).join(REPORT))
-}
-
 /// A finished step's report as the struct its command serialised: a report that does not fit
 /// it is an error naming the step and the file, never a silent empty value.
 pub fn read_step_report<T: DeserializeOwned>(dir: &Path, name: &str) -> Result<T> {

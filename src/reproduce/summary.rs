@@ -5,12 +5,20 @@
 
 use std::path::Path;
 
-use serde_json::{json, Map, Value};
+use indexmap::IndexMap;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
 
-use super::pipeline::{read_report, read_step_report, Prepared, REMOVED};
+use super::pipeline::{read_step_report, Prepared, REMOVED};
 use super::plan::{self, SETTINGS};
+use crate::analysis::inspect::Inspection;
+use crate::analysis::norms::Metrics;
 use crate::error::Result;
+use crate::extract::Summary as Extraction;
 use crate::report::heads::HeadsReport;
+use crate::report::norms::NormsJson;
+use crate::report::predict::PredictJson;
 use crate::sink::score::Scores;
 
 /// The heads the report lists, most damaged first.
@@ -19,20 +27,7 @@ pub const TOP_HEADS: usize = 10;
 /// Gather the summary of a finished run.
 pub fn gather(prepared: &Prepared) -> Result<Value> {
     let dir = prepared.options.dir.as_path();
-    let ran = |name: &str| prepared.steps.iter().any(|s| s.name == name);
-    let report = |name: &str| -> Result<Option<Value>> {
-        if ran(name) {
-            read_report(dir, name).map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-
-    let scores = scores(&|name: &str| {
-        ran(name)
-            .then(|| read_step_report::<Scores>(dir, name))
-            .transpose()
-    })?;
+    let scores = scores(&|name: &str| step_report::<Scores>(prepared, name))?;
     let mut space_saved = 0u64;
     let merges: Vec<Value> = SETTINGS
         .iter()
@@ -85,15 +80,12 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
 
     Ok(json!({
         "sinkmerge_version": env!("CARGO_PKG_VERSION"),
-        "models": models(prepared, &report)?,
-        "drift": report("norms")?.map(|n| drift(&n)),
+        "models": models(prepared)?,
+        "drift": step_report::<NormsJson>(prepared, "norms")?.map(|n| drift(&n)),
         "scores": scores,
         "merges": merges,
-        "heads": ran("heads")
-            .then(|| read_step_report::<HeadsReport>(dir, "heads"))
-            .transpose()?
-            .map(|h| heads(&h)),
-        "predictor": report("predict")?.map(|p| predictor(&p)),
+        "heads": step_report::<HeadsReport>(prepared, "heads")?.map(|h| heads(&h)),
+        "predictor": step_report::<PredictJson>(prepared, "predict")?.map(|p| predictor(&p)),
         "steps": steps,
         "text": prepared.text,
         "keep_models": prepared.options.keep_models,
@@ -101,38 +93,45 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
     }))
 }
 
-type ReportOf<'a> = dyn Fn(&str) -> Result<Option<Value>> + 'a;
+/// The report of step `name` as the struct its command serialised, when the run has the step.
+fn step_report<T: DeserializeOwned>(prepared: &Prepared, name: &str) -> Result<Option<T>> {
+    let ran = prepared.steps.iter().any(|s| s.name == name);
+    ran.then(|| read_step_report(&prepared.options.dir, name))
+        .transpose()
+}
 
-fn models(prepared: &Prepared, report: &ReportOf) -> Result<Value> {
+fn models(prepared: &Prepared) -> Result<Value> {
     let identity = |input: &str| {
         (prepared.identities.values().flatten())
             .find(|id| id.input == input)
             .map(|id| json!({ "kind": id.kind, "value": id.value }))
     };
     let inspected = |name: &str| -> Result<Value> {
-        Ok(report(name)?.map_or(Value::Null, |r| {
-            json!({
-                "architecture": r["architecture"],
-                "model_type": r["model_type"],
-                "family": r["family"],
-                "parameters": r["num_parameters"],
-                "bytes": r["total_bytes"],
-                "layers": r["num_layers"],
-                "dtypes": r["dtypes"],
-            })
-        }))
+        Ok(
+            step_report::<Inspection>(prepared, name)?.map_or(Value::Null, |r| {
+                json!({
+                    "architecture": r.architecture,
+                    "model_type": r.model_type,
+                    "family": r.family,
+                    "parameters": r.num_parameters,
+                    "bytes": r.total_bytes,
+                    "layers": r.num_layers,
+                    "dtypes": r.dtypes,
+                })
+            }),
+        )
     };
     let o = &prepared.options;
-    let extract = report("extract")?.unwrap_or(Value::Null);
+    let extract = step_report::<Extraction>(prepared, "extract")?;
     Ok(json!({
         "ref": { "input": o.reference, "identity": identity(&o.reference), "inspect": inspected("inspect-ref")? },
         "vlm": { "input": o.vlm, "identity": identity(&o.vlm), "family": prepared.models.family, "inspect": inspected("inspect-vlm")? },
         "vlm_lm": {
             // As the plan names it (relative where DIR is), not the absolute path extract prints.
             "path": prepared.steps.iter().find_map(|s| s.model.as_ref().filter(|_| s.name == "extract")),
-            "architecture": extract["architecture"],
-            "tensors": extract["tensors_written"],
-            "bytes": extract["bytes_written"],
+            "architecture": extract.as_ref().map(|e| &e.architecture),
+            "tensors": extract.as_ref().map(|e| e.tensors_written),
+            "bytes": extract.as_ref().map(|e| e.bytes_written),
         },
         "base": (o.base.as_ref().zip(prepared.models.base.as_ref())).map(|(b, ckpt)| json!({
             "input": b,
@@ -142,42 +141,52 @@ fn models(prepared: &Prepared, report: &ReportOf) -> Result<Value> {
     }))
 }
 
+/// One layer of the drift: by module, each projection's operator norm and stable rank of ΔW,
+/// and each norm scale's relative change.
+#[derive(Serialize)]
+struct DriftLayer {
+    layer: usize,
+    op: IndexMap<String, f64>,
+    stable_rank: IndexMap<String, Option<f64>>,
+    gamma_rel_l2: IndexMap<String, Option<f64>>,
+}
+
 /// Per layer: each projection's operator norm and stable rank of ΔW, and each norm scale's
 /// relative change (the γ drift); with the command's own medians and maxima.
-fn drift(norms: &Value) -> Value {
-    let rows = norms["rows"].as_array().cloned().unwrap_or_default();
-    let mut modules: Vec<String> = Vec::new();
-    let mut gammas: Vec<String> = Vec::new();
-    let mut layers: Vec<Map<String, Value>> = Vec::new();
-    for row in &rows {
-        let (Some(layer), Some(module)) = (row["layer"].as_u64(), row["module"].as_str()) else {
-            continue;
-        };
-        let layer = layer as usize;
+fn drift(norms: &NormsJson) -> Value {
+    let mut modules: Vec<&str> = Vec::new();
+    let mut gammas: Vec<&str> = Vec::new();
+    let mut layers: Vec<DriftLayer> = Vec::new();
+    for row in &norms.pair.rows {
+        let Some(layer) = row.layer else { continue };
         while layers.len() <= layer {
-            let mut m = Map::new();
-            m.insert("layer".into(), json!(layers.len()));
-            for key in ["op", "stable_rank", "gamma_rel_l2"] {
-                m.insert(key.into(), json!({}));
-            }
-            layers.push(m);
+            layers.push(DriftLayer {
+                layer: layers.len(),
+                op: IndexMap::new(),
+                stable_rank: IndexMap::new(),
+                gamma_rel_l2: IndexMap::new(),
+            });
         }
         let entry = &mut layers[layer];
-        if row.get("op").is_some() {
-            if !modules.iter().any(|m| m == module) {
-                modules.push(module.into());
+        let module = row.module.as_str();
+        match &row.metrics {
+            Metrics::Matrix(m) => {
+                if !modules.contains(&module) {
+                    modules.push(module);
+                }
+                entry.op.insert(module.into(), m.op);
+                entry.stable_rank.insert(module.into(), m.stable_rank);
             }
-            entry["op"][module] = row["op"].clone();
-            entry["stable_rank"][module] = row["stable_rank"].clone();
-        } else if row.get("rel_l2").is_some() {
-            if !gammas.iter().any(|m| m == module) {
-                gammas.push(module.into());
+            Metrics::Vector(v) => {
+                if !gammas.contains(&module) {
+                    gammas.push(module);
+                }
+                entry.gamma_rel_l2.insert(module.into(), v.rel_l2);
             }
-            entry["gamma_rel_l2"][module] = row["rel_l2"].clone();
         }
     }
-    let summary: Map<String, Value> = (norms["summary"].as_object().into_iter().flatten())
-        .map(|(module, s)| (module.clone(), s["all"].clone()))
+    let summary: IndexMap<&str, _> = (norms.pair.summary.iter())
+        .map(|(module, s)| (module.as_str(), &s.all))
         .collect();
     json!({
         "modules": modules,
@@ -291,23 +300,27 @@ fn heads(h: &HeadsReport) -> Value {
 }
 
 /// Where the pair falls on the predictor's panel.
-fn predictor(p: &Value) -> Value {
-    let panel: Vec<Value> = (p["held_out"].as_array().into_iter().flatten())
-        .map(|x| json!({ "pair": x["pair"], "sink_strength": x["sink_strength"], "observed": x["observed"] }))
+fn predictor(p: &PredictJson) -> Value {
+    let a = &p.analysis;
+    let panel: Vec<Value> = (a.held_out.iter())
+        .map(
+            |x| json!({ "pair": x.pair, "sink_strength": x.sink_strength, "observed": x.observed }),
+        )
         .collect();
+    let query = p.query.as_ref();
     json!({
-        "panel": p["panel"],
-        "task": p["task"],
-        "n": p["n"],
-        "spearman": p["spearman"],
-        "pearson": p["pearson"],
-        "intercept": p["intercept"],
-        "slope": p["slope"],
-        "loo_mae": p["loo_mae"],
-        "sink_strength": p["query"]["sink_strength"],
-        "predicted": p["query"]["predicted"],
-        "rank": p["query"]["rank"],
-        "of": p["query"]["of"],
+        "panel": p.panel,
+        "task": p.task,
+        "n": a.n,
+        "spearman": a.spearman,
+        "pearson": a.pearson,
+        "intercept": a.intercept,
+        "slope": a.slope,
+        "loo_mae": a.loo_mae,
+        "sink_strength": query.map(|q| q.sink_strength),
+        "predicted": query.map(|q| q.predicted),
+        "rank": query.map(|q| q.rank),
+        "of": query.map(|q| q.of),
         "points": panel,
     })
 }

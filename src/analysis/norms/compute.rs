@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 
 use indicatif::ProgressBar;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::matching::Pair;
 use crate::arch::names::{Module, Param};
@@ -22,7 +22,7 @@ use crate::linalg::spectral::{spectral_norm, spectral_norms, SpectralNorm};
 use crate::{bad, linalg};
 
 /// The drift of one matrix (`dW = TARGET - REF`, in f32).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MatrixMetrics {
     /// ||dW||_F
     pub fro: f64,
@@ -41,7 +41,7 @@ pub struct MatrixMetrics {
 }
 
 /// The drift of one vector (norm scales, biases).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VectorMetrics {
     /// ||d||_2
     pub l2: f64,
@@ -53,7 +53,7 @@ pub struct VectorMetrics {
     pub ref_linf: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Metrics {
     Matrix(MatrixMetrics),
@@ -62,7 +62,7 @@ pub enum Metrics {
 
 /// One row of the report: a tensor, one expert of a fused expert tensor, or the aggregate of a
 /// layer's experts.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Row {
     /// Standard tensor name (`[e]` appended for one expert of a fused tensor; `*` for the
     /// aggregate of a layer's experts).

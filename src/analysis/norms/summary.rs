@@ -88,7 +88,7 @@ impl Metric {
 }
 
 /// Median (mean of the two middle values for an even count, as numpy) and maximum.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MedianMax {
     pub median: Option<f64>,
     pub max: Option<f64>,
