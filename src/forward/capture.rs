@@ -214,14 +214,16 @@ pub fn positions(prompt: &Prompt, encoded: Option<&Encoded>) -> Result<Option<[V
     vlm::mrope_positions(&prompt.ids, image_token, grids, merge).map(Some)
 }
 
-/// The decoder's state before layer 0: the prompt embedded, its image rows replaced by the
-/// tower's output and its M-RoPE positions set.
+/// The pass of `prompt` from layer 0, ending as `end` says: the prompt embedded, its image rows
+/// replaced by the tower's output, its M-RoPE positions set, and Qwen3-VL's deepstack rows added
+/// after the early layers. Every pass over a VLM prompt (`trace`, `visual-sinks`) starts here.
 pub fn start<'m, 'a, B: Backend>(
     backend: &'m B,
     model: &'m Model<'a>,
     prompt: &Prompt,
-    encoded: Option<&Encoded>,
-) -> Result<State<'m, 'a, B>> {
+    encoded: Option<&'m Encoded>,
+    end: End,
+) -> Result<Pass<'m, 'a, B>> {
     let mut state = State::new(model, backend, std::slice::from_ref(&prompt.ids))?;
     if let Some(e) = encoded {
         if let Some(p) = positions(prompt, encoded)? {
@@ -229,7 +231,11 @@ pub fn start<'m, 'a, B: Backend>(
         }
         state.replace_rows(&e.rows, &e.features.embeds)?;
     }
-    Ok(state)
+    let mut pass = Pass::new(state, end);
+    if let Some(e) = encoded {
+        pass.add_after_layers(&e.rows, &e.features.deepstack);
+    }
+    Ok(pass)
 }
 
 /// The bytes [`run`] then [`to_safetensors`] hold at their peak for a prompt of `seq` tokens,
@@ -390,7 +396,9 @@ pub fn run<B: Backend>(
             None => Kept::i64("position_ids", vec![seq], (0..seq as i64).collect()),
         });
     }
-    let mut state = start(backend, model, prompt, encoded.as_ref())?;
+    let head = capture.has(Capture::Logits) || capture.has(Capture::HiddenStates);
+    let end = if head { End::Logits } else { End::Layers };
+    let mut pass = start(backend, model, prompt, encoded.as_ref(), end)?;
     let mut chosen = vec![false; num_layers];
     for &l in layers {
         chosen[l] = true;
@@ -399,12 +407,7 @@ pub fn run<B: Backend>(
         .iter()
         .any(|&c| capture.has(c));
     if wants_kv {
-        state.capture_kv(chosen.clone());
-    }
-    let head = capture.has(Capture::Logits) || capture.has(Capture::HiddenStates);
-    let mut pass = Pass::new(state, if head { End::Logits } else { End::Layers });
-    if let Some(e) = &encoded {
-        pass.add_after_layers(&e.rows, &e.features.deepstack);
+        pass.state_mut().capture_kv(chosen.clone());
     }
     let keep_probs: Vec<bool> = (chosen.iter())
         .map(|&c| c && capture.has(Capture::Attentions))

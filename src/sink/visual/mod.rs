@@ -24,7 +24,7 @@ use crate::forward::backend::Backend;
 use crate::forward::backend::HeadView;
 use crate::forward::capture::{self, Encoded, Prompt};
 use crate::forward::decoder::{AttentionOutput, KeyStage, State};
-use crate::forward::pass::{End, Hooks, Pass};
+use crate::forward::pass::{End, Hooks};
 use crate::forward::weights::Model;
 
 use edit::{EditKind, EditSetup, Editor};
@@ -393,17 +393,13 @@ fn run_pass<B: Backend>(
     for &l in &settings.layers {
         probed[l] = true;
     }
-    let mut state = capture::start(backend, model, &m.prompt, encoded)?;
+    // The next block's weights are read and decoded while this one computes.
+    let mut pass = capture::start(backend, model, &m.prompt, encoded, End::Logits)?;
     if let Some(e) = editor {
-        state.set_key_edit(e);
+        pass.state_mut().set_key_edit(e);
     }
     if keep {
-        state.capture_kv(probed.clone());
-    }
-    // The next block's weights are read and decoded while this one computes.
-    let mut pass = Pass::new(state, End::Logits);
-    if let Some(e) = encoded {
-        pass.add_after_layers(&e.rows, &e.features.deepstack);
+        pass.state_mut().capture_kv(probed.clone());
     }
     let q = m.question.clone();
     let rows = |layer: usize, h: &HeadView| -> (Vec<f32>, Vec<f32>) {
