@@ -112,8 +112,7 @@ fn code_only(text: &str) -> String {
             }
             blank(&mut out, &rest[..(j + 1).min(rest.len())]);
             i += j + 1;
-        } else if rest[0] == b'\'' && char_literal(rest).is_some() {
-            let len = char_literal(rest).unwrap();
+        } else if let Some(len) = char_literal(&text[i..]) {
             blank(&mut out, &rest[..len]);
             i += len;
         } else {
@@ -149,20 +148,16 @@ fn raw_string(s: &[u8]) -> Option<usize> {
 }
 
 /// The length of a character literal at the start of `s` (`'a'`, `'\n'`, `'"'`), not a lifetime.
-fn char_literal(s: &[u8]) -> Option<usize> {
-    if s.get(1) == Some(&b'\\') {
-        let end = s[2..].iter().position(|&c| c == b'\'')?;
-        return Some(end + 3);
+fn char_literal(s: &str) -> Option<usize> {
+    let body = s.strip_prefix('\'')?;
+    if let Some(escaped) = body.strip_prefix('\\') {
+        // The escaped character (`'\''` too) is not the closing quote.
+        return Some(escaped.get(1..)?.find('\'')? + 4);
     }
-    let c = std::str::from_utf8(&s[1..s.len().min(6)])
-        .ok()
-        .or_else(|| {
-            (2..6)
-                .rev()
-                .find_map(|n| std::str::from_utf8(&s[1..s.len().min(n)]).ok())
-        })?;
-    let first = c.chars().next()?;
-    (s.get(1 + first.len_utf8()) == Some(&b'\'')).then_some(first.len_utf8() + 2)
+    let c = body.chars().next()?;
+    body[c.len_utf8()..]
+        .starts_with('\'')
+        .then_some(c.len_utf8() + 2)
 }
 
 /// `code` without the items marked `#[cfg(test)]` (a `use` to its `;`, anything else to the end
@@ -589,7 +584,9 @@ fn the_reader_finds_a_planted_circle_and_ignores_tests_and_comments() {
         ),
         (
             "room/side.rs",
-            "use crate::room::low::Low as Renamed;\npub fn g() {}\n",
+            "use crate::room::low::Low as Renamed;\npub fn g() {}\n\
+             fn h<'a>(_: &'a str) -> [char; 2] { ['\\'', '\"'] }\n\
+             const T: &str = \"crate::top::f\";\n",
         ),
         ("room/low.rs", low),
         (
@@ -612,6 +609,8 @@ fn the_reader_finds_a_planted_circle_and_ignores_tests_and_comments() {
     assert_eq!(targets("top.rs"), ["room/low.rs", "room/mod.rs"]);
     assert_eq!(targets("room/mod.rs"), ["room/side.rs"]);
     assert!(graph["room/side.rs"]["room/low.rs"].contains("Low"));
+    // Its character literals and lifetimes do not hide the string that names `crate::top`.
+    assert_eq!(targets("room/side.rs"), ["room/low.rs"]);
     // A module naming its own children (`side::g()`) is no arrow between files.
     assert!(files_graph(&graph)["room/mod.rs"].is_empty());
 
