@@ -20,6 +20,8 @@
 //! - [`units`]: quantities in words (`1.5 KiB`) for messages and reports, below every room.
 //! - [`forward`]: the forward pass over a backend seam (CPU, CUDA): decoder architectures, rotary
 //!   embeddings, and the dispatch onto a device.
+//! - [`generate`]: decoding answers over [`forward`]'s KV cache: sampling as transformers'
+//!   `generate` defines it, stopping, streaming, key edits and captures at every step.
 //! - [`sink`]: the sink scorer and the paper's sink metrics over [`forward`]'s passes.
 //! - [`image`]: images to pixel tensors exactly as transformers' PIL image processors make them.
 //! - [`input`]: input files read whole (manifests, prompts, panels, pixel values, images), each
@@ -43,6 +45,7 @@ pub mod dtype;
 pub mod error;
 pub mod extract;
 pub mod forward;
+pub mod generate;
 pub mod image;
 pub mod input;
 pub mod linalg;
