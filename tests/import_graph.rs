@@ -17,6 +17,8 @@ const FORWARD_STACK: &[(usize, &str)] = &[
     (3, "forward/backend/"),
     (4, "forward/rope.rs"),
     (4, "forward/device.rs"),
+    (4, "forward/cache.rs"),
+    (4, "forward/resident.rs"),
     (5, "forward/decoder.rs"),
     (6, "forward/vision/"),
     (7, "forward/pass.rs"),

@@ -402,6 +402,8 @@ fn on_the_same_scores_the_metrics_match_the_reference_to_1e_9() {
                         prompt,
                         head,
                         len,
+                        keys: len,
+                        offset: 0,
                         scores: &s,
                         probs: &a,
                         causal: true,

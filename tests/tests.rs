@@ -24,6 +24,7 @@ mod docs_links;
 mod exit_codes;
 mod extract;
 mod fuzz;
+mod generate;
 mod graft;
 mod heads;
 mod hostile_inputs;

@@ -225,17 +225,28 @@ pub fn start<'m, 'a, B: Backend>(
     end: End,
 ) -> Result<Pass<'m, 'a, B>> {
     let mut state = State::new(model, backend, std::slice::from_ref(&prompt.ids))?;
+    place_images(&mut state, prompt, encoded)?;
+    let mut pass = Pass::new(state, end);
+    if let Some(e) = encoded {
+        pass.add_after_layers(&e.rows, &e.features.deepstack);
+    }
+    Ok(pass)
+}
+
+/// Put `encoded`'s images into `state` (`prompt` embedded as its only sequence): the image rows
+/// replaced by the tower's output, and the prompt's M-RoPE positions set.
+pub fn place_images<B: Backend>(
+    state: &mut State<'_, '_, B>,
+    prompt: &Prompt,
+    encoded: Option<&Encoded>,
+) -> Result<()> {
     if let Some(e) = encoded {
         if let Some(p) = positions(prompt, encoded)? {
             state.set_mrope_positions(0, p)?;
         }
         state.replace_rows(&e.rows, &e.features.embeds)?;
     }
-    let mut pass = Pass::new(state, end);
-    if let Some(e) = encoded {
-        pass.add_after_layers(&e.rows, &e.features.deepstack);
-    }
-    Ok(pass)
+    Ok(())
 }
 
 /// The bytes [`run`] then [`to_safetensors`] hold at their peak for a prompt of `seq` tokens,

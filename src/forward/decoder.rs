@@ -15,8 +15,10 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::backend::{AttentionShape, Backend, RopeTable, Visitor};
+use super::backend::{Attended, AttentionShape, Backend, RopeTable, Visitor};
+use super::cache::KvCache;
 use super::model::{LayerSpec, MoeSpec, NormPlacement};
+use super::resident::Resident;
 use super::rope::frequencies;
 use super::weights::Model;
 use crate::arch::config::RopeScaling;
@@ -119,6 +121,12 @@ pub struct State<'m, 'a, B: Backend> {
     capture: Option<KvCapture>,
     /// An edit of every layer's keys inside the pass (`visual-sinks --edit`).
     key_edit: Option<&'m dyn KeyEdit>,
+    /// A decode's KV cache: the rows are the positions after the cached ones, and attend them.
+    cache: Option<KvCache<B::Tensor>>,
+    /// The position of row 0: the cached positions (0 without a cache).
+    offset: usize,
+    /// A decode's held weights (`None`: each block reads its own and drops them).
+    resident: Option<&'m Resident<'m, B>>,
 }
 
 /// Where in a layer's attention a [`KeyEdit`] acts: on the keys after their bias and k-norm,
@@ -173,6 +181,26 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         backend: &'m B,
         prompts: &[Vec<u32>],
     ) -> Result<State<'m, 'a, B>> {
+        Self::embed(model, backend, prompts, None)
+    }
+
+    /// [`State::new`] for a decode: every weight comes from `resident`, and the embedding's
+    /// mapped pages stay (a tied LM head reads them every step).
+    pub fn with_weights(
+        model: &'m Model<'a>,
+        backend: &'m B,
+        prompts: &[Vec<u32>],
+        resident: &'m Resident<'m, B>,
+    ) -> Result<State<'m, 'a, B>> {
+        Self::embed(model, backend, prompts, Some(resident))
+    }
+
+    fn embed(
+        model: &'m Model<'a>,
+        backend: &'m B,
+        prompts: &[Vec<u32>],
+        resident: Option<&'m Resident<'m, B>>,
+    ) -> Result<State<'m, 'a, B>> {
         let hidden = model.spec.hidden_size;
         let name = "model.embed_tokens.weight";
         let stored = model.stored_name(name)?;
@@ -208,7 +236,9 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
                 row += 1;
             }
         }
-        model.ckpt.release(stored);
+        if resident.is_none() {
+            model.ckpt.release(stored);
+        }
         let mut x = backend.upload(x)?;
         backend.round(&mut x)?;
         Ok(State {
@@ -221,7 +251,36 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             mrope: vec![None; prompts.len()],
             capture: None,
             key_edit: None,
+            cache: None,
+            offset: 0,
+            resident,
         })
+    }
+
+    /// Run the rows after the positions `cache` holds, attending them: one prompt's next tokens.
+    /// Its rows' keys and values join the cache; [`State::take_cache`] hands it back.
+    pub fn attach_cache(&mut self, cache: KvCache<B::Tensor>) -> Result<()> {
+        if self.prompts.len() != 1 {
+            bail!("a KV cache serves one sequence, not {}", self.prompts.len());
+        }
+        if cache.len() + self.rows > cache.capacity() {
+            bail!(
+                "{} positions after the {} cached exceed the KV cache's {}",
+                self.rows,
+                cache.len(),
+                cache.capacity()
+            );
+        }
+        self.offset = cache.len();
+        self.cache = Some(cache);
+        Ok(())
+    }
+
+    /// The KV cache, with this state's rows counted in it once every layer has run.
+    pub fn take_cache(&mut self) -> Option<KvCache<B::Tensor>> {
+        let mut cache = self.cache.take()?;
+        cache.advance(self.rows);
+        Some(cache)
     }
 
     /// Give prompt `prompt` the M-RoPE positions of transformers' `get_rope_index` (a VLM prompt
@@ -289,10 +348,15 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     }
 
     /// Run the key edit on `k` if it acts at `stage`; the result is rounded to the precision.
+    /// Over a KV cache the edit acts on the rows from position 0 (a decode's prefill), where the
+    /// prompt's image keys are: the cache then carries the edited keys into every later step.
     fn edit_keys(&self, layer: usize, k: &mut B::Tensor, stage: KeyStage) -> Result<()> {
         let Some(edit) = self.key_edit.filter(|e| e.stage() == stage) else {
             return Ok(());
         };
+        if self.offset > 0 {
+            return Ok(());
+        }
         let mut host = self.backend.to_host(k)?.into_owned();
         edit.edit(layer, &mut host)?;
         *k = self.backend.upload(host)?;
@@ -310,8 +374,22 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         Ok(self.backend.to_host(&self.x)?.into_owned())
     }
 
-    fn weight(&self, name: &str, shape: &[usize]) -> Result<B::Tensor> {
-        self.backend.load(self.model, name, shape)
+    fn weight(&self, name: &str, shape: &[usize]) -> Result<Held<'m, B::Tensor>> {
+        if let Some(r) = self.resident {
+            if let Some(v) = r.vector(self.model, name, shape)? {
+                return Ok(Held::Resident(v));
+            }
+        }
+        self.backend.load(self.model, name, shape).map(Held::Read)
+    }
+
+    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix<'m, B>> {
+        if let Some(r) = self.resident {
+            if let Some(w) = r.matrix(self.model, name, shape)? {
+                return Ok(Matrix::Stored(w));
+            }
+        }
+        self.backend.load(self.model, name, shape).map(Matrix::Read)
     }
 
     /// `input Wᵀ` for the `[out, in]` weight `{prefix}.weight`; `input` has every token's row.
@@ -322,8 +400,15 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         out: usize,
         inp: usize,
     ) -> Result<B::Tensor> {
-        let w = self.weight(&format!("{prefix}.weight"), &[out, inp])?;
-        self.backend.linear(input, self.rows, &w, out, inp)
+        self.product(&self.linear(prefix, out, inp, false)?, input, self.rows)
+    }
+
+    /// `x Wᵀ` of `rows` rows, not rounded.
+    fn product(&self, l: &LinearWeights<'m, B>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
+        match &l.weight {
+            Matrix::Read(w) => self.backend.linear(x, rows, w, l.out, l.inp),
+            Matrix::Stored(w) => self.backend.linear_stored(x, rows, w, l.out, l.inp),
+        }
     }
 
     /// The linear layer `{prefix}` (`[out, in]` weight, and its bias if `bias`).
@@ -333,9 +418,9 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         out: usize,
         inp: usize,
         bias: bool,
-    ) -> Result<LinearWeights<B::Tensor>> {
+    ) -> Result<LinearWeights<'m, B>> {
         Ok(LinearWeights {
-            weight: self.weight(&format!("{prefix}.weight"), &[out, inp])?,
+            weight: self.matrix(&format!("{prefix}.weight"), &[out, inp])?,
             bias: if bias {
                 Some(self.weight(&format!("{prefix}.bias"), &[out])?)
             } else {
@@ -347,9 +432,9 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     }
 
     /// `x Wᵀ + b` of `rows` rows, rounded to the precision once, after the bias.
-    fn apply(&self, l: &LinearWeights<B::Tensor>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
+    fn apply(&self, l: &LinearWeights<'m, B>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
         let be = self.backend;
-        let mut y = be.linear(x, rows, &l.weight, l.out, l.inp)?;
+        let mut y = self.product(l, x, rows)?;
         if let Some(b) = &l.bias {
             be.add_bias(&mut y, b, l.out)?;
         }
@@ -371,7 +456,8 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
 
     fn rope_index(&mut self, layer: &LayerSpec, prompt: usize) -> Result<usize> {
         let spec = &self.model.spec;
-        let len = self.prompts[prompt].len();
+        // Dynamic NTK scaling follows the whole sequence, the cached positions included.
+        let len = self.offset + self.prompts[prompt].len();
         let seq_len = match layer.rope.scaling {
             RopeScaling::Dynamic { .. } => len.max(spec.max_position_embeddings),
             _ => 0,
@@ -406,7 +492,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
             }
             None => {
                 let max_len = self.prompts.iter().map(|r| r.len()).max().unwrap_or(0);
-                RopeTable::new(&freq, max_len)
+                RopeTable::span(&freq, self.offset..self.offset + max_len)
             }
         };
         self.ropes.push((key, table));
@@ -567,16 +653,27 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         if !(be.all_finite(&q)? && be.all_finite(&k)?) {
             return Err(self.non_finite_error(layer, "query/key projections"));
         }
-        let shape = AttentionShape {
-            prompts: &self.prompts,
-            num_heads: nh,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            causal: true,
-            window: lspec.window,
-            scale: (hd as f32).powf(-0.5),
+        let attended = match (&mut self.cache, &v) {
+            (Some(cache), Some(v)) => {
+                cache.write(be, layer, &k, v, self.rows)?;
+                let (keys, values) = cache.layer(layer);
+                let shape = cache.shape(nh, self.rows, lspec.window);
+                be.attention_cached(&q, keys, values, &shape, visit)?
+            }
+            _ => {
+                let shape = AttentionShape {
+                    prompts: &self.prompts,
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    causal: true,
+                    window: lspec.window,
+                    scale: (hd as f32).powf(-0.5),
+                };
+                be.attention(&q, &k, v.as_ref(), &shape, visit)?
+            }
         };
-        let attended = be.attention(&q, &k, v.as_ref(), &shape, visit)?;
+        let attended: Attended<R, B::Tensor> = attended;
         drop((q, k, v));
         let Some(ctx) = attended.context else {
             return Ok(AttentionOutput {
@@ -657,7 +754,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     /// [`MLP_ROWS`] tokens (`act` the spec's `hidden_act`).
     fn gated_mlp(
         &self,
-        [gate, up, down]: &[LinearWeights<B::Tensor>; 3],
+        [gate, up, down]: &[LinearWeights<'m, B>; 3],
         h: &B::Tensor,
         rows: usize,
     ) -> Result<B::Tensor> {
@@ -838,8 +935,13 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         };
         // A header's shape may have any rank: `weight` refuses one that is not [rows, hidden].
         let vocab = model.info(head)?.shape.first().copied().unwrap_or(0);
-        let lm = self.weight(head, &[vocab, hidden])?;
-        let mut logits = be.linear(h, rows, &lm, vocab, hidden)?;
+        let lm = LinearWeights {
+            weight: self.matrix(head, &[vocab, hidden])?,
+            bias: None,
+            out: vocab,
+            inp: hidden,
+        };
+        let mut logits = self.product(&lm, h, rows)?;
         be.round(&mut logits)?;
         Ok(be.to_host(&logits)?.into_owned())
     }
@@ -878,7 +980,7 @@ struct FusedExperts {
 
 impl FusedExperts {
     /// Expert `e`'s `[gate, up, down]` as `[out, in]` weights on the backend.
-    fn expert<B: Backend>(&self, be: &B, e: usize) -> Result<[LinearWeights<B::Tensor>; 3]> {
+    fn expert<'r, B: Backend>(&self, be: &B, e: usize) -> Result<[LinearWeights<'r, B>; 3]> {
         let (h, i) = (self.hidden, self.inter);
         let gate_up = &self.gate_up[e * 2 * i * h..(e + 1) * 2 * i * h];
         let down = &self.down[e * h * i..(e + 1) * h * i];
@@ -896,17 +998,16 @@ impl FusedExperts {
             t
         };
         let (gate_up, down) = (out_in(gate_up, h, 2 * i), out_in(down, i, h));
-        let weights =
-            |values: Vec<f32>, out: usize, inp: usize| -> Result<LinearWeights<B::Tensor>> {
-                let mut weight = be.upload(values)?;
-                be.round(&mut weight)?;
-                Ok(LinearWeights {
-                    weight,
-                    bias: None,
-                    out,
-                    inp,
-                })
-            };
+        let weights = |values: Vec<f32>, out: usize, inp: usize| -> Result<LinearWeights<'r, B>> {
+            let mut weight = be.upload(values)?;
+            be.round(&mut weight)?;
+            Ok(LinearWeights {
+                weight: Matrix::Read(weight),
+                bias: None,
+                out,
+                inp,
+            })
+        };
         Ok([
             weights(gate_up[..i * h].to_vec(), i, h)?,
             weights(gate_up[i * h..].to_vec(), i, h)?,
@@ -916,11 +1017,34 @@ impl FusedExperts {
 }
 
 /// A linear layer's weights on the backend: `[out, in]`, and the bias if it has one.
-struct LinearWeights<T> {
-    weight: T,
-    bias: Option<T>,
+struct LinearWeights<'r, B: Backend> {
+    weight: Matrix<'r, B>,
+    bias: Option<Held<'r, B::Tensor>>,
     out: usize,
     inp: usize,
+}
+
+/// A weight as a block uses it: read for the block (and dropped with it), or held for a decode.
+enum Held<'r, T> {
+    Read(T),
+    Resident(&'r T),
+}
+
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            Held::Read(t) => t,
+            Held::Resident(t) => t,
+        }
+    }
+}
+
+/// A weight matrix: read and decoded for the block, or held in its stored dtype for a decode.
+enum Matrix<'r, B: Backend + 'r> {
+    Read(B::Tensor),
+    Stored(&'r B::Stored<'r>),
 }
 
 /// `min over rows of RMS(row[group]) / input_norm[row]`, per group of `group_len` columns.

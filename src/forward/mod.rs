@@ -14,6 +14,8 @@
 //! 3 backend/
 //! 4 rope.rs
 //! 4 device.rs
+//! 4 cache.rs
+//! 4 resident.rs
 //! 5 decoder.rs
 //! 6 vision/
 //! 7 pass.rs
@@ -36,9 +38,12 @@
 //! - [`memory`]: the host memory a pass over a long prompt will hold, checked before it runs.
 //! - [`vlm`]: a VLM prompt as its processor builds it: placeholders and M-RoPE positions.
 //! - [`device`]: `--device` and the one dispatch of a job onto the CPU or CUDA backend.
+//! - [`cache`]: a decode's KV cache, as transformers' `DynamicCache` holds keys and values.
+//! - [`resident`]: a decode's weights, held for every step in their stored dtype.
 
 pub mod activation;
 pub mod backend;
+pub mod cache;
 pub mod capture;
 pub mod decoder;
 pub mod device;
@@ -46,6 +51,7 @@ pub mod memory;
 pub mod model;
 pub mod pass;
 pub mod precision;
+pub mod resident;
 pub mod rope;
 pub mod vision;
 pub mod vlm;

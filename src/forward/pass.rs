@@ -121,6 +121,18 @@ impl<'m, 'a, B: Backend> Pass<'m, 'a, B> {
         }
     }
 
+    /// A pass of `state` whose weights are held for a decode ([`State::with_weights`]): nothing
+    /// is read ahead.
+    pub fn held(state: State<'m, 'a, B>, end: End) -> Pass<'m, 'a, B> {
+        Pass {
+            state,
+            end,
+            next: 0,
+            deepstack: None,
+            _reading: None,
+        }
+    }
+
     /// Add `deepstack[i]` to the hidden states of the packed `rows` after layer `i`
     /// (`_deepstack_process`), once the layer's output is handed to the hooks.
     pub fn add_after_layers(&mut self, rows: &'m [u32], deepstack: &'m [Vec<f32>]) {

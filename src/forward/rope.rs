@@ -162,10 +162,15 @@ fn yarn(theta: f64, dim: usize, params: &Yarn, max_position_embeddings: usize) -
 impl RopeTable {
     /// The table for positions `0..positions`.
     pub fn new(freq: &Frequencies, positions: usize) -> RopeTable {
+        RopeTable::span(freq, 0..positions)
+    }
+
+    /// The table whose row `i` is position `positions.start + i` (the rows after a KV cache's).
+    pub fn span(freq: &Frequencies, positions: std::ops::Range<usize>) -> RopeTable {
         let half = freq.inv_freq.len();
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for t in 0..positions {
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for t in positions {
             for &f in &freq.inv_freq {
                 let angle = t as f32 * f;
                 cos.push((angle as f64).cos() as f32 * freq.attention_scaling);

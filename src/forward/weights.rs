@@ -173,6 +173,13 @@ impl<'a> Model<'a> {
         ))
     }
 
+    /// Every tensor's Hugging Face standard name, sorted.
+    pub fn standard_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.stored.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     /// The stored header entry of the Hugging Face standard `name`.
     pub fn info(&self, name: &str) -> Result<&crate::checkpoint::TensorInfo> {
         self.ckpt.require(self.stored_name(name)?)

@@ -2,3 +2,5 @@
 //! transformers' `generate` does (`docs/commands/generate.md`). Like candle's
 //! `candle-transformers/src/generation`, it sits in a room of its own above the forward pass: the
 //! forward stack knows nothing of sampling or stopping.
+
+pub mod sequence;

@@ -322,6 +322,8 @@ mod tests {
             prompt: 0,
             head: 0,
             len,
+            keys: len,
+            offset: 0,
             scores,
             probs,
             causal: true,

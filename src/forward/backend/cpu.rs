@@ -17,7 +17,9 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
-use super::{first_key, Attended, AttentionShape, Backend, HeadView, RopeTable, Visitor};
+use super::{
+    first_key, Attended, AttentionShape, Backend, CachedShape, HeadView, RopeTable, Visitor,
+};
 use crate::error::Result;
 use crate::forward::activation::Activation;
 use crate::forward::precision::{Bf16Style, Precision};
@@ -25,6 +27,7 @@ use crate::forward::weights::Model;
 use crate::linalg::simd::clear_upper_state;
 
 mod exp;
+pub mod stored;
 
 /// Keeps the buffers the forward pass frees in the process, for the next layer to reuse.
 ///
@@ -205,20 +208,28 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         });
 }
 
-/// Row-wise softmax over the keys each query sees (causal, and the sliding window if any; or
-/// every key when not causal); masked entries are exactly 0, as `exp(finfo.min - max)`
+/// Row-wise softmax over the keys each query sees: query row `q` is at position `offset + q`,
+/// and sees the keys up to it (causal, and the sliding window if any; or every key when not
+/// causal). `scores` is `[len, keys]`; masked entries are exactly 0, as `exp(finfo.min - max)`
 /// underflows to in transformers.
-fn softmax_masked(scores: &[f32], len: usize, causal: bool, window: Option<usize>) -> Vec<f32> {
-    let mut probs = vec![0f32; len * len];
+fn softmax_masked(
+    scores: &[f32],
+    len: usize,
+    keys: usize,
+    offset: usize,
+    causal: bool,
+    window: Option<usize>,
+) -> Vec<f32> {
+    let mut probs = vec![0f32; len * keys];
     for q in 0..len {
         let (lo, hi) = if causal {
-            (first_key(q, window), q + 1)
+            (first_key(offset + q, window), offset + q + 1)
         } else {
-            (0, len)
+            (0, keys)
         };
-        let row = &scores[q * len + lo..q * len + hi];
+        let row = &scores[q * keys + lo..q * keys + hi];
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let out = &mut probs[q * len + lo..q * len + hi];
+        let out = &mut probs[q * keys + lo..q * keys + hi];
         out.iter_mut().zip(row).for_each(|(o, &s)| *o = s - max);
         exp::exp_in_place(out);
         // Summed in key order, one key at a time, as before vectorising the exponentials.
@@ -230,10 +241,12 @@ fn softmax_masked(scores: &[f32], len: usize, causal: bool, window: Option<usize
     probs
 }
 
-/// One head of one prompt (`q`, `k`, `v` are `[len, head_dim]` views): scores `q kᵀ · scale`,
-/// the masked softmax (`causal` with an optional `window`, or over every key), the visitor, and
-/// the head's context `P v` (`[len, head_dim]`, row-major; empty without `v`), in `precision`
-/// (see [`Precision`]). `at` is (prompt, head) for the visitor.
+/// One head of one sequence: `q` is `[len, head_dim]`, its rows at positions `offset..offset +
+/// len`; `k` and `v` are `[keys, head_dim]` for positions `0..keys` (a whole prompt: `keys ==
+/// len`, `offset` 0; over a KV cache, every cached position). Scores `q kᵀ · scale`, the masked
+/// softmax (`causal` with an optional `window`, or over every key), the visitor, and the head's
+/// context `P v` (`[len, head_dim]`, row-major; empty without `v`), in `precision` (see
+/// [`Precision`]). `at` is (prompt, head) for the visitor.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_head<R>(
     q: MatRef<'_, f32>,
@@ -246,11 +259,12 @@ pub fn attend_head<R>(
     at: (usize, usize),
     visit: &Visitor<R>,
 ) -> (R, Vec<f32>) {
-    let (len, hd) = (q.nrows(), q.ncols());
-    let mut scores = vec![0f32; len * len];
+    let (len, hd, keys) = (q.nrows(), q.ncols(), k.nrows());
+    let offset = keys - len;
+    let mut scores = vec![0f32; len * keys];
     let bf16 = !precision.is_f32();
     matmul(
-        MatMut::from_row_major_slice_mut(&mut scores, len, len),
+        MatMut::from_row_major_slice_mut(&mut scores, len, keys),
         Accum::Replace,
         q,
         k.transpose(),
@@ -264,7 +278,7 @@ pub fn attend_head<R>(
             *s = precision.round(precision.round(*s) * scale);
         }
     }
-    let mut probs = softmax_masked(&scores, len, causal, window);
+    let mut probs = softmax_masked(&scores, len, keys, offset, causal, window);
     if bf16 {
         probs.iter_mut().for_each(|p| *p = precision.round(*p));
     }
@@ -272,6 +286,8 @@ pub fn attend_head<R>(
         prompt: at.0,
         head: at.1,
         len,
+        keys,
+        offset,
         scores: &scores,
         probs: &probs,
         causal,
@@ -284,7 +300,7 @@ pub fn attend_head<R>(
     matmul(
         MatMut::from_row_major_slice_mut(&mut ctx, len, hd),
         Accum::Replace,
-        MatRef::from_row_major_slice(&probs, len, len),
+        MatRef::from_row_major_slice(&probs, len, keys),
         v,
         1.0f32,
         Par::Seq,
@@ -294,6 +310,66 @@ pub fn attend_head<R>(
         ctx.iter_mut().for_each(|c| *c = precision.round(*c));
     }
     (out, ctx)
+}
+
+/// [`Backend::cache_write`] on host slices.
+pub fn cache_write(cache: &mut [f32], new: &[f32], shape: &CachedShape, at: usize) {
+    let (kv, hd, cap) = (shape.num_kv_heads, shape.head_dim, shape.capacity);
+    for (t, row) in new.chunks_exact(kv * hd).enumerate() {
+        for (g, head) in row.chunks_exact(hd).enumerate() {
+            let dst = (g * cap + at + t) * hd;
+            cache[dst..dst + hd].copy_from_slice(head);
+        }
+    }
+}
+
+/// [`Backend::attention_cached`] on host slices: each head in parallel through
+/// [`attend_head`], the same arithmetic as a whole prompt's rows; the visitors' results in head
+/// order and the context `[queries, heads · head_dim]`.
+pub fn attention_cached<R: Send>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    shape: &CachedShape,
+    precision: Precision,
+    visit: &Visitor<R>,
+) -> (Vec<R>, Vec<f32>) {
+    let (nh, hd, cap, n) = (
+        shape.num_heads,
+        shape.head_dim,
+        shape.capacity,
+        shape.keys(),
+    );
+    let qd = nh * hd;
+    let group = nh / shape.num_kv_heads;
+    fn cached(buf: &[f32], g: usize, cap: usize, n: usize, hd: usize) -> MatRef<'_, f32> {
+        MatRef::from_row_major_slice(&buf[g * cap * hd..(g * cap + n) * hd], n, hd)
+    }
+    let results: Vec<(R, Vec<f32>)> = (0..nh)
+        .into_par_iter()
+        .map(|h| {
+            attend_head(
+                head_view(q, 0, shape.queries, qd, h * hd, hd),
+                cached(keys, h / group, cap, n, hd),
+                Some(cached(values, h / group, cap, n, hd)),
+                shape.scale,
+                true,
+                shape.window,
+                precision,
+                (0, h),
+                visit,
+            )
+        })
+        .collect();
+    let mut ctx = vec![0f32; shape.queries * qd];
+    let mut heads = Vec::with_capacity(nh);
+    for (h, (out, block)) in results.into_iter().enumerate() {
+        for (t, row) in block.chunks_exact(hd).enumerate() {
+            ctx[t * qd + h * hd..t * qd + (h + 1) * hd].copy_from_slice(row);
+        }
+        heads.push(out);
+    }
+    (heads, ctx)
 }
 
 /// Rows `off..off+len`, columns `col..col+hd` of a row-major matrix of `width` columns.
@@ -332,8 +408,21 @@ impl CpuBackend {
     }
 }
 
+/// A weight held by the CPU backend for a decode ([`Backend::store`]).
+pub enum CpuStored<'w> {
+    /// The stored bytes, read in place by [`stored::linear_stored`].
+    Mapped {
+        dtype: safetensors::Dtype,
+        bytes: &'w [u8],
+    },
+    /// Decoded and rounded to bf16: an f32 or f16 checkpoint run in bf16, whose weights must be
+    /// rounded as [`CpuBackend::load`] rounds them.
+    Decoded(Vec<f32>),
+}
+
 impl Backend for CpuBackend {
     type Tensor = Vec<f32>;
+    type Stored<'w> = CpuStored<'w>;
 
     fn describe(&self) -> String {
         "cpu".into()
@@ -356,6 +445,41 @@ impl Backend for CpuBackend {
         let mut w = model.tensor(name, shape)?;
         self.round_all(&mut w);
         Ok(w)
+    }
+
+    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<CpuStored<'w>> {
+        let (dtype, bytes) = model.stored_bytes(name, shape)?;
+        if self.bf16() && dtype != safetensors::Dtype::BF16 {
+            return Ok(CpuStored::Decoded(self.load(model, name, shape)?));
+        }
+        Ok(CpuStored::Mapped { dtype, bytes })
+    }
+
+    fn linear_stored(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuStored<'_>,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Vec<f32>> {
+        Ok(match w {
+            CpuStored::Mapped { dtype, bytes } => {
+                stored::linear_stored(x, rows, bytes, *dtype, out_features, in_features)?
+            }
+            CpuStored::Decoded(w) => linear(x, rows, w, out_features, in_features),
+        })
+    }
+
+    fn cache_write(
+        &self,
+        cache: &mut Vec<f32>,
+        new: &Vec<f32>,
+        shape: &CachedShape,
+        at: usize,
+    ) -> Result<()> {
+        cache_write(cache, new, shape, at);
+        Ok(())
     }
 
     fn linear(

@@ -47,6 +47,28 @@ impl AttentionShape<'_> {
     }
 }
 
+/// The layout of one layer's attention over a KV cache ([`Backend::attention_cached`]): one
+/// sequence whose `queries` new tokens, at positions `offset..offset + queries`, attend every
+/// cached key up to their own (causal, within the layer's window).
+pub struct CachedShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions the cache has room for: the stride between its heads.
+    pub capacity: usize,
+    pub queries: usize,
+    pub offset: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+}
+
+impl CachedShape {
+    /// Keys the last query sees the end of: the cache's filled positions.
+    pub fn keys(&self) -> usize {
+        self.offset + self.queries
+    }
+}
+
 /// What [`Backend::attention`] returns: every visited head's result in prompt-major order
 /// (`prompt * num_heads + head`), and the context `P v` as `[tokens, num_heads * head_dim]` when
 /// values were given.
@@ -59,12 +81,18 @@ pub struct Attended<R, T> {
 pub struct HeadView<'a> {
     pub prompt: usize,
     pub head: usize,
-    /// Tokens in the prompt.
+    /// Queries: the prompt's tokens (or, over a KV cache, the new tokens).
     pub len: usize,
-    /// `[len, len]` row-major attention scores after scaling, before the mask (`scores[q*len+p]`
-    /// is meaningful for the keys query `q` sees: `first_key(q) <= p <= q`).
+    /// Keys each row spans: `len` for a whole prompt; over a KV cache, every cached position
+    /// and the new ones.
+    pub keys: usize,
+    /// The position of query row 0 (`keys - len`; 0 for a whole prompt).
+    pub offset: usize,
+    /// `[len, keys]` row-major attention scores after scaling, before the mask
+    /// (`scores[q*keys+p]` is meaningful for the keys query `q` sees:
+    /// `first_key(q) <= p <= offset + q`).
     pub scores: &'a [f32],
-    /// `[len, len]` softmax probabilities, exactly 0 for masked keys.
+    /// `[len, keys]` softmax probabilities, exactly 0 for masked keys.
     pub probs: &'a [f32],
     /// Whether the attention is causal (every decoder layer); the vision towers' is not, and
     /// [`HeadView::first_key`] then does not describe it.
@@ -74,10 +102,10 @@ pub struct HeadView<'a> {
 }
 
 impl HeadView<'_> {
-    /// The first key query `q` sees.
+    /// The first key query row `q` sees.
     #[inline]
     pub fn first_key(&self, q: usize) -> usize {
-        first_key(q, self.window)
+        first_key(self.offset + q, self.window)
     }
 }
 
@@ -166,6 +194,26 @@ pub trait Backend: Sync {
     /// Weight `name` of `model` (Hugging Face standard name) of the expected `shape`, as f32.
     fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor>;
 
+    /// A weight matrix held for a whole decode, as this backend keeps it: on the CPU the stored
+    /// bytes, mapped from the file and never decoded to f32 (`docs/commands/generate.md`,
+    /// "Weights").
+    type Stored<'w>: Send + Sync
+    where
+        Self: 'w;
+
+    /// Weight `name` of `model` of the expected `shape` (`[out, in]`), held for [`Backend::linear_stored`].
+    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<Self::Stored<'w>>;
+
+    /// [`Backend::linear`] with a held weight: `x Wᵀ`, f32 accumulation, not rounded.
+    fn linear_stored(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        w: &Self::Stored<'_>,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self::Tensor>;
+
     /// `x Wᵀ` with f32 accumulation, not rounded (the recipe rounds after any bias): `x` is
     /// `[rows, in_features]`, `w` is `[out_features, in_features]` as stored.
     fn linear(
@@ -245,6 +293,48 @@ pub trait Backend: Sync {
         shape: &AttentionShape,
         visit: &Visitor<R>,
     ) -> Result<Attended<R, Self::Tensor>>;
+
+    /// Write `new` (`[rows, kv_heads · head_dim]`, token-major as the projections make them) into
+    /// a KV cache tensor laid out as transformers' `DynamicCache` holds a layer's keys or values,
+    /// `[kv_heads, capacity, head_dim]`, at positions `at..at + rows`.
+    fn cache_write(
+        &self,
+        cache: &mut Self::Tensor,
+        new: &Self::Tensor,
+        shape: &CachedShape,
+        at: usize,
+    ) -> Result<()> {
+        let mut host = self.to_host(cache)?.into_owned();
+        cpu::cache_write(&mut host, &self.to_host(new)?, shape, at);
+        *cache = self.upload(host)?;
+        Ok(())
+    }
+
+    /// Attention of `q` (`[queries, heads · head_dim]`) over the cached `keys` and `values`
+    /// ([`Backend::cache_write`]'s layout): the scores, masked softmax and context as
+    /// [`Backend::attention`] computes them for the same rows of a whole prompt, each head handed
+    /// to `visit` (`len` queries by `keys` columns).
+    fn attention_cached<R: Send>(
+        &self,
+        q: &Self::Tensor,
+        keys: &Self::Tensor,
+        values: &Self::Tensor,
+        shape: &CachedShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Self::Tensor>> {
+        let (heads, context) = cpu::attention_cached(
+            &self.to_host(q)?,
+            &self.to_host(keys)?,
+            &self.to_host(values)?,
+            shape,
+            self.precision(),
+            visit,
+        );
+        Ok(Attended {
+            heads,
+            context: Some(self.upload(context)?),
+        })
+    }
 
     /// `gate = act(gate) * up`, elementwise (the gated MLP; each result rounded in bf16).
     fn act_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<()>;

@@ -196,6 +196,11 @@ impl<D: Device> CudaBackend<D> {
 
 impl<D: Device> Backend for CudaBackend<D> {
     type Tensor = DeviceTensor<D::Buffer>;
+    /// Held weights are uploaded once and widened on the device as [`Backend::load`] does.
+    type Stored<'w>
+        = DeviceTensor<D::Buffer>
+    where
+        Self: 'w;
 
     fn describe(&self) -> String {
         self.device.describe()
@@ -257,6 +262,21 @@ impl<D: Device> Backend for CudaBackend<D> {
             self.round(&mut out)?;
         }
         Ok(out)
+    }
+
+    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
+        self.load(model, name, shape)
+    }
+
+    fn linear_stored(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        w: &Self::Tensor,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self::Tensor> {
+        self.linear(x, rows, w, out_features, in_features)
     }
 
     fn linear(
@@ -472,6 +492,8 @@ impl<D: Device> Backend for CudaBackend<D> {
                     prompt: group.start + p,
                     head: h,
                     len,
+                    keys: len,
+                    offset: 0,
                     scores: &scores[at..at + len * len],
                     probs: &probs[at..at + len * len],
                     causal: shape.causal,

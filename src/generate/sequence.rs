@@ -1,0 +1,163 @@
+//! One sequence being decoded (`docs/commands/generate.md`, "The KV cache"): its prompt run once
+//! into a KV cache (the prefill, images included), then the tokens after it, each step a pass
+//! of the new rows over the cached ones. Weights are held for the whole decode ([`Resident`]).
+
+use crate::arch::config::RopeScaling;
+use crate::error::Result;
+use crate::forward::backend::{Backend, HeadView};
+use crate::forward::cache::KvCache;
+use crate::forward::capture::{self, Encoded, Prompt};
+use crate::forward::decoder::{KeyEdit, State};
+use crate::forward::pass::{End, Hooks, Pass};
+use crate::forward::resident::Resident;
+use crate::forward::weights::Model;
+use crate::{bad, bail};
+
+/// Which logits a pass returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// The next token's: `[vocab]`.
+    Last,
+    /// Every new row's: `[rows, vocab]` (teacher forcing).
+    All,
+}
+
+/// A sequence's tokens so far and their keys and values.
+pub struct Sequence<'m, 'a, B: Backend> {
+    model: &'m Model<'a>,
+    backend: &'m B,
+    weights: &'m Resident<'m, B>,
+    /// Taken by the pass running now, and handed back when it ends.
+    cache: Option<KvCache<B::Tensor>>,
+    ids: Vec<u32>,
+    /// M-RoPE after images (transformers' `rope_deltas`): a text token at sequence index `i`
+    /// sits at position `i + delta` on every axis.
+    rope_delta: i64,
+    edit: Option<&'m dyn KeyEdit>,
+}
+
+impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
+    /// An empty sequence with room for `capacity` tokens; `edit` edits the prompt's keys.
+    pub fn new(
+        model: &'m Model<'a>,
+        backend: &'m B,
+        weights: &'m Resident<'m, B>,
+        capacity: usize,
+        edit: Option<&'m dyn KeyEdit>,
+    ) -> Result<Sequence<'m, 'a, B>> {
+        let max = model.spec.max_position_embeddings;
+        // Dynamic NTK scaling exists to run past the trained length (its frequencies follow
+        // the sequence); every other rope is refused there, as positions it never saw.
+        let dynamic = (model.spec.layers.iter())
+            .all(|l| matches!(l.rope.scaling, RopeScaling::Dynamic { .. }));
+        if capacity > max && !dynamic {
+            bail!(
+                "{capacity} tokens (the prompt and every new token) exceed the model's \
+                 max_position_embeddings {max} ({})",
+                model.ckpt.dir.join("config.json").display()
+            );
+        }
+        Ok(Sequence {
+            model,
+            backend,
+            weights,
+            cache: Some(KvCache::new(backend, &model.spec, capacity)?),
+            ids: Vec::new(),
+            rope_delta: 0,
+            edit,
+        })
+    }
+
+    /// The tokens so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// The model decoded.
+    pub fn model(&self) -> &'m Model<'a> {
+        self.model
+    }
+
+    /// Run `prompt` (its images through `encoded`, from [`capture::encode`]) as the sequence's
+    /// first tokens: every `visit(layer, head)` and hook as in any pass; the logits `which` says.
+    pub fn prefill<R: Send>(
+        &mut self,
+        prompt: &Prompt,
+        encoded: Option<&'m Encoded>,
+        visit: &(impl Fn(usize, &HeadView) -> R + Sync),
+        hooks: &mut impl Hooks<B, R>,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        if !self.ids.is_empty() {
+            bail!("the sequence already has its prompt");
+        }
+        let ids = std::slice::from_ref(&prompt.ids);
+        let mut state = State::with_weights(self.model, self.backend, ids, self.weights)?;
+        capture::place_images(&mut state, prompt, encoded)?;
+        if let Some(positions) = capture::positions(prompt, encoded)? {
+            let next = positions.iter().flatten().max().map_or(0, |&p| p + 1);
+            self.rope_delta = next - prompt.ids.len() as i64;
+        }
+        let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
+        let logits = self.run(state, deepstack, visit, hooks, which)?;
+        self.ids.extend_from_slice(&prompt.ids);
+        Ok(logits)
+    }
+
+    /// Run `tokens` (text) after the sequence so far.
+    pub fn feed<R: Send>(
+        &mut self,
+        tokens: &[u32],
+        visit: &(impl Fn(usize, &HeadView) -> R + Sync),
+        hooks: &mut impl Hooks<B, R>,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        if self.ids.is_empty() {
+            bail!("a sequence starts with its prompt's prefill");
+        }
+        let ids = [tokens.to_vec()];
+        let mut state = State::with_weights(self.model, self.backend, &ids, self.weights)?;
+        if self.rope_delta != 0 {
+            let start = self.ids.len() as i64 + self.rope_delta;
+            let positions: Vec<i64> = (start..start + tokens.len() as i64).collect();
+            state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])?;
+        }
+        let logits = self.run(state, None, visit, hooks, which)?;
+        self.ids.extend_from_slice(tokens);
+        Ok(logits)
+    }
+
+    /// [`Sequence::feed`] of one token, keeping nothing: a plain decode step.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.feed(&[token], &|_, _: &HeadView| (), &mut (), Logits::Last)
+    }
+
+    fn run<R: Send>(
+        &mut self,
+        mut state: State<'m, 'a, B>,
+        deepstack: Option<(&'m [u32], &'m [Vec<f32>])>,
+        visit: &(impl Fn(usize, &HeadView) -> R + Sync),
+        hooks: &mut impl Hooks<B, R>,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let cache = self
+            .cache
+            .take()
+            .ok_or_else(|| bad!("an earlier step of this sequence failed"))?;
+        state.attach_cache(cache)?;
+        if let Some(edit) = self.edit {
+            state.set_key_edit(edit);
+        }
+        let mut pass = Pass::held(state, End::Logits);
+        if let Some((rows, features)) = deepstack {
+            pass.add_after_layers(rows, features);
+        }
+        pass.run(visit, hooks)?;
+        let logits = match which {
+            Logits::Last => pass.state().last_logits()?,
+            Logits::All => pass.state().logits()?,
+        };
+        self.cache = pass.state_mut().take_cache();
+        Ok(logits)
+    }
+}
