@@ -61,6 +61,12 @@ pub const PROCESSOR_CONFIG: Cap = Cap {
     bytes: 1 << 20,
 };
 
+/// `generation_config.json`: a few hundred bytes in practice, like the processor configs.
+pub const GENERATION_CONFIG: Cap = Cap {
+    what: "generation config",
+    bytes: 1 << 20,
+};
+
 /// What a file system entry is, in words, for the messages that refuse one that is not a
 /// regular file (here, and the outputs' checks in `checkpoint::output`).
 pub fn kind_in_words(t: &std::fs::FileType) -> &'static str {

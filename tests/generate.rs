@@ -152,3 +152,217 @@ fn greedy_decoding_equals_transformers_generate() {
     }
     assert!(checked >= 30, "{checked} cases");
 }
+
+// The command line.
+
+use crate::util::sinkmerge;
+
+const TINY: &str = "assets/models/tiny-qwen2/ref";
+
+/// A golden case's prompt ids in a file, for `--prompt-ids`.
+fn prompt_file(dir: &Path, case: &str) -> std::path::PathBuf {
+    let (golden, _) = golden(case);
+    let path = dir.join(format!("{case}.ids.json"));
+    std::fs::write(&path, serde_json::to_vec(&golden.prompt_ids).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn the_command_decodes_as_transformers_and_reports_each_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (golden, steps) = golden("tiny_qwen2_ref");
+    let ids = prompt_file(dir.path(), "tiny_qwen2_ref");
+    let report = sinkmerge(["generate", TINY, "--greedy", "--ignore-eos", "--json"])
+        .args(["--max-new-tokens", "40", "--prompt-ids"])
+        .args([&ids])
+        .json();
+    let generated: Vec<u32> = serde_json::from_value(report["generated_ids"].clone()).unwrap();
+    assert_eq!(generated, golden.generated_ids);
+    assert_eq!(report["stop_reason"], "max_new_tokens");
+    assert_eq!(
+        report["prompt_ids"].as_array().unwrap().len(),
+        golden.prompt_ids.len()
+    );
+    let first = &report["steps"][0];
+    // The raw distribution of step 0, from transformers' logits.
+    let logits = &steps[0];
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let log_z = max as f64
+        + logits
+            .iter()
+            .map(|&v| ((v - max) as f64).exp())
+            .sum::<f64>()
+            .ln();
+    let token = golden.generated_ids[0] as usize;
+    let logprob = first["logprob"].as_f64().unwrap();
+    assert!(
+        (logprob - (logits[token] as f64 - log_z)).abs() < 1e-4,
+        "{logprob}"
+    );
+    assert_eq!(first["top5"].as_array().unwrap().len(), 5);
+    assert_eq!(first["top5"][0]["token_id"], golden.generated_ids[0]);
+    assert!(first["entropy"].as_f64().unwrap() > 0.0);
+    for key in ["prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(report["timings"][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+    assert_eq!(report["settings"]["do_sample"]["source"], "flag");
+}
+
+#[test]
+fn text_streams_and_stops_at_eos_or_a_stop_string() {
+    let text = sinkmerge(["generate", TINY, "--prompt", "The capital of France is"])
+        .args(["--max-new-tokens", "24"])
+        .ok();
+    assert!(text.ends_with('\n') && text.len() > 1, "{text:?}");
+    let report = sinkmerge(["generate", TINY, "--prompt", "The capital of France is"])
+        .args(["--max-new-tokens", "24", "--json"])
+        .json();
+    let answer = report["text"].as_str().unwrap();
+    assert_eq!(
+        text.trim_end_matches('\n'),
+        answer,
+        "streamed text = the report's"
+    );
+    // A stop string taken from the answer's middle ends it there.
+    let words: Vec<&str> = answer.split_whitespace().collect();
+    if words.len() >= 3 {
+        let stop = words[1];
+        let stopped = sinkmerge(["generate", TINY, "--prompt", "The capital of France is"])
+            .args(["--max-new-tokens", "24", "--json", "--stop", stop])
+            .json();
+        assert_eq!(stopped["stop_reason"], "stop");
+        let t = stopped["text"].as_str().unwrap();
+        assert!(t.contains(stop) && t.len() <= answer.len(), "{t:?}");
+    }
+}
+
+#[test]
+fn sampling_is_seeded_and_the_same_at_any_thread_count() {
+    // tiny-qwen2: a 2048-row LM head and 4 layers of hidden 256, so both threads take blocks.
+    let run = |threads: &str, seed: &str| {
+        sinkmerge([
+            "generate",
+            TINY,
+            "--prompt",
+            "Once upon a time",
+            "--do-sample",
+        ])
+        .args(["--temperature", "1.3", "--top-k", "40", "--top-p", "0.95"])
+        .args([
+            "--max-new-tokens",
+            "32",
+            "--ignore-eos",
+            "--json",
+            "--seed",
+            seed,
+        ])
+        .threads(threads)
+        .json()
+    };
+    let one = run("1", "7");
+    let two = run("2", "7");
+    assert_eq!(one["generated_ids"], two["generated_ids"]);
+    assert_eq!(one["text"], two["text"]);
+    assert_eq!(one["settings"]["do_sample"]["value"], true);
+    let other = run("2", "8");
+    assert_ne!(
+        one["generated_ids"], other["generated_ids"],
+        "seeds 7 and 8"
+    );
+}
+
+#[test]
+fn a_batch_gives_line_for_line_what_single_runs_give() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = dir.path().join("prompts.jsonl");
+    std::fs::write(
+        &batch,
+        "{\"prompt\": \"The capital of France is\", \"max_new_tokens\": 12}\n\
+         {\"prompt\": \"Once upon a time\", \"do_sample\": true, \"seed\": 3, \"max_new_tokens\": 10}\n\
+         \n\
+         {\"prompt\": \"2 + 2 =\", \"max_new_tokens\": 8, \"repetition_penalty\": 1.3}\n",
+    )
+    .unwrap();
+    let out = sinkmerge(["generate", TINY, "--batch"]).args([&batch]).ok();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    let singles = [
+        vec![
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "12",
+        ],
+        vec![
+            "--prompt",
+            "Once upon a time",
+            "--do-sample",
+            "--seed",
+            "3",
+            "--max-new-tokens",
+            "10",
+        ],
+        vec![
+            "--prompt",
+            "2 + 2 =",
+            "--max-new-tokens",
+            "8",
+            "--repetition-penalty",
+            "1.3",
+        ],
+    ];
+    for (line, single) in lines.iter().zip(singles) {
+        let alone = sinkmerge(["generate", TINY, "--json"]).args(single).json();
+        for key in [
+            "prompt_ids",
+            "generated_ids",
+            "text",
+            "stop_reason",
+            "steps",
+        ] {
+            assert_eq!(line[key], alone[key], "{key}");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    sinkmerge(["generate", TINY, "--prompt", "x", "--max-new-tokens", "0"])
+        .refused(&["--max-new-tokens 0"]);
+    // tiny-qwen2 has max_position_embeddings 512.
+    sinkmerge(["generate", TINY, "--prompt", "x", "--max-new-tokens", "600"])
+        .refused(&["max_position_embeddings 512"]);
+    sinkmerge([
+        "generate",
+        "assets/models/tiny-qwen3/vlm",
+        "--chat",
+        "--prompt",
+        "hi",
+    ])
+    .args(["--template-arg", "no_such_variable=1"])
+    .refused(&["no_such_variable"]);
+    sinkmerge([
+        "generate",
+        "tests/fixtures/vlm/qwen3_vl",
+        "--prompt",
+        "<image><image>x",
+    ])
+    .args(["--image", "tests/fixtures/images/wide_150x61.jpg"])
+    .refused(&["2 `<image>` marker(s) but 1 image(s)"]);
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"prompt\": \"x\", \"bogus\": 1}\n").unwrap();
+    sinkmerge(["generate", TINY, "--batch"])
+        .args([&bad])
+        .refused(&["line 1", "bogus"]);
+}
+
+#[test]
+fn nan_in_the_logits_exits_3() {
+    sinkmerge(["generate", "tests/fixtures/nonfinite", "--prompt", "hello"])
+        .args(["--max-new-tokens", "4"])
+        .non_finite(&["NaN"]);
+}

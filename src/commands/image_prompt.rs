@@ -309,6 +309,16 @@ impl Prompter {
         Ok(ids)
     }
 
+    /// The chat template's extra variables (see [`TextEncoder::set_template_args`]).
+    pub fn set_template_args(&mut self, args: Vec<(String, serde_json::Value)>) -> Result<()> {
+        self.encoder.set_template_args(args)
+    }
+
+    /// The text of generated `ids`, special tokens skipped.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.encoder.decode(ids)
+    }
+
     /// The id of `token`, which the tokenizer must have.
     pub fn token(&self, token: &str) -> Result<u32> {
         self.encoder.token_id(token).ok_or_else(|| {

@@ -5,6 +5,7 @@ pub mod aliases;
 pub mod args;
 pub mod extract;
 pub mod fetch;
+pub mod generate;
 pub mod graft;
 pub mod heads;
 pub mod image_prompt;
@@ -62,6 +63,9 @@ pub enum Command {
     /// One forward pass of a prompt with images; the activations to a safetensors file
     #[command(long_about = trace::LONG_ABOUT, after_help = trace::AFTER_HELP)]
     Trace(trace::Args),
+    /// Decode a model's answer (images too) with a KV cache, exactly as transformers' generate
+    #[command(long_about = generate::LONG_ABOUT, after_help = generate::AFTER_HELP)]
+    Generate(generate::Args),
     /// Visual attention sinks of a VLM on images: the gate, the features, the key edit
     #[command(long_about = visual_sinks::LONG_ABOUT, after_help = visual_sinks::AFTER_HELP)]
     VisualSinks(visual_sinks::Args),
@@ -120,6 +124,7 @@ pub fn run(command: Command, globals: Globals, out: &mut dyn Write) -> Result<()
 fn dispatch(command: Command, progress: bool, out: &mut dyn Write) -> Result<()> {
     match command {
         Command::Inspect(args) => inspect::run(args, progress, out),
+        Command::Generate(args) => generate::run(args, progress, out),
         Command::Aliases(args) => aliases::run(args, out),
         Command::Fetch(args) => fetch::run(args, out),
         Command::Extract(args) => extract::run(args, progress, out),

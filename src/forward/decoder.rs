@@ -126,7 +126,7 @@ pub struct State<'m, 'a, B: Backend> {
     /// The position of row 0: the cached positions (0 without a cache).
     offset: usize,
     /// A decode's held weights (`None`: each block reads its own and drops them).
-    resident: Option<&'m Resident<'m, B>>,
+    resident: Option<&'m Resident<'a, B>>,
 }
 
 /// Where in a layer's attention a [`KeyEdit`] acts: on the keys after their bias and k-norm,
@@ -190,7 +190,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         model: &'m Model<'a>,
         backend: &'m B,
         prompts: &[Vec<u32>],
-        resident: &'m Resident<'m, B>,
+        resident: &'m Resident<'a, B>,
     ) -> Result<State<'m, 'a, B>> {
         Self::embed(model, backend, prompts, Some(resident))
     }
@@ -199,7 +199,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         model: &'m Model<'a>,
         backend: &'m B,
         prompts: &[Vec<u32>],
-        resident: Option<&'m Resident<'m, B>>,
+        resident: Option<&'m Resident<'a, B>>,
     ) -> Result<State<'m, 'a, B>> {
         let hidden = model.spec.hidden_size;
         let name = "model.embed_tokens.weight";
@@ -383,7 +383,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.backend.load(self.model, name, shape).map(Held::Read)
     }
 
-    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix<'m, B>> {
+    fn matrix(&self, name: &str, shape: &[usize]) -> Result<Matrix<'m, 'a, B>> {
         if let Some(r) = self.resident {
             if let Some(w) = r.matrix(self.model, name, shape)? {
                 return Ok(Matrix::Stored(w));
@@ -404,7 +404,12 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     }
 
     /// `x Wᵀ` of `rows` rows, not rounded.
-    fn product(&self, l: &LinearWeights<'m, B>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
+    fn product(
+        &self,
+        l: &LinearWeights<'m, 'a, B>,
+        x: &B::Tensor,
+        rows: usize,
+    ) -> Result<B::Tensor> {
         match &l.weight {
             Matrix::Read(w) => self.backend.linear(x, rows, w, l.out, l.inp),
             Matrix::Stored(w) => self.backend.linear_stored(x, rows, w, l.out, l.inp),
@@ -418,7 +423,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         out: usize,
         inp: usize,
         bias: bool,
-    ) -> Result<LinearWeights<'m, B>> {
+    ) -> Result<LinearWeights<'m, 'a, B>> {
         Ok(LinearWeights {
             weight: self.matrix(&format!("{prefix}.weight"), &[out, inp])?,
             bias: if bias {
@@ -432,7 +437,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     }
 
     /// `x Wᵀ + b` of `rows` rows, rounded to the precision once, after the bias.
-    fn apply(&self, l: &LinearWeights<'m, B>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
+    fn apply(&self, l: &LinearWeights<'m, 'a, B>, x: &B::Tensor, rows: usize) -> Result<B::Tensor> {
         let be = self.backend;
         let mut y = self.product(l, x, rows)?;
         if let Some(b) = &l.bias {
@@ -754,7 +759,7 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
     /// [`MLP_ROWS`] tokens (`act` the spec's `hidden_act`).
     fn gated_mlp(
         &self,
-        [gate, up, down]: &[LinearWeights<'m, B>; 3],
+        [gate, up, down]: &[LinearWeights<'m, 'a, B>; 3],
         h: &B::Tensor,
         rows: usize,
     ) -> Result<B::Tensor> {
@@ -980,7 +985,11 @@ struct FusedExperts {
 
 impl FusedExperts {
     /// Expert `e`'s `[gate, up, down]` as `[out, in]` weights on the backend.
-    fn expert<'r, B: Backend>(&self, be: &B, e: usize) -> Result<[LinearWeights<'r, B>; 3]> {
+    fn expert<'r, 'w, B: Backend>(
+        &self,
+        be: &B,
+        e: usize,
+    ) -> Result<[LinearWeights<'r, 'w, B>; 3]> {
         let (h, i) = (self.hidden, self.inter);
         let gate_up = &self.gate_up[e * 2 * i * h..(e + 1) * 2 * i * h];
         let down = &self.down[e * h * i..(e + 1) * h * i];
@@ -998,16 +1007,17 @@ impl FusedExperts {
             t
         };
         let (gate_up, down) = (out_in(gate_up, h, 2 * i), out_in(down, i, h));
-        let weights = |values: Vec<f32>, out: usize, inp: usize| -> Result<LinearWeights<'r, B>> {
-            let mut weight = be.upload(values)?;
-            be.round(&mut weight)?;
-            Ok(LinearWeights {
-                weight: Matrix::Read(weight),
-                bias: None,
-                out,
-                inp,
-            })
-        };
+        let weights =
+            |values: Vec<f32>, out: usize, inp: usize| -> Result<LinearWeights<'r, 'w, B>> {
+                let mut weight = be.upload(values)?;
+                be.round(&mut weight)?;
+                Ok(LinearWeights {
+                    weight: Matrix::Read(weight),
+                    bias: None,
+                    out,
+                    inp,
+                })
+            };
         Ok([
             weights(gate_up[..i * h].to_vec(), i, h)?,
             weights(gate_up[i * h..].to_vec(), i, h)?,
@@ -1017,8 +1027,8 @@ impl FusedExperts {
 }
 
 /// A linear layer's weights on the backend: `[out, in]`, and the bias if it has one.
-struct LinearWeights<'r, B: Backend> {
-    weight: Matrix<'r, B>,
+struct LinearWeights<'r, 'w, B: Backend> {
+    weight: Matrix<'r, 'w, B>,
     bias: Option<Held<'r, B::Tensor>>,
     out: usize,
     inp: usize,
@@ -1042,9 +1052,9 @@ impl<T> std::ops::Deref for Held<'_, T> {
 }
 
 /// A weight matrix: read and decoded for the block, or held in its stored dtype for a decode.
-enum Matrix<'r, B: Backend + 'r> {
+enum Matrix<'r, 'w, B: Backend> {
     Read(B::Tensor),
-    Stored(&'r B::Stored<'r>),
+    Stored(&'r B::Stored<'w>),
 }
 
 /// `min over rows of RMS(row[group]) / input_norm[row]`, per group of `group_len` columns.

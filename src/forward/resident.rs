@@ -12,7 +12,7 @@ use crate::bail;
 use crate::error::Result;
 
 /// The decoder's weights, by Hugging Face standard name, with their shapes.
-pub struct Resident<'w, B: Backend + 'w> {
+pub struct Resident<'w, B: Backend> {
     matrices: HashMap<String, (Vec<usize>, B::Stored<'w>)>,
     vectors: HashMap<String, (Vec<usize>, B::Tensor)>,
 }
@@ -21,7 +21,7 @@ impl<'w, B: Backend> Resident<'w, B> {
     /// Hold every decoder weight of `model`: the layers', the final norm and the LM head (the
     /// tied embedding when there is no `lm_head.weight`). Three-dimensional tensors (fused
     /// experts) are left to the decoder's own reading.
-    pub fn load(backend: &B, model: &'w Model) -> Result<Resident<'w, B>> {
+    pub fn load(backend: &B, model: &Model<'w>) -> Result<Resident<'w, B>> {
         let mut matrices = HashMap::new();
         let mut vectors = HashMap::new();
         for name in model.standard_names() {

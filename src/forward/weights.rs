@@ -224,7 +224,11 @@ impl<'a> Model<'a> {
 
     /// The stored dtype and bytes of a tensor of the expected shape, for backends that decode
     /// on their device; [`Model::release`] gives its mapped pages back.
-    pub fn stored_bytes(&self, name: &str, shape: &[usize]) -> Result<(safetensors::Dtype, &[u8])> {
+    pub fn stored_bytes(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(safetensors::Dtype, &'a [u8])> {
         let stored = self.shaped(name, shape)?;
         let dtype = self.ckpt.require(stored)?.dtype;
         if !dtype::is_float(dtype) {

@@ -26,7 +26,7 @@ pub enum Logits {
 pub struct Sequence<'m, 'a, B: Backend> {
     model: &'m Model<'a>,
     backend: &'m B,
-    weights: &'m Resident<'m, B>,
+    weights: &'m Resident<'a, B>,
     /// Taken by the pass running now, and handed back when it ends.
     cache: Option<KvCache<B::Tensor>>,
     ids: Vec<u32>,
@@ -41,7 +41,7 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
     pub fn new(
         model: &'m Model<'a>,
         backend: &'m B,
-        weights: &'m Resident<'m, B>,
+        weights: &'m Resident<'a, B>,
         capacity: usize,
         edit: Option<&'m dyn KeyEdit>,
     ) -> Result<Sequence<'m, 'a, B>> {

@@ -36,6 +36,9 @@ pub struct TextEncoder {
 
 struct ChatTemplate {
     source: String,
+    /// Variables the template reads besides the messages (`generate --template-arg`), each
+    /// checked to be one the template names.
+    args: Vec<(String, Value)>,
     origin: TemplateSource,
     /// The file it came from, which errors name.
     file: PathBuf,
@@ -100,6 +103,41 @@ impl TextEncoder {
             .encode(text, add_special)
             .map_err(|e| bad!("{}: cannot encode a prompt: {e}", self.path.display()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids` as transformers' `tokenizer.decode(ids, skip_special_tokens=True)`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| bad!("{}: cannot decode tokens: {e}", self.path.display()))
+    }
+
+    /// Give the chat template `args` (`KEY`, value) besides its messages, as
+    /// `apply_chat_template(..., **kwargs)` does (Qwen3's `enable_thinking`). A key the template
+    /// never reads is refused: it would change nothing, silently.
+    pub fn set_template_args(&mut self, args: Vec<(String, serde_json::Value)>) -> Result<()> {
+        let Some(chat) = &mut self.chat else {
+            if let Some((key, _)) = args.first() {
+                bail!("--template-arg {key}: templates are read with --chat only");
+            }
+            return Ok(());
+        };
+        let names = chat.variables()?;
+        for (key, value) in args {
+            if !names.contains(&key) {
+                let mut known: Vec<&String> = names.iter().collect();
+                known.sort();
+                let known: Vec<&str> = known.iter().map(|s| s.as_str()).collect();
+                bail!(
+                    "--template-arg {key}: the chat template of {} reads no variable `{key}` \
+                     (it reads {})",
+                    chat.file.display(),
+                    known.join(", ")
+                );
+            }
+            chat.args.push((key, json_value(&value)));
+        }
+        Ok(())
     }
 
     /// The id of a token (an added special token such as `<|image_pad|>`), if the vocabulary
@@ -236,6 +274,7 @@ impl ChatTemplate {
         };
         let template = ChatTemplate {
             source,
+            args: Vec::new(),
             origin,
             file,
             special_tokens,
@@ -243,6 +282,18 @@ impl ChatTemplate {
         // Fail on a broken template now, not in the middle of scoring.
         template.render("test")?;
         Ok(template)
+    }
+
+    /// The variables the template reads from its context.
+    fn variables(&self) -> Result<std::collections::HashSet<String>> {
+        let env = Environment::new();
+        let template = env.template_from_str(&self.source).map_err(|e| {
+            bad!(
+                "{}: the chat template does not parse: {e}",
+                self.file.display()
+            )
+        })?;
+        Ok(template.undeclared_variables(false))
     }
 
     fn render(&self, prompt: &str) -> Result<String> {
@@ -294,6 +345,7 @@ impl ChatTemplate {
         for (k, v) in &self.special_tokens {
             ctx.push((k.clone(), Value::from(v.as_str())));
         }
+        ctx.extend(self.args.iter().cloned());
         template
             .render(Value::from_pairs(ctx))
             .map_err(|e| match e.kind() {
@@ -303,6 +355,23 @@ impl ChatTemplate {
                 ),
                 _ => bad!("{file}: the chat template failed to render: {e}"),
             })
+    }
+}
+
+/// A JSON value as the template sees it.
+fn json_value(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::from(()),
+        Json::Bool(b) => Value::from(*b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) => Value::from(i),
+            None => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => Value::from(s.as_str()),
+        Json::Array(items) => Value::from(items.iter().map(json_value).collect::<Vec<_>>()),
+        Json::Object(map) => {
+            Value::from_pairs(map.iter().map(|(k, v)| (k.as_str(), json_value(v))))
+        }
     }
 }
 

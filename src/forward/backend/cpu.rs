@@ -447,7 +447,7 @@ impl Backend for CpuBackend {
         Ok(w)
     }
 
-    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<CpuStored<'w>> {
+    fn store<'w>(&self, model: &Model<'w>, name: &str, shape: &[usize]) -> Result<CpuStored<'w>> {
         let (dtype, bytes) = model.stored_bytes(name, shape)?;
         if self.bf16() && dtype != safetensors::Dtype::BF16 {
             return Ok(CpuStored::Decoded(self.load(model, name, shape)?));

@@ -197,12 +197,11 @@ pub trait Backend: Sync {
     /// A weight matrix held for a whole decode, as this backend keeps it: on the CPU the stored
     /// bytes, mapped from the file and never decoded to f32 (`docs/commands/generate.md`,
     /// "Weights").
-    type Stored<'w>: Send + Sync
-    where
-        Self: 'w;
+    type Stored<'w>: Send + Sync;
 
     /// Weight `name` of `model` of the expected `shape` (`[out, in]`), held for [`Backend::linear_stored`].
-    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<Self::Stored<'w>>;
+    fn store<'w>(&self, model: &Model<'w>, name: &str, shape: &[usize])
+        -> Result<Self::Stored<'w>>;
 
     /// [`Backend::linear`] with a held weight: `x Wᵀ`, f32 accumulation, not rounded.
     fn linear_stored(

@@ -197,10 +197,7 @@ impl<D: Device> CudaBackend<D> {
 impl<D: Device> Backend for CudaBackend<D> {
     type Tensor = DeviceTensor<D::Buffer>;
     /// Held weights are uploaded once and widened on the device as [`Backend::load`] does.
-    type Stored<'w>
-        = DeviceTensor<D::Buffer>
-    where
-        Self: 'w;
+    type Stored<'w> = DeviceTensor<D::Buffer>;
 
     fn describe(&self) -> String {
         self.device.describe()
@@ -264,7 +261,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         Ok(out)
     }
 
-    fn store<'w>(&self, model: &'w Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
+    fn store<'w>(&self, model: &Model<'w>, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
         self.load(model, name, shape)
     }
 
