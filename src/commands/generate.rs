@@ -351,7 +351,11 @@ impl<'j> GenerateJob<'j> {
             repetition_penalty: line.repetition_penalty.or(args.repetition_penalty),
             max_new_tokens: line.max_new_tokens.or(args.max_new_tokens),
         };
-        let settings = self.config.clone().with(&flags)?;
+        let settings = self
+            .config
+            .clone()
+            .with(&flags)?
+            .with_model_eos(&model.ckpt.config);
         let template_args = line.template_args.clone().into_iter().collect();
         self.prompter.set_template_args(template_args)?;
         let pixels: Option<PixelData> = match (&args.pixel_values, line.images.is_empty()) {

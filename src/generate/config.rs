@@ -42,6 +42,10 @@ pub enum Source {
     /// transformers' default, the key being absent (or null) in the file and not given as a flag.
     #[serde(rename = "transformers default")]
     Default,
+    /// The model's `config.json`, which transformers reads when there is no
+    /// `generation_config.json` (`GenerationConfig.from_model_config`).
+    #[serde(rename = "config.json")]
+    ModelConfig,
 }
 
 /// A resolved value and where it came from; in JSON `{"value": ..., "source": ...}`.
@@ -226,6 +230,32 @@ impl GenerationConfig {
 }
 
 impl Settings {
+    /// Take the end-of-sequence ids of the model's `config.json` (an id or a list, at the top or
+    /// in `text_config`) when neither the file nor a flag gave any, as transformers does.
+    pub fn with_model_eos(mut self, config: &serde_json::Value) -> Settings {
+        if self.eos_token_id.source != Source::Default {
+            return self;
+        }
+        let value = config
+            .get("eos_token_id")
+            .or_else(|| config.pointer("/text_config/eos_token_id"));
+        let ids: Option<Vec<u32>> = match value {
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect(),
+            _ => None,
+        };
+        if let Some(ids) = ids.filter(|ids| !ids.is_empty()) {
+            self.eos_token_id = Setting {
+                value: ids,
+                source: Source::ModelConfig,
+            };
+        }
+        self
+    }
+
     /// How many tokens to generate after a prompt of `prompt_len` tokens, as
     /// `generation/utils.py`'s `_prepare_generated_length` and `_validate_generated_length`
     /// decide: `max_new_tokens` when set (flag or file); else, when the file sets `max_length`,

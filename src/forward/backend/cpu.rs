@@ -818,12 +818,88 @@ mod tests {
     #[test]
     fn softmax_respects_causality_and_window() {
         let scores: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
-        let p = softmax_masked(&scores, 4, true, Some(2));
+        let p = softmax_masked(&scores, 4, 4, 0, true, Some(2));
         for q in 0..4 {
             let row = &p[q * 4..q * 4 + 4];
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
             for (k, &v) in row.iter().enumerate() {
                 assert_eq!(v == 0.0, k > q || k + 2 <= q, "q {q} k {k}");
+            }
+        }
+        // The last two rows over a cache of the first two: the same rows, bit for bit.
+        let tail = softmax_masked(&scores[8..], 2, 4, 2, true, Some(2));
+        assert_eq!(tail, p[8..]);
+    }
+
+    /// A cache written a row at a time holds what one write of every row holds, and attention
+    /// of the last rows over it equals those rows of a whole prompt's attention.
+    #[test]
+    fn attention_over_a_cache_equals_the_whole_prompts_rows() {
+        let (nh, nkv, hd, len) = (4, 2, 8, 7);
+        let value = |i: usize| ((i * 2654435761usize) % 1000) as f32 / 500.0 - 1.0;
+        let q: Vec<f32> = (0..len * nh * hd).map(value).collect();
+        let k: Vec<f32> = (0..len * nkv * hd).map(|i| value(i + 7)).collect();
+        let v: Vec<f32> = (0..len * nkv * hd).map(|i| value(i + 13)).collect();
+        for window in [None, Some(3)] {
+            let prompts = [0..len];
+            let whole = AttentionShape {
+                prompts: &prompts,
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                causal: true,
+                window,
+                scale: (hd as f32).powf(-0.5),
+            };
+            let be = CpuBackend::default();
+            let full = be
+                .attention(&q, &k, Some(&v), &whole, &|h| h.probs.to_vec())
+                .unwrap();
+            let cap = len + 2;
+            let (mut kc, mut vc) = (vec![0f32; cap * nkv * hd], vec![0f32; cap * nkv * hd]);
+            let shape = |queries, offset| CachedShape {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                capacity: cap,
+                queries,
+                offset,
+                window,
+                scale: (hd as f32).powf(-0.5),
+            };
+            let prefix = len - 2;
+            cache_write(&mut kc, &k[..prefix * nkv * hd], &shape(prefix, 0), 0);
+            cache_write(&mut vc, &v[..prefix * nkv * hd], &shape(prefix, 0), 0);
+            for t in prefix..len {
+                let row = t * nkv * hd..(t + 1) * nkv * hd;
+                cache_write(&mut kc, &k[row.clone()], &shape(1, t), t);
+                cache_write(&mut vc, &v[row], &shape(1, t), t);
+                let qt = &q[t * nh * hd..(t + 1) * nh * hd];
+                let (heads, ctx) = attention_cached(
+                    qt,
+                    &kc,
+                    &vc,
+                    &shape(1, t),
+                    Precision::F32,
+                    &|h: &HeadView| h.probs.to_vec(),
+                );
+                // faer's one-row product sums in another order than the square one: a few ulps.
+                let close =
+                    |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6);
+                let want_ctx = &full.context.as_ref().unwrap()[t * nh * hd..(t + 1) * nh * hd];
+                assert!(
+                    close(&ctx, want_ctx),
+                    "context of row {t}, window {window:?}"
+                );
+                for (h, probs) in heads.iter().enumerate() {
+                    let want = &full.heads[h][t * len..t * len + t + 1];
+                    assert_eq!(probs.len(), want.len());
+                    assert!(close(probs, want), "head {h} row {t}, window {window:?}");
+                    // Masked keys (outside the window) are exactly 0 in both.
+                    for (p, w) in probs.iter().zip(want) {
+                        assert_eq!(*p == 0.0, *w == 0.0);
+                    }
+                }
             }
         }
     }

@@ -394,7 +394,8 @@ mod tests {
     use super::*;
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::parity_tests::{
-        bundled_pairs_match, every_fixture_matches, fixtures, golden_prompts, open, root,
+        bundled_pairs_match, decodes_as_transformers, every_fixture_matches, fixtures,
+        golden_prompts, open, root,
     };
     use crate::forward::backend::cuda::CudaBackend;
     use crate::forward::backend::Backend;
@@ -407,6 +408,11 @@ mod tests {
         let gpu = CudaBackend::new(HostDevice::default(), Precision::F32);
         every_fixture_matches(&gpu);
         assert!(gpu.device().gemm_calls.load(Ordering::Relaxed) > 0);
+    }
+
+    #[test]
+    fn gpu_code_path_decodes_as_transformers() {
+        decodes_as_transformers(&CudaBackend::new(HostDevice::default(), Precision::F32));
     }
 
     #[test]

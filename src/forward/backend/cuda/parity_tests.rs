@@ -123,3 +123,60 @@ pub fn bundled_pairs_match<D: Device>(gpu: &CudaBackend<D>) {
         assert!(p.holds(), "{family}: {p:?}");
     }
 }
+
+/// Greedy decoding through `gpu` (its weights held with [`Backend::store`], attention over the
+/// KV cache through the host) gives transformers' tokens on `generate`'s goldens
+/// (tests/fixtures/generate/): a sliding window, an MoE, M-RoPE after images, InternVL.
+pub fn decodes_as_transformers<D: Device>(gpu: &CudaBackend<D>) {
+    use crate::commands::image_prompt::{read_pixel_file, Prompter};
+    use crate::forward::backend::HeadView;
+    use crate::forward::capture::{self, Prompt};
+    use crate::forward::resident::Resident;
+    use crate::forward::weights::Model;
+    use crate::generate::sequence::{Logits, Sequence};
+
+    for case in [
+        "tiny_qwen2_ref",
+        "fixture_mistral",
+        "score_qwen3_moe",
+        "qwen3_vl_two",
+        "internvl_one",
+    ] {
+        let dir = root().join("tests/fixtures/generate");
+        let golden: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{case}.json"))).unwrap())
+                .unwrap();
+        let ids: Vec<u32> = serde_json::from_value(golden["prompt_ids"].clone()).unwrap();
+        let expected: Vec<u32> = serde_json::from_value(golden["generated_ids"].clone()).unwrap();
+        let ckpt = open(&root().join(golden["model"].as_str().unwrap()));
+        let model = Model::new(&ckpt).unwrap();
+        let weights = Resident::load(gpu, &model).unwrap();
+        let pixels = golden["pixel_values"]
+            .as_str()
+            .map(|p| read_pixel_file(&root().join(p)).unwrap());
+        let prompter = pixels
+            .as_ref()
+            .map(|_| Prompter::new(&ckpt, &model, false).unwrap());
+        let prompt = match &prompter {
+            Some(p) => p.prompt(ids.clone(), pixels.as_ref()).unwrap(),
+            None => Prompt {
+                ids: ids.clone(),
+                images: None,
+                mrope_merge: None,
+            },
+        };
+        let encoded = capture::encode(gpu, &model, &prompt).unwrap();
+        let capacity = ids.len() + expected.len();
+        let mut seq = Sequence::new(&model, gpu, &weights, capacity, None).unwrap();
+        let nothing = |_: usize, _: &HeadView| ();
+        let mut logits = seq
+            .prefill(&prompt, encoded.as_ref(), &nothing, &mut (), Logits::Last)
+            .unwrap();
+        for (i, &want) in expected.iter().enumerate() {
+            let token = crate::generate::sampling::argmax(&logits);
+            assert_eq!(token, want, "{case}: step {i}");
+            logits = seq.step(token).unwrap();
+        }
+        eprintln!("{case}: {} tokens as transformers'", expected.len());
+    }
+}
