@@ -44,14 +44,18 @@ transformers' f32 results from a bf16 checkpoint without an f32 copy of the mode
 The prompt is raw text in which each <image> marks where the next --image goes, or with --chat \
 the model's chat template (--template-arg KEY=VALUE passes the template a variable, its value \
 read as JSON when it parses: enable_thinking=false). --batch FILE.jsonl runs one prompt a line \
-with one model load and writes one JSON line each.";
+with one model load and writes one JSON line each.\n\n\
+--capture LIST -o FILE.safetensors keeps trace's tensors over the whole generation and writes \
+them when it ends, laid out as trace's one pass over every token the model ran \
+(docs/commands/generate-capture.md).";
 
 /// `sinkmerge generate --help`: examples.
 pub const AFTER_HELP: &str = "Examples:\n  \
 sinkmerge generate Qwen/Qwen2.5-VL-3B-Instruct --chat --prompt '<image>What is in the picture?' --image cat.png\n  \
 sinkmerge generate Qwen/Qwen3-8B --chat --template-arg enable_thinking=false --prompt 'Name three primes.' --json\n  \
 sinkmerge generate assets/models/tiny-qwen2/ref --prompt 'The capital of France is' --max-new-tokens 16\n  \
-sinkmerge generate MODEL --batch prompts.jsonl > answers.jsonl\n\n\
+sinkmerge generate MODEL --batch prompts.jsonl > answers.jsonl\n  \
+sinkmerge generate assets/models/tiny-qwen2/ref --prompt 'Hello' --capture attentions,keys --capture-layers 0-1 -o gen.safetensors\n\n\
 Exit codes: 0 done; 2 bad input (nothing written); 3 NaN or Inf in the logits; 130 interrupted \
 (SIGINT).";
 

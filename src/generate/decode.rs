@@ -90,6 +90,9 @@ pub fn decode<B: Backend>(
     )
 }
 
+/// One decode step: run `token` after the sequence and return the next token's logits.
+pub type StepFn<'s, 'm, 'a, B> = dyn FnMut(&mut Sequence<'m, 'a, B>, u32) -> Result<Vec<f32>> + 's;
+
 /// [`decode`], each step run by `step(seq, token)`, which returns the next token's logits
 /// (`generate --capture` runs it with a visitor and hooks that keep the step's activations).
 pub fn decode_with<'m, 'a, B: Backend>(
@@ -99,7 +102,7 @@ pub fn decode_with<'m, 'a, B: Backend>(
     stops: &Stops,
     text: &dyn Fn(&[u32]) -> Result<String>,
     emit: &mut dyn FnMut(&str) -> Result<()>,
-    step: &mut dyn FnMut(&mut Sequence<'m, 'a, B>, u32) -> Result<Vec<f32>>,
+    step: &mut StepFn<'_, 'm, 'a, B>,
 ) -> Result<Generated> {
     let started = Instant::now();
     let mut ids = Vec::new();
