@@ -366,3 +366,154 @@ fn nan_in_the_logits_exits_3() {
         .args(["--max-new-tokens", "4"])
         .non_finite(&["NaN"]);
 }
+
+/// A safetensors file's tensors by name: shape and values as f64.
+fn read_tensors(path: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f64>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let values = match t.dtype() {
+                safetensors::Dtype::F32 => (t.data().chunks_exact(4))
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                safetensors::Dtype::I64 => (t.data().chunks_exact(8))
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f64)
+                    .collect(),
+                other => panic!("{name}: {other:?}"),
+            };
+            (name, (t.shape().to_vec(), values))
+        })
+        .collect()
+}
+
+/// `generate --capture all` equals `trace`'s one full pass over every token the model ran (the
+/// prompt and each generated token but the last): the cached steps and the one pass differ only
+/// in the order of their sums.
+#[test]
+fn capture_equals_one_full_pass_over_the_generated_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let (golden, _) = golden("tiny_qwen2_ref");
+    let ids = prompt_file(dir.path(), "tiny_qwen2_ref");
+    let out = dir.path().join("gen.safetensors");
+    let new_tokens = 12;
+    let report = sinkmerge(["generate", TINY, "--greedy", "--ignore-eos", "--json"])
+        .args(["--max-new-tokens", &new_tokens.to_string(), "--prompt-ids"])
+        .args([&ids])
+        .args(["--capture", "all", "-o"])
+        .args([&out])
+        .json();
+    let generated: Vec<u32> = serde_json::from_value(report["generated_ids"].clone()).unwrap();
+    assert_eq!(generated, golden.generated_ids[..new_tokens]);
+    let ours = read_tensors(&out);
+    let run: Vec<u32> = (golden.prompt_ids.iter())
+        .chain(&generated[..new_tokens - 1])
+        .copied()
+        .collect();
+    let t = run.len();
+    let as_ids = |name: &str| -> Vec<u32> { ours[name].1.iter().map(|&v| v as u32).collect() };
+    assert_eq!(as_ids("input_ids"), run);
+    assert_eq!(as_ids("generated_ids"), generated);
+
+    let ckpt = Checkpoint::open_dir(&root().join(TINY), "tiny").unwrap();
+    let model = Model::new(&ckpt).unwrap();
+    let prompt = capture::Prompt {
+        ids: run,
+        images: None,
+        mrope_merge: None,
+    };
+    let all: capture::CaptureSet = "all".parse().unwrap();
+    let layers: Vec<usize> = (0..model.spec.num_layers()).collect();
+    let backend = CpuBackend::default();
+    let full = capture::run(&backend, &model, &prompt, &all, &layers, |_| ()).unwrap();
+    let mut names: Vec<&str> = full.iter().map(|k| k.name.as_str()).collect();
+    names.push("generated_ids");
+    names.sort();
+    let got: Vec<&str> = ours.keys().map(String::as_str).collect();
+    assert_eq!(got, names);
+    let mut worst = 0f64;
+    for k in &full {
+        let (shape, values) = &ours[&k.name];
+        assert_eq!(shape, &k.shape, "{}", k.name);
+        let want: Vec<f64> = match &k.values {
+            capture::Values::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            capture::Values::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        };
+        let diff = (values.iter().zip(&want)).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        // Within 1e-5 of the tensor's largest magnitude, or absolutely below 1 (attentions).
+        let scale = want.iter().fold(1f64, |m, v| m.max(v.abs()));
+        eprintln!(
+            "{}: max |difference| {diff:.2e} (largest |value| {scale:.2})",
+            k.name
+        );
+        assert!(
+            diff <= 1e-5 * scale,
+            "{}: differs by {diff:e} of {scale}",
+            k.name
+        );
+        worst = worst.max(diff / scale);
+    }
+    assert_eq!(ours["attentions.0"].0, vec![4, t, t]);
+    eprintln!("generate --capture vs one full pass: max relative difference {worst:e}");
+}
+
+/// `--capture` is written once the generation ends: an interrupted generation writes nothing.
+#[test]
+fn an_interrupted_capture_exits_130_and_writes_nothing() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gen.safetensors");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sinkmerge"))
+        .current_dir(root())
+        .args(["generate", TINY, "--prompt", "The capital of France is"])
+        .args([
+            "--max-new-tokens",
+            "400",
+            "--ignore-eos",
+            "--capture",
+            "all",
+            "-o",
+        ])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout
+        .read_exact(&mut first)
+        .expect("text streams before the end");
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(
+        !out.exists(),
+        "an interrupted capture wrote {}",
+        out.display()
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn capture_and_its_output_need_each_other() {
+    sinkmerge(["generate", TINY, "--prompt", "x", "--capture", "all"])
+        .refused_with_usage(&["--output"]);
+    sinkmerge(["generate", TINY, "--prompt", "x", "-o", "x.safetensors"])
+        .refused_with_usage(&["--capture"]);
+    sinkmerge([
+        "generate",
+        TINY,
+        "--prompt",
+        "x",
+        "--capture",
+        "bogus",
+        "-o",
+        "x.st",
+    ])
+    .refused_with_usage(&["bogus"]);
+}

@@ -2,24 +2,27 @@
 //! transformers' `generate` does (`docs/commands/generate.md`).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::arch::layer_list::LayerList;
 use crate::bail;
+use crate::checkpoint::output::{write_file_atomic, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::forward::backend::{Backend, HeadView};
 use crate::forward::cache::KvCache;
-use crate::forward::capture::{self, Prompt};
+use crate::forward::capture::{self, Capture, CaptureSet, Encoded, Kept, Prompt, Values};
 use crate::forward::device::{BackendJob, ComputeDevice};
 use crate::forward::precision::Precision;
 use crate::forward::resident::Resident;
 use crate::forward::vlm::IMAGE_MARKER;
 use crate::forward::weights::Model;
+use crate::generate::capture::Recorder;
 use crate::generate::config::{GenerationConfig, Overrides, Settings};
-use crate::generate::decode::{decode, StopReason, Stops, Timings};
+use crate::generate::decode::{decode, decode_with, StopReason, Stops, Timings};
 use crate::generate::sampling::{Sampler, StepStats};
 use crate::generate::sequence::{Logits, Sequence};
 use crate::report::json_text;
@@ -41,14 +44,18 @@ transformers' f32 results from a bf16 checkpoint without an f32 copy of the mode
 The prompt is raw text in which each <image> marks where the next --image goes, or with --chat \
 the model's chat template (--template-arg KEY=VALUE passes the template a variable, its value \
 read as JSON when it parses: enable_thinking=false). --batch FILE.jsonl runs one prompt a line \
-with one model load and writes one JSON line each.";
+with one model load and writes one JSON line each.\n\n\
+--capture LIST -o FILE.safetensors keeps trace's tensors over the whole generation and writes \
+them when it ends, laid out as trace's one pass over every token the model ran \
+(docs/commands/generate-capture.md).";
 
 /// `sinkmerge generate --help`: examples.
 pub const AFTER_HELP: &str = "Examples:\n  \
 sinkmerge generate Qwen/Qwen2.5-VL-3B-Instruct --chat --prompt '<image>What is in the picture?' --image cat.png\n  \
 sinkmerge generate Qwen/Qwen3-8B --chat --template-arg enable_thinking=false --prompt 'Name three primes.' --json\n  \
 sinkmerge generate assets/models/tiny-qwen2/ref --prompt 'The capital of France is' --max-new-tokens 16\n  \
-sinkmerge generate MODEL --batch prompts.jsonl > answers.jsonl\n\n\
+sinkmerge generate MODEL --batch prompts.jsonl > answers.jsonl\n  \
+sinkmerge generate assets/models/tiny-qwen2/ref --prompt 'Hello' --capture attentions,keys --capture-layers 0-1 -o gen.safetensors\n\n\
 Exit codes: 0 done; 2 bad input (nothing written); 3 NaN or Inf in the logits; 130 interrupted \
 (SIGINT).";
 
@@ -147,6 +154,25 @@ pub struct Args {
     /// timings, the settings used and the stop reason
     #[arg(long)]
     pub json: bool,
+
+    /// Keep `trace`'s tensors over the whole generation (prefill and every step) and write them
+    /// to -o: `all`, or a comma-separated list of input_ids, position_ids, pixel_values,
+    /// image_embeds, logits, attentions, keys, values, keys_pre_rope, hidden_states
+    #[arg(
+        long,
+        value_name = "all|LIST",
+        requires = "output",
+        conflicts_with = "batch"
+    )]
+    pub capture: Option<CaptureSet>,
+
+    /// The decoder layers whose per-layer tensors --capture keeps: `0-3,7`, `20:` (default: all)
+    #[arg(long, value_name = "LIST", requires = "capture")]
+    pub capture_layers: Option<LayerList>,
+
+    /// The safetensors file --capture writes (atomically, once the generation ends)
+    #[arg(short, long, value_name = "OUT.safetensors", requires = "capture")]
+    pub output: Option<PathBuf>,
 }
 
 /// One prompt with its own settings (a `--batch` line, or the command line).
@@ -281,7 +307,21 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         }
     }
     let ckpt = Checkpoint::open_ref(&args.model)?;
+    if let Some(output) = &args.output {
+        let mut inputs: Vec<&Path> = vec![ckpt.dir.as_path()];
+        inputs.extend(args.image.iter().map(PathBuf::as_path));
+        inputs.extend(args.pixel_values.as_deref());
+        inputs.extend(args.prompt_ids.as_deref());
+        Outputs::new(false)
+            .output("-o", Some(output), OutputKind::File)
+            .inputs("input", inputs.iter().copied())
+            .check()?;
+    }
     let model = Model::new(&ckpt)?;
+    let capture_layers = match &args.capture_layers {
+        Some(list) => list.resolve(model.spec.num_layers())?,
+        None => (0..model.spec.num_layers()).collect(),
+    };
     let config = GenerationConfig::read(&ckpt.dir)?;
     let chat = lines.iter().any(|l| l.chat);
     let mut prompter = Prompter::new(&ckpt, &model, chat)?;
@@ -291,6 +331,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         model: &model,
         config: &config,
         prompter: &mut prompter,
+        capture_layers: &capture_layers,
         out,
         progress,
     };
@@ -305,6 +346,8 @@ struct GenerateJob<'j> {
     model: &'j Model<'j>,
     config: &'j GenerationConfig,
     prompter: &'j mut Prompter,
+    /// The layers `--capture` keeps.
+    capture_layers: &'j [usize],
     out: &'j mut dyn Write,
     progress: bool,
 }
@@ -380,22 +423,40 @@ impl<'j> GenerateJob<'j> {
         let max_pos = model.spec.max_position_embeddings;
         let max_new = settings.max_new_tokens(ids.len(), Some(max_pos))?;
         let capacity = ids.len() + max_new;
-        crate::forward::memory::check(
-            KvCache::<B::Tensor>::bytes(&model.spec, capacity),
-            &format!("a KV cache of {capacity} tokens"),
-            "ask for fewer --max-new-tokens, or a shorter prompt",
-        )?;
+        let cache_bytes = KvCache::<B::Tensor>::bytes(&model.spec, capacity);
+        match &args.capture {
+            None => crate::forward::memory::check(
+                cache_bytes,
+                &format!("a KV cache of {capacity} tokens"),
+                "ask for fewer --max-new-tokens, or a shorter prompt",
+            )?,
+            Some(set) => crate::forward::memory::check(
+                cache_bytes
+                    + capture::peak_bytes(&model.spec, capacity, set, self.capture_layers.len()),
+                &format!("a KV cache of {capacity} tokens and --capture over them"),
+                "ask for fewer --max-new-tokens, fewer --capture-layers or fewer kinds with \
+                 --capture",
+            )?,
+        }
         let prompt: Prompt = self.prompter.prompt(ids.clone(), pixels.as_ref())?;
         let started = Instant::now();
         let encoded = capture::encode(backend, model, &prompt)?;
         let mut seq = Sequence::new(model, backend, weights, capacity, None)?;
-        let logits = seq.prefill(
-            &prompt,
-            encoded.as_ref(),
-            &|_, _: &HeadView| (),
-            &mut (),
-            Logits::Last,
-        )?;
+        let mut recorder =
+            (args.capture.as_ref()).map(|set| Recorder::new(&model.spec, set, self.capture_layers));
+        let logits = match &mut recorder {
+            None => seq.prefill(
+                &prompt,
+                encoded.as_ref(),
+                &|_, _: &HeadView| (),
+                &mut (),
+                Logits::Last,
+            )?,
+            Some(rec) => {
+                let visit = rec.visitor();
+                seq.prefill(&prompt, encoded.as_ref(), &visit, rec, Logits::Last)?
+            }
+        };
         let prefill_s = started.elapsed().as_secs_f64();
         let eos = if args.ignore_eos {
             Vec::new()
@@ -413,19 +474,64 @@ impl<'j> GenerateJob<'j> {
         let stream = !args.json && args.batch.is_none();
         let prompter = &*self.prompter;
         let out = &mut *self.out;
-        let generated = decode(
-            &mut seq,
-            logits,
-            &mut sampler,
-            &stops,
-            &|ids: &[u32]| prompter.decode(ids),
-            &mut |piece: &str| {
-                if stream {
-                    write_flushed(out, piece)?;
-                }
-                Ok(())
-            },
-        )?;
+        let text_of = |ids: &[u32]| prompter.decode(ids);
+        let mut emit = |piece: &str| {
+            if stream {
+                write_flushed(out, piece)?;
+            }
+            Ok(())
+        };
+        let generated = match &mut recorder {
+            None => decode(&mut seq, logits, &mut sampler, &stops, &text_of, &mut emit)?,
+            Some(rec) => {
+                let visit = rec.visitor();
+                let mut step = |seq: &mut Sequence<'_, 'j, B>, token: u32| {
+                    seq.feed(&[token], &visit, rec, Logits::Last)
+                };
+                decode_with(
+                    &mut seq,
+                    logits,
+                    &mut sampler,
+                    &stops,
+                    &text_of,
+                    &mut emit,
+                    &mut step,
+                )?
+            }
+        };
+        if let (Some(rec), Some(path)) = (recorder, &args.output) {
+            let positions = capture::positions(&prompt, encoded.as_ref())?;
+            let kept = capture_tensors(rec, &prompt, encoded.as_ref(), positions, seq.ids())?;
+            let mut kept = kept;
+            if args
+                .capture
+                .as_ref()
+                .is_some_and(|c| c.has(Capture::InputIds))
+            {
+                let ids = generated.ids.iter().map(|&i| i as i64).collect();
+                kept.push(Kept {
+                    name: "generated_ids".into(),
+                    shape: vec![generated.ids.len()],
+                    values: Values::I64(ids),
+                });
+            }
+            let metadata = vec![
+                (
+                    "sinkmerge".to_string(),
+                    env!("CARGO_PKG_VERSION").to_string(),
+                ),
+                ("model".to_string(), args.model.clone()),
+                ("precision".to_string(), args.precision.to_string()),
+                ("prompt_tokens".to_string(), ids.len().to_string()),
+                (
+                    "generated_tokens".to_string(),
+                    generated.ids.len().to_string(),
+                ),
+                ("seed".to_string(), seed.to_string()),
+            ];
+            let bytes = capture::to_safetensors(&kept, metadata)?;
+            write_file_atomic(path, &bytes)?;
+        }
         let text = prompter.decode(&generated.ids)?;
         let decode_tokens = generated.ids.len().saturating_sub(1);
         let report = Report {
@@ -458,4 +564,54 @@ fn write_flushed(out: &mut dyn Write, text: &str) -> Result<()> {
     super::emit(out, text)?;
     out.flush()
         .map_err(|e| Error::Write(format!("cannot write the report: {e}")))
+}
+
+/// Everything `--capture` writes but `generated_ids`: the recorder's per-layer tensors and
+/// logits, and the inputs over the `tokens` run (`input_ids`, `position_ids`: the prompt's, then
+/// one position a generated token) and the prompt's images, as `trace` names them.
+fn capture_tensors(
+    rec: Recorder,
+    prompt: &Prompt,
+    encoded: Option<&Encoded>,
+    positions: Option<[Vec<i64>; 3]>,
+    tokens: &[u32],
+) -> Result<Vec<Kept>> {
+    let set = rec.capture().clone();
+    let t = rec.tokens();
+    if t != tokens.len() {
+        bail!("--capture recorded {t} tokens of {}", tokens.len());
+    }
+    let mut kept = Vec::new();
+    if set.has(Capture::InputIds) {
+        kept.push(Kept {
+            name: "input_ids".into(),
+            shape: vec![t],
+            values: Values::I64(tokens.iter().map(|&i| i as i64).collect()),
+        });
+    }
+    kept.extend(capture::image_tensors(prompt, encoded, &set));
+    if set.has(Capture::PositionIds) {
+        kept.push(match positions {
+            Some(p) => {
+                // M-RoPE: each generated token one past the last position on every axis.
+                let next = p.iter().flatten().max().map_or(0, |&v| v + 1);
+                let extra = (t - prompt.ids.len()) as i64;
+                let axes: Vec<i64> = (0..3)
+                    .flat_map(|a| p[a].iter().copied().chain(next..next + extra))
+                    .collect();
+                Kept {
+                    name: "position_ids".into(),
+                    shape: vec![3, t],
+                    values: Values::I64(axes),
+                }
+            }
+            None => Kept {
+                name: "position_ids".into(),
+                shape: vec![t],
+                values: Values::I64((0..t as i64).collect()),
+            },
+        });
+    }
+    kept.extend(rec.finish()?);
+    Ok(kept)
 }

@@ -157,7 +157,7 @@ impl Kept {
 }
 
 /// `[seq, heads · head_dim]` as `[heads, seq, head_dim]` (transformers' per-head layout).
-fn heads_first(x: &[f32], seq: usize, heads: usize, head_dim: usize) -> Vec<f32> {
+pub fn heads_first(x: &[f32], seq: usize, heads: usize, head_dim: usize) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     for t in 0..seq {
         for h in 0..heads {
@@ -281,6 +281,51 @@ pub fn peak_bytes(spec: &DecoderSpec, seq: usize, capture: &CaptureSet, layers: 
     3.0 * kept + in_flight + working
 }
 
+/// The tensors of `prompt`'s images that `capture` names: `pixel_values` with `image_grid_thw`
+/// or `num_patches`, and `image_embeds` (none for a text-only prompt).
+pub fn image_tensors(
+    prompt: &Prompt,
+    encoded: Option<&Encoded>,
+    capture: &CaptureSet,
+) -> Vec<Kept> {
+    let mut kept = Vec::new();
+    let hidden = encoded.map_or(0, |e| e.features.embeds.len() / e.features.tokens.max(1));
+    if let (Some(images), Some(e)) = (&prompt.images, encoded) {
+        if capture.has(Capture::PixelValues) {
+            let (values, extra) = match images.pixels {
+                Pixels::Patches { values, grid_thw } => {
+                    let g = grid_thw.iter().flatten().map(|&v| v as i64).collect();
+                    (
+                        values,
+                        Kept::i64("image_grid_thw", vec![grid_thw.len(), 3], g),
+                    )
+                }
+                Pixels::Tiles {
+                    values,
+                    num_patches,
+                } => {
+                    let n = num_patches.iter().map(|&v| v as i64).collect();
+                    (values, Kept::i64("num_patches", vec![num_patches.len()], n))
+                }
+            };
+            kept.push(Kept::f32(
+                "pixel_values",
+                images.pixel_shape.clone(),
+                values.to_vec(),
+            ));
+            kept.push(extra);
+        }
+        if capture.has(Capture::ImageEmbeds) {
+            kept.push(Kept::f32(
+                "image_embeds",
+                vec![e.features.tokens, hidden],
+                e.features.embeds.clone(),
+            ));
+        }
+    }
+    kept
+}
+
 /// What [`run`] keeps layer by layer, in the order `trace` lists it.
 struct Recorder<'r, P> {
     capture: &'r CaptureSet,
@@ -368,39 +413,7 @@ pub fn run<B: Backend>(
         progress("vision tower");
     }
     let encoded = encode(backend, model, prompt)?;
-    if let (Some(images), Some(e)) = (&prompt.images, &encoded) {
-        if capture.has(Capture::PixelValues) {
-            let (values, extra) = match images.pixels {
-                Pixels::Patches { values, grid_thw } => {
-                    let g = grid_thw.iter().flatten().map(|&v| v as i64).collect();
-                    (
-                        values,
-                        Kept::i64("image_grid_thw", vec![grid_thw.len(), 3], g),
-                    )
-                }
-                Pixels::Tiles {
-                    values,
-                    num_patches,
-                } => {
-                    let n = num_patches.iter().map(|&v| v as i64).collect();
-                    (values, Kept::i64("num_patches", vec![num_patches.len()], n))
-                }
-            };
-            kept.push(Kept::f32(
-                "pixel_values",
-                images.pixel_shape.clone(),
-                values.to_vec(),
-            ));
-            kept.push(extra);
-        }
-        if capture.has(Capture::ImageEmbeds) {
-            kept.push(Kept::f32(
-                "image_embeds",
-                vec![e.features.tokens, hidden],
-                e.features.embeds.clone(),
-            ));
-        }
-    }
+    kept.extend(image_tensors(prompt, encoded.as_ref(), capture));
     if capture.has(Capture::PositionIds) {
         kept.push(match positions(prompt, encoded.as_ref())? {
             Some(p) => Kept::i64("position_ids", vec![3, seq], p.concat()),

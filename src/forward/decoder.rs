@@ -363,6 +363,16 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         self.backend.round(k)
     }
 
+    /// The rows (tokens) this state runs.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The position of row 0: the positions already in the attached KV cache (0 without one).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// The model whose layers this state runs.
     pub fn model(&self) -> &'m Model<'a> {
         self.model

@@ -91,6 +91,19 @@ pub trait Hooks<B: Backend, R> {
     ) -> Result<()> {
         Ok(())
     }
+
+    /// Before a decode's pass (a [`crate::generate::sequence::Sequence`]'s prefill or step)
+    /// runs its first layer, its state embedded and its cache attached: the place to ask for its
+    /// keys and values ([`State::capture_kv`]). A plain [`Pass`] does not call it.
+    fn begin(&mut self, _state: &mut State<'_, '_, B>) -> Result<()> {
+        Ok(())
+    }
+
+    /// After a decode's pass ran its last layer, before its logits are read and its cache is
+    /// handed back. A plain [`Pass`] does not call it.
+    fn end(&mut self, _state: &mut State<'_, '_, B>) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<B: Backend, R> Hooks<B, R> for () {}

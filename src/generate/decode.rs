@@ -73,11 +73,36 @@ pub struct Generated {
 /// receives each new piece of text as soon as it is whole.
 pub fn decode<B: Backend>(
     seq: &mut Sequence<'_, '_, B>,
+    logits: Vec<f32>,
+    sampler: &mut Sampler,
+    stops: &Stops,
+    text: &dyn Fn(&[u32]) -> Result<String>,
+    emit: &mut dyn FnMut(&str) -> Result<()>,
+) -> Result<Generated> {
+    decode_with(
+        seq,
+        logits,
+        sampler,
+        stops,
+        text,
+        emit,
+        &mut |seq, token| seq.step(token),
+    )
+}
+
+/// One decode step: run `token` after the sequence and return the next token's logits.
+pub type StepFn<'s, 'm, 'a, B> = dyn FnMut(&mut Sequence<'m, 'a, B>, u32) -> Result<Vec<f32>> + 's;
+
+/// [`decode`], each step run by `step(seq, token)`, which returns the next token's logits
+/// (`generate --capture` runs it with a visitor and hooks that keep the step's activations).
+pub fn decode_with<'m, 'a, B: Backend>(
+    seq: &mut Sequence<'m, 'a, B>,
     mut logits: Vec<f32>,
     sampler: &mut Sampler,
     stops: &Stops,
     text: &dyn Fn(&[u32]) -> Result<String>,
     emit: &mut dyn FnMut(&str) -> Result<()>,
+    step: &mut StepFn<'_, 'm, 'a, B>,
 ) -> Result<Generated> {
     let started = Instant::now();
     let mut ids = Vec::new();
@@ -104,7 +129,7 @@ pub fn decode<B: Backend>(
         if ids.len() == stops.max_new_tokens {
             break StopReason::MaxNewTokens;
         }
-        logits = seq.step(token)?;
+        logits = step(seq, token)?;
     };
     let now = text(&ids)?;
     if now.len() > shown.len() && now.starts_with(&shown) {

@@ -148,11 +148,13 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         if let Some(edit) = self.edit {
             state.set_key_edit(edit);
         }
+        hooks.begin(&mut state)?;
         let mut pass = Pass::held(state, End::Logits);
         if let Some((rows, features)) = deepstack {
             pass.add_after_layers(rows, features);
         }
         pass.run(visit, hooks)?;
+        hooks.end(pass.state_mut())?;
         let logits = match which {
             Logits::Last => pass.state().last_logits()?,
             Logits::All => pass.state().logits()?,
