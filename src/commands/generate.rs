@@ -47,7 +47,7 @@ read as JSON when it parses: enable_thinking=false). --batch FILE.jsonl runs one
 with one model load and writes one JSON line each.\n\n\
 --capture LIST -o FILE.safetensors keeps trace's tensors over the whole generation and writes \
 them when it ends, laid out as trace's one pass over every token the model ran \
-(docs/commands/generate-capture.md).";
+(docs/commands/generate.md, Captures).";
 
 /// `sinkmerge generate --help`: examples.
 pub const AFTER_HELP: &str = "Examples:\n  \

@@ -9,12 +9,11 @@
 //!   it returns, their mapped pages given back. A pass that declares its blocks ([`stream`]) has
 //!   the next ones read and decoded on a background thread while one computes, so at most two
 //!   layers' weights are resident in f32 (docs/commands/score.md, "Memory and reading ahead").
-//! - **Resident for the whole pass, in the stored dtype** (the coming decode loop, which visits
-//!   every layer once per token): [`Model::stored_bytes`] already hands out a weight's bytes as
-//!   stored, mapped from the safetensors files and never copied to f32. A decode loop will hold
-//!   those views for every layer for as long as it runs, without [`stream`] and without
-//!   [`Model::release`], so the pages stay mapped; a backend that keeps them on its device
-//!   uploads them once. Nothing here serves that mode until the loop exists.
+//! - **Resident for the whole decode, in the stored dtype** (`generate`, which visits every layer
+//!   once per token): [`crate::forward::resident::Resident`] holds every decoder matrix as the
+//!   backend keeps it ([`Model::stored_bytes`] views, mapped from the safetensors files and never
+//!   copied to f32, on the CPU), without [`stream`] and without [`Model::release`], so the pages
+//!   stay mapped.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

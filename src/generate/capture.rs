@@ -1,4 +1,4 @@
-//! `generate --capture` (`docs/commands/generate-capture.md`): `trace`'s tensors over a whole
+//! `generate --capture` (`docs/commands/generate.md`, "Captures"): `trace`'s tensors over a whole
 //! generation. The prefill and every decode step run with a [`Recorder`] as their hooks; at the
 //! end it lays the rows out exactly as `trace` would for one forward pass over every token the
 //! model ran (the prompt and each generated token but the last, which is chosen and never fed).
