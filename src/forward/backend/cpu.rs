@@ -818,7 +818,7 @@ mod tests {
     #[test]
     fn softmax_respects_causality_and_window() {
         let scores: Vec<f32> = (0..16).map(|i| i as f32 * 0.1).collect();
-        let p = softmax_masked(&scores, 4, true, Some(2));
+        let p = softmax_masked(&scores, 4, 4, 0, true, Some(2));
         for q in 0..4 {
             let row = &p[q * 4..q * 4 + 4];
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
