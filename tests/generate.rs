@@ -440,6 +440,83 @@ fn the_edit_during_generate_equals_the_hooked_transformers_generate() {
     }
 }
 
+/// The edit goldens at the library level, the editor built as the command builds it
+/// (`generate::probe`, then `sink::visual::editor`): every step's raw logits within 1e-4 of the
+/// step's largest |logit|, the same tokens and the same edited rows.
+#[test]
+fn the_edited_decode_equals_the_golden_logits() {
+    use sinkmerge::commands::args::{KeyEditArgs, KeysArg};
+    use sinkmerge::sink::visual::{self, edit::EditKind};
+    for case in ["qwen3_vl_edit_remove", "internvl_edit_remove"] {
+        let (golden, steps) = golden(case);
+        let edit = golden.edit.clone().unwrap();
+        let ckpt = Checkpoint::open_dir(&root().join(&golden.model), "golden").unwrap();
+        let model = Model::new(&ckpt).unwrap();
+        let backend = CpuBackend::default();
+        let weights = Resident::load(&backend, &model).unwrap();
+        let pixels = read_pixel_file(&root().join(golden.pixel_values.as_ref().unwrap())).unwrap();
+        let prompter = Prompter::new(&ckpt, &model, true).unwrap();
+        let prompt = prompter
+            .prompt(golden.prompt_ids.clone(), Some(&pixels))
+            .unwrap();
+        let encoded = capture::encode(&backend, &model, &prompt).unwrap();
+        let key_edit = KeyEditArgs {
+            layers: None,
+            gate: edit["gate"].as_f64().unwrap(),
+            keys: KeysArg::PreRope,
+            edit: EditKind::Remove,
+            median_target: false,
+            controls: false,
+        };
+        let (vs, sinks, positions) = sinkmerge::commands::generate::probe(
+            &key_edit,
+            0,
+            &model,
+            &prompter,
+            &backend,
+            encoded.as_ref(),
+            Some(&pixels),
+            &golden.prompt_ids,
+        )
+        .unwrap();
+        let editor = visual::editor(&vs, &model.spec, sinks, &positions, false, None);
+        let capacity = golden.prompt_ids.len() + steps.len();
+        let mut seq = Sequence::new(&model, &backend, &weights, capacity, Some(&editor)).unwrap();
+        let mut logits = seq
+            .prefill(
+                &prompt,
+                encoded.as_ref(),
+                &|_, _: &HeadView| (),
+                &mut (),
+                Logits::Last,
+            )
+            .unwrap();
+        let mut worst = 0f32;
+        for (i, theirs) in steps.iter().enumerate() {
+            let err = relative_error(&logits, theirs);
+            worst = worst.max(err);
+            assert!(
+                err <= LOGITS_TOLERANCE,
+                "{case}: step {i}: logits differ by {err:e}"
+            );
+            let token = argmax(&logits);
+            assert_eq!(token, golden.generated_ids[i], "{case}: step {i}'s token");
+            if i + 1 < steps.len() {
+                logits = seq.step(token).unwrap();
+            }
+        }
+        drop(seq);
+        let affected = editor.affected_now();
+        for (li, &(layer, _)) in editor.layers().iter().enumerate() {
+            let rows: Vec<usize> = affected.iter().flat_map(|a| a[li].clone()).collect();
+            let want: Vec<usize> =
+                serde_json::from_value(edit["edited_rows"][layer.to_string()].clone()).unwrap();
+            assert_eq!(rows, want, "{case}: layer {layer}");
+        }
+        eprintln!("{case}: worst logits error {worst:.2e} of the step's largest |logit|");
+    }
+}
+
 const PLANTED: &str = "tests/fixtures/visual_sinks/planted/model";
 const PLANTED_IMAGE: &str = "tests/fixtures/visual_sinks/planted/image.png";
 

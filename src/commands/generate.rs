@@ -613,7 +613,8 @@ impl<'j> GenerateJob<'j> {
         let probe = match args.key_edit.edit {
             EditKind::None => None,
             _ => Some(probe(
-                args,
+                &args.key_edit,
+                args.edit_seed,
                 model,
                 self.prompter,
                 backend,
@@ -851,8 +852,9 @@ impl<'j> GenerateJob<'j> {
 /// blocks and question rows as visual-sinks finds them, and each probed layer's text sink from
 /// one unedited pass. Returns the settings, `(layer, t*)` and each image's token positions.
 #[allow(clippy::too_many_arguments)]
-fn probe<B: Backend>(
-    args: &Args,
+pub fn probe<B: Backend>(
+    key_edit: &KeyEditArgs,
+    edit_seed: u64,
     model: &Model,
     prompter: &Prompter,
     backend: &B,
@@ -867,9 +869,7 @@ fn probe<B: Backend>(
     let (positions, question) =
         super::visual_sinks::image_blocks(prompter, ids, &counts, "the prompt")?;
     // The ratio defines sinks, which the edit does not use: visual-sinks' default.
-    let vs = args
-        .key_edit
-        .settings(100.0, args.edit_seed, model.spec.num_layers())?;
+    let vs = key_edit.settings(100.0, edit_seed, model.spec.num_layers())?;
     let measured = Measured {
         prompt: prompter.prompt(ids.to_vec(), Some(pixels))?,
         question,
