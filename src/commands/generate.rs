@@ -861,7 +861,7 @@ pub fn probe<B: Backend>(
     encoded: Option<&Encoded>,
     pixels: Option<&PixelData>,
     ids: &[u32],
-) -> Result<(visual::Settings, Vec<(usize, usize)>, Vec<Vec<usize>>)> {
+) -> Result<Probe> {
     let Some(pixels) = pixels else {
         bail!("--edit edits the keys of the prompt's image tokens: give an image (--image or --pixel-values)");
     };
@@ -883,6 +883,9 @@ pub fn probe<B: Backend>(
     let (sinks, _) = visual::text_sinks(backend, model, &measured, encoded, &vs)?;
     Ok((vs, sinks, positions))
 }
+
+/// What [`probe`] finds: the settings, `(layer, t*)` and each image's token positions.
+pub type Probe = (visual::Settings, visual::TextSinks, Vec<Vec<usize>>);
 
 /// The `--teacher-force` text report: a row per position.
 fn render_forced(r: &ForcedReport) -> String {

@@ -117,6 +117,9 @@ pub struct Measurement {
     pub logits_control: Option<Vec<f32>>,
 }
 
+/// Per probed layer, ascending: `(layer, t*)`.
+pub type TextSinks = Vec<(usize, usize)>;
+
 /// Per probed layer: the question's attention over every position.
 type Attention = Vec<(usize, Vec<f64>)>;
 
@@ -340,7 +343,7 @@ pub fn text_sinks<B: Backend>(
     m: &Measured,
     encoded: Option<&Encoded>,
     settings: &Settings,
-) -> Result<(Vec<(usize, usize)>, Vec<f32>)> {
+) -> Result<(TextSinks, Vec<f32>)> {
     let seq = m.prompt.ids.len();
     let mut is_image = vec![false; seq];
     for image in &m.images {
