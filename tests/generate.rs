@@ -516,4 +516,212 @@ fn capture_and_its_output_need_each_other() {
         "x.st",
     ])
     .refused_with_usage(&["bogus"]);
+/// The remove edit during generate (`*_edit_remove`): transformers' generate with the editor
+/// hooked. The command gates the same rows, generates the same 40 tokens, and each step's
+/// reported log-probabilities (the chosen token's and the top five) equal the golden logits'
+/// log-softmax within 1e-4 of the step's largest |logit|.
+#[test]
+fn the_edit_during_generate_equals_the_hooked_transformers_generate() {
+    for case in ["qwen3_vl_edit_remove", "internvl_edit_remove"] {
+        let (golden, steps) = golden(case);
+        let raw: serde_json::Value =
+            read_json(root().join(format!("tests/fixtures/generate/{case}.json")));
+        let edit = golden.edit.as_ref().unwrap();
+        // `--layers all` is the flag left out.
+        let cli: Vec<String> = (edit["cli"].as_array().unwrap().iter())
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        let mut flags = Vec::new();
+        let mut i = 0;
+        while i < cli.len() {
+            if cli[i] == "--layers" && cli[i + 1] == "all" {
+                i += 2;
+                continue;
+            }
+            flags.push(cli[i].clone());
+            i += 1;
+        }
+        let prompt = format!("<image>{}", raw["question"].as_str().unwrap());
+        let report = sinkmerge([
+            "generate",
+            &golden.model,
+            "--greedy",
+            "--ignore-eos",
+            "--json",
+        ])
+        .args(["--max-new-tokens", "40", "--chat", "--prompt", &prompt])
+        .args(["--pixel-values", golden.pixel_values.as_deref().unwrap()])
+        .args(&flags)
+        .json();
+        let prompt_ids: Vec<u32> = serde_json::from_value(report["prompt_ids"].clone()).unwrap();
+        assert_eq!(prompt_ids, golden.prompt_ids, "{case}: prompt");
+        let generated: Vec<u32> = serde_json::from_value(report["generated_ids"].clone()).unwrap();
+        assert_eq!(generated, golden.generated_ids, "{case}: tokens");
+        let rows = &report["edit"]["edited_rows"];
+        for (layer, want) in edit["edited_rows"].as_object().unwrap() {
+            assert_eq!(&rows[layer], want, "{case}: edited rows at layer {layer}");
+        }
+        let mut worst = 0f64;
+        for (k, logits) in steps.iter().enumerate() {
+            let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let scale = logits.iter().fold(0f32, |m, &v| m.max(v.abs())) as f64;
+            let log_z = max
+                + logits
+                    .iter()
+                    .map(|&v| (v as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            let step = &report["steps"][k];
+            let mut pairs = vec![(step["token_id"].as_u64().unwrap(), step["logprob"].clone())];
+            for t in step["top5"].as_array().unwrap() {
+                pairs.push((t["token_id"].as_u64().unwrap(), t["logprob"].clone()));
+            }
+            for (id, lp) in pairs {
+                let want = logits[id as usize] as f64 - log_z;
+                worst = worst.max((lp.as_f64().unwrap() - want).abs() / scale);
+            }
+        }
+        assert!(
+            worst <= 1e-4,
+            "{case}: log-probabilities differ by {worst:.2e}"
+        );
+        eprintln!("{case}: worst log-probability error {worst:.2e} of the largest |logit|");
+    }
+}
+
+/// The edit goldens at the library level, the editor built as the command builds it
+/// (`generate::probe`, then `sink::visual::editor`): every step's raw logits within 1e-4 of the
+/// step's largest |logit|, the same tokens and the same edited rows.
+#[test]
+fn the_edited_decode_equals_the_golden_logits() {
+    use sinkmerge::commands::args::{KeyEditArgs, KeysArg};
+    use sinkmerge::sink::visual::{self, edit::EditKind};
+    for case in ["qwen3_vl_edit_remove", "internvl_edit_remove"] {
+        let (golden, steps) = golden(case);
+        let edit = golden.edit.clone().unwrap();
+        let ckpt = Checkpoint::open_dir(&root().join(&golden.model), "golden").unwrap();
+        let model = Model::new(&ckpt).unwrap();
+        let backend = CpuBackend::default();
+        let weights = Resident::load(&backend, &model).unwrap();
+        let pixels = read_pixel_file(&root().join(golden.pixel_values.as_ref().unwrap())).unwrap();
+        let prompter = Prompter::new(&ckpt, &model, true).unwrap();
+        let prompt = prompter
+            .prompt(golden.prompt_ids.clone(), Some(&pixels))
+            .unwrap();
+        let encoded = capture::encode(&backend, &model, &prompt).unwrap();
+        let key_edit = KeyEditArgs {
+            layers: None,
+            gate: edit["gate"].as_f64().unwrap(),
+            keys: KeysArg::PreRope,
+            edit: EditKind::Remove,
+            median_target: false,
+            controls: false,
+        };
+        let (vs, sinks, positions) = sinkmerge::commands::generate::probe(
+            &key_edit,
+            0,
+            &model,
+            &prompter,
+            &backend,
+            encoded.as_ref(),
+            Some(&pixels),
+            &golden.prompt_ids,
+        )
+        .unwrap();
+        let editor = visual::editor(&vs, &model.spec, sinks, &positions, false, None);
+        let capacity = golden.prompt_ids.len() + steps.len();
+        let mut seq = Sequence::new(&model, &backend, &weights, capacity, Some(&editor)).unwrap();
+        let mut logits = seq
+            .prefill(
+                &prompt,
+                encoded.as_ref(),
+                &|_, _: &HeadView| (),
+                &mut (),
+                Logits::Last,
+            )
+            .unwrap();
+        let mut worst = 0f32;
+        for (i, theirs) in steps.iter().enumerate() {
+            let err = relative_error(&logits, theirs);
+            worst = worst.max(err);
+            assert!(
+                err <= LOGITS_TOLERANCE,
+                "{case}: step {i}: logits differ by {err:e}"
+            );
+            let token = argmax(&logits);
+            assert_eq!(token, golden.generated_ids[i], "{case}: step {i}'s token");
+            if i + 1 < steps.len() {
+                logits = seq.step(token).unwrap();
+            }
+        }
+        drop(seq);
+        let affected = editor.affected_now();
+        for (li, &(layer, _)) in editor.layers().iter().enumerate() {
+            let rows: Vec<usize> = affected.iter().flat_map(|a| a[li].clone()).collect();
+            let want: Vec<usize> =
+                serde_json::from_value(edit["edited_rows"][layer.to_string()].clone()).unwrap();
+            assert_eq!(rows, want, "{case}: layer {layer}");
+        }
+        eprintln!("{case}: worst logits error {worst:.2e} of the step's largest |logit|");
+    }
+}
+
+const PLANTED: &str = "tests/fixtures/visual_sinks/planted/model";
+const PLANTED_IMAGE: &str = "tests/fixtures/visual_sinks/planted/image.png";
+
+/// `--teacher-force` on the planted-sink model: forcing the greedy (edited) output gives its
+/// per-step log-probabilities; the edit's KL is positive and the control's computed; the SVG
+/// is written; with no row gated the KL is exactly zero.
+#[test]
+fn teacher_forcing_scores_a_continuation_and_the_edits_kl() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = |extra: &[&str]| {
+        sinkmerge(["generate", PLANTED, "--chat", "--json"])
+            .args([
+                "--prompt",
+                "<image>Where is the red square?",
+                "--image",
+                PLANTED_IMAGE,
+            ])
+            .args(["--edit", "remove", "--gate", "0.5"])
+            .args(extra)
+    };
+    let generated = base(&["--greedy", "--ignore-eos", "--max-new-tokens", "8"]).json();
+    let rows = &generated["edit"]["edited_rows"];
+    assert_eq!(rows["1"], serde_json::json!([45, 52]));
+    assert_eq!(rows["2"], serde_json::json!([45, 52]));
+    let file = dir.path().join("generated.json");
+    std::fs::write(&file, serde_json::to_vec(&generated).unwrap()).unwrap();
+    let svg = dir.path().join("kl.svg");
+    let f = file.to_str().unwrap();
+    let forced = base(&["--controls", "--teacher-force", f, "--plot"])
+        .args([&svg])
+        .json();
+    let positions = forced["positions"].as_array().unwrap();
+    assert_eq!(positions.len(), 8);
+    for (p, s) in positions.iter().zip(generated["steps"].as_array().unwrap()) {
+        assert_eq!(p["token_id"], s["token_id"]);
+        assert_eq!(p["rank"], 1, "greedy tokens rank first");
+        let d = (p["logprob"].as_f64().unwrap() - s["logprob"].as_f64().unwrap()).abs();
+        assert!(d <= 1e-5, "logprob differs by {d:.2e}");
+        assert!(p["kl"].as_f64().unwrap() >= 0.0);
+        assert!(p["kl_control"].as_f64().unwrap() >= 0.0);
+    }
+    assert!(forced["mean_kl"].as_f64().unwrap() > 0.0);
+    assert!(forced["mean_kl_control"].is_number());
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<svg") && text.contains("control"));
+
+    // Layer 0 gates nothing on this prompt: the edited run is the unedited one.
+    let none = base(&["--layers", "0", "--teacher-force", f]).json();
+    assert_eq!(none["edit"]["edited_rows"]["0"], serde_json::json!([]));
+    for p in none["positions"].as_array().unwrap() {
+        assert_eq!(p["kl"].as_f64().unwrap(), 0.0);
+    }
+    assert_eq!(none["mean_kl"].as_f64().unwrap(), 0.0);
+
+    // A token outside the vocabulary: exit 2, naming the file and the position.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, br#"{"token_ids": [5, 100000]}"#).unwrap();
+    base(&["--teacher-force", bad.to_str().unwrap()]).refused(&["bad.json", "position 1"]);
 }

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use crate::bail;
 use crate::checkpoint::output::{OutputKind, Outputs};
 use crate::error::Result;
+use crate::forward::decoder::KeyStage;
+use crate::sink::visual::edit::EditKind;
+use crate::sink::visual::Settings as VisualSettings;
 use crate::write::graft::IntoVlm;
 use crate::write::rewrite::Destination;
 
@@ -180,4 +183,96 @@ pub struct CommonArgs {
     /// Print a JSON summary on stdout instead of text
     #[arg(long)]
     pub json: bool,
+}
+
+/// The key edit of `visual-sinks` and `generate` (`docs/commands/visual-sinks.md`): the layers
+/// probed and edited, the gate, the keys it reads and edits, the edit and its control.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeyEditArgs {
+    /// The decoder layers to probe and edit: `0-3,7`, `20:` (default: all)
+    #[arg(long, value_name = "LIST")]
+    pub layers: Option<crate::arch::layer_list::LayerList>,
+
+    /// The gate: image tokens whose centred key cosine with the text sink is at least this
+    #[arg(long, value_name = "COS", default_value_t = 0.5, value_parser = parse_gate, allow_hyphen_values = true)]
+    pub gate: f64,
+
+    /// The keys the cosines use and the edit acts on: before or after RoPE
+    #[arg(long, value_enum, default_value_t = KeysArg::PreRope)]
+    pub keys: KeysArg,
+
+    /// The key edit: remove (project the text-sink direction out of the gated image tokens'
+    /// keys) or align (give eight random image tokens the text sink's key)
+    #[arg(long, value_enum, default_value_t = EditKind::None)]
+    pub edit: EditKind,
+
+    /// `remove`: move the text-sink component to the image tokens' median instead of to zero
+    #[arg(long)]
+    pub median_target: bool,
+
+    /// Also run the edit's control: a random direction (remove) or a random key (align)
+    #[arg(long)]
+    pub controls: bool,
+}
+
+impl KeyEditArgs {
+    /// The combinations refused before anything is read.
+    pub fn check(&self) -> Result<()> {
+        if self.controls && self.edit == EditKind::None {
+            bail!("--controls needs an edit (--edit remove or --edit align)");
+        }
+        if self.median_target && self.edit != EditKind::Remove {
+            bail!("--median-target applies to --edit remove");
+        }
+        Ok(())
+    }
+
+    /// The measurement's settings, with `--layers` resolved for a model of `num_layers`.
+    pub fn settings(&self, ratio: f64, seed: u64, num_layers: usize) -> Result<VisualSettings> {
+        Ok(VisualSettings {
+            ratio,
+            gate: self.gate,
+            keys: self.keys.stage(),
+            edit: self.edit,
+            median_target: self.median_target,
+            controls: self.controls,
+            seed,
+            layers: match &self.layers {
+                Some(list) => list.resolve(num_layers)?,
+                None => (0..num_layers).collect(),
+            },
+        })
+    }
+}
+
+/// `--keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeysArg {
+    PreRope,
+    PostRope,
+}
+
+impl KeysArg {
+    pub fn stage(self) -> KeyStage {
+        match self {
+            KeysArg::PreRope => KeyStage::PreRope,
+            KeysArg::PostRope => KeyStage::PostRope,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KeysArg::PreRope => "pre-rope",
+            KeysArg::PostRope => "post-rope",
+        }
+    }
+}
+
+/// `--gate`: a cosine in [-1, 1].
+pub fn parse_gate(s: &str) -> std::result::Result<f64, String> {
+    let g: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(-1.0..=1.0).contains(&g) {
+        return Err(format!("{s} is outside [-1, 1]"));
+    }
+    Ok(g)
 }

@@ -5,6 +5,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::arch::layer_list::LayerList;
@@ -15,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::forward::backend::{Backend, HeadView};
 use crate::forward::cache::KvCache;
 use crate::forward::capture::{self, Capture, CaptureSet, Encoded, Kept, Prompt, Values};
+use crate::forward::decoder::KeyEdit;
 use crate::forward::device::{BackendJob, ComputeDevice};
 use crate::forward::precision::Precision;
 use crate::forward::resident::Resident;
@@ -23,10 +26,13 @@ use crate::forward::weights::Model;
 use crate::generate::capture::Recorder;
 use crate::generate::config::{GenerationConfig, Overrides, Settings};
 use crate::generate::decode::{decode, decode_with, StopReason, Stops, Timings};
-use crate::generate::sampling::{Sampler, StepStats};
+use crate::generate::sampling::{check_scores, step_stats, Sampler, StepStats};
 use crate::generate::sequence::{Logits, Sequence};
 use crate::report::json_text;
+use crate::sink::visual::edit::{EditKind, Editor};
+use crate::sink::visual::{self, ImageTokens, Measured};
 
+use super::args::KeyEditArgs;
 use super::image_prompt::{read_pixel_file, PixelData, Prompter};
 
 /// `sinkmerge generate --help`.
@@ -173,6 +179,210 @@ pub struct Args {
     /// The safetensors file --capture writes (atomically, once the generation ends)
     #[arg(short, long, value_name = "OUT.safetensors", requires = "capture")]
     pub output: Option<PathBuf>,
+    /// The visual-sinks key edit on the prompt's image keys (`--edit remove|align`, `--gate`,
+    /// `--keys`, `--layers`, `--median-target`, `--controls`): gated on the prompt as
+    /// visual-sinks gates it, applied in the prefill, carried by the cache into every step
+    #[command(flatten)]
+    pub key_edit: KeyEditArgs,
+
+    /// Seed of the edit's control draws (and of align's token choice), as visual-sinks' --seed
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub edit_seed: u64,
+
+    /// Score this continuation instead of generating: JSON `{"token_ids": [...]}`,
+    /// `{"text": "..."}` (tokenized without special tokens) or an earlier `generate --json`
+    /// (its `generated_ids`); per position the forced token's log-probability, rank, entropy
+    /// and top 5, and with --edit the KL(unedited || edited) per position
+    #[arg(long, value_name = "FILE", conflicts_with = "batch")]
+    pub teacher_force: Option<PathBuf>,
+
+    /// With --teacher-force and --edit: write the per-position KL curve (edit, and control with
+    /// --controls) to this SVG file
+    #[arg(long, value_name = "FILE.svg", requires = "teacher_force")]
+    pub plot: Option<PathBuf>,
+}
+
+/// A `--teacher-force` file: one of its three forms.
+#[derive(Debug, Deserialize)]
+struct ForcedFile {
+    token_ids: Option<Vec<i64>>,
+    text: Option<String>,
+    generated_ids: Option<Vec<i64>>,
+}
+
+/// The continuation `--teacher-force` scores.
+enum Forced {
+    Ids(Vec<i64>),
+    Text(String),
+}
+
+/// Read a `--teacher-force` file.
+fn read_forced(path: &std::path::Path) -> Result<Forced> {
+    let bytes = crate::input::read(path, crate::input::MANIFEST)?;
+    let f: ForcedFile = serde_json::from_slice(&bytes).map_err(|e| {
+        crate::bad!(
+            "{}: not a JSON object with `token_ids`, `text` or `generated_ids`: {e}",
+            path.display()
+        )
+    })?;
+    let forced = match (f.token_ids, f.text, f.generated_ids) {
+        (Some(ids), None, None) => Forced::Ids(ids),
+        (None, Some(text), None) => Forced::Text(text),
+        // A `generate --json` report: its `text` is the decoded `generated_ids`.
+        (None, _, Some(ids)) => Forced::Ids(ids),
+        _ => bail!(
+            "{}: give exactly one of `token_ids` and `text` (or a `generate --json` report)",
+            path.display()
+        ),
+    };
+    if matches!(&forced, Forced::Ids(ids) if ids.is_empty())
+        || matches!(&forced, Forced::Text(t) if t.is_empty())
+    {
+        bail!("{}: the continuation is empty", path.display());
+    }
+    Ok(forced)
+}
+
+/// One forced position of a `--teacher-force` report.
+#[derive(Serialize)]
+struct Position {
+    #[serde(flatten)]
+    stats: StepStats,
+    /// 1 + the number of tokens with a larger raw logit.
+    rank: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprob_unedited: Option<f32>,
+    /// `KL(p_unedited || p_edited)` in nats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kl: Option<f64>,
+    /// `KL(p_unedited || p_control)` in nats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kl_control: Option<f64>,
+}
+
+/// What `--teacher-force --json` prints.
+#[derive(Serialize)]
+struct ForcedReport<'r> {
+    model: &'r str,
+    device: ComputeDevice,
+    precision: Precision,
+    teacher_force: String,
+    prompt_ids: Vec<u32>,
+    token_ids: Vec<u32>,
+    positions: Vec<Position>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mean_kl: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mean_kl_control: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edit: Option<EditOut>,
+}
+
+/// The edit as `--json` reports it: its settings and what the gate chose on the prompt.
+#[derive(Serialize, Clone)]
+struct EditOut {
+    edit: EditKind,
+    gate: f64,
+    keys: &'static str,
+    median_target: bool,
+    controls: bool,
+    edit_seed: u64,
+    layers: Vec<usize>,
+    /// Per probed layer, the unedited prompt's text sink t*.
+    text_sink_positions: BTreeMap<usize, usize>,
+    /// Per probed layer, the prompt rows whose keys were edited (every KV head of each).
+    edited_rows: BTreeMap<usize, Vec<usize>>,
+    edited_kv_heads: Vec<usize>,
+    /// The control's rows, with --controls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control_edited_rows: Option<BTreeMap<usize, Vec<usize>>>,
+}
+
+/// The rows `editor` edited, per probed layer, over every image.
+fn edited_rows(editor: &Editor) -> BTreeMap<usize, Vec<usize>> {
+    let affected = editor.affected_now();
+    editor
+        .layers()
+        .iter()
+        .enumerate()
+        .map(|(li, &(layer, _))| {
+            let mut rows: Vec<usize> = affected.iter().flat_map(|a| a[li].clone()).collect();
+            rows.sort_unstable();
+            rows.dedup();
+            (layer, rows)
+        })
+        .collect()
+}
+
+/// A generation with an edit's control (`--controls`), as `--json` reports it.
+#[derive(Serialize)]
+struct ControlOut {
+    generated_ids: Vec<u32>,
+    text: String,
+    stop_reason: StopReason,
+    steps: Vec<StepStats>,
+}
+
+/// A sequence started with `prompt`'s prefill, `edit` set; and the prefill's logits.
+#[allow(clippy::too_many_arguments)]
+fn start<'m, 'a, B: Backend>(
+    model: &'m Model<'a>,
+    backend: &'m B,
+    weights: &'m Resident<'a, B>,
+    prompt: &Prompt,
+    encoded: Option<&'m Encoded>,
+    capacity: usize,
+    edit: Option<&'m dyn KeyEdit>,
+) -> Result<(Sequence<'m, 'a, B>, Vec<f32>)> {
+    let mut seq = Sequence::new(model, backend, weights, capacity, edit)?;
+    let logits = seq.prefill(
+        prompt,
+        encoded,
+        &|_, _: &HeadView| (),
+        &mut (),
+        Logits::Last,
+    )?;
+    Ok((seq, logits))
+}
+
+/// The raw logits before each of `tokens` after `prompt` (with `edit`): the prefill's last row,
+/// then one pass over the tokens but the last.
+#[allow(clippy::too_many_arguments)]
+fn forced_logits<'m, 'a, B: Backend>(
+    model: &'m Model<'a>,
+    backend: &'m B,
+    weights: &'m Resident<'a, B>,
+    prompt: &Prompt,
+    encoded: Option<&'m Encoded>,
+    tokens: &[u32],
+    edit: Option<&'m dyn KeyEdit>,
+) -> Result<Vec<Vec<f32>>> {
+    let capacity = prompt.ids.len() + tokens.len();
+    let (mut seq, last) = start(model, backend, weights, prompt, encoded, capacity, edit)?;
+    let vocab = last.len();
+    let mut rows = vec![last];
+    if tokens.len() > 1 {
+        let all = seq.feed(
+            &tokens[..tokens.len() - 1],
+            &|_, _: &HeadView| (),
+            &mut (),
+            Logits::All,
+        )?;
+        rows.extend(all.chunks(vocab).map(<[f32]>::to_vec));
+    }
+    for (i, row) in rows.iter().enumerate() {
+        check_scores(row, i, "the raw logits")?;
+    }
+    Ok(rows)
+}
+
+/// The mean of `values` (0 for none).
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
 }
 
 /// One prompt with its own settings (a `--batch` line, or the command line).
@@ -213,6 +423,10 @@ struct Report<'r> {
     timings: Timings,
     seed: u64,
     settings: Settings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    edit: Option<EditOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control: Option<ControlOut>,
 }
 
 /// `KEY=VALUE` as the template sees it.
@@ -284,6 +498,15 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     if args.max_new_tokens == Some(0) {
         bail!("--max-new-tokens 0: nothing to generate; give at least 1");
     }
+    args.key_edit.check()?;
+    let editing = args.key_edit.edit != EditKind::None;
+    if editing && args.batch.is_some() {
+        bail!("--edit runs on one prompt: it does not combine with --batch");
+    }
+    if args.plot.is_some() && !editing {
+        bail!("--plot draws the edit's KL per position: it needs --edit");
+    }
+    let forced = args.teacher_force.as_deref().map(read_forced).transpose()?;
     let lines = lines(&args)?;
     for line in &lines {
         if line.max_new_tokens == Some(0) {
@@ -332,6 +555,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         config: &config,
         prompter: &mut prompter,
         capture_layers: &capture_layers,
+        forced: forced.as_ref(),
         out,
         progress,
     };
@@ -348,6 +572,7 @@ struct GenerateJob<'j> {
     prompter: &'j mut Prompter,
     /// The layers `--capture` keeps.
     capture_layers: &'j [usize],
+    forced: Option<&'j Forced>,
     out: &'j mut dyn Write,
     progress: bool,
 }
@@ -441,20 +666,171 @@ impl<'j> GenerateJob<'j> {
         let prompt: Prompt = self.prompter.prompt(ids.clone(), pixels.as_ref())?;
         let started = Instant::now();
         let encoded = capture::encode(backend, model, &prompt)?;
-        let mut seq = Sequence::new(model, backend, weights, capacity, None)?;
+        let probe = match args.key_edit.edit {
+            EditKind::None => None,
+            _ => Some(probe(
+                &args.key_edit,
+                args.edit_seed,
+                model,
+                self.prompter,
+                backend,
+                encoded.as_ref(),
+                pixels.as_ref(),
+                &ids,
+            )?),
+        };
+        let editor = probe.as_ref().map(|(vs, sinks, positions)| {
+            visual::editor(vs, &model.spec, sinks.clone(), positions, false, None)
+        });
+        // The control edits the rows the edit gated: built once the edit's prefill ran.
+        let control_of = |editor: &Editor| -> Option<Editor> {
+            let (vs, sinks, positions) = probe.as_ref()?;
+            args.key_edit.controls.then(|| {
+                let gated = Some(editor.affected_now());
+                visual::editor(vs, &model.spec, sinks.clone(), positions, true, gated)
+            })
+        };
+        let edit_out = |editor: &Editor, control: Option<&Editor>| EditOut {
+            edit: args.key_edit.edit,
+            gate: args.key_edit.gate,
+            keys: args.key_edit.keys.name(),
+            median_target: args.key_edit.median_target,
+            controls: args.key_edit.controls,
+            edit_seed: args.edit_seed,
+            layers: editor.layers().iter().map(|&(l, _)| l).collect(),
+            text_sink_positions: editor.layers().iter().copied().collect(),
+            edited_rows: edited_rows(editor),
+            edited_kv_heads: (0..model.spec.num_kv_heads).collect(),
+            control_edited_rows: control.map(edited_rows),
+        };
+        let edit_dyn = editor.as_ref().map(|e| e as &dyn KeyEdit);
+        let encoded = encoded.as_ref();
+
+        if let Some(forced) = self.forced {
+            let path = args
+                .teacher_force
+                .as_deref()
+                .unwrap_or(std::path::Path::new("-"));
+            let raw: Vec<i64> = match forced {
+                Forced::Ids(ids) => ids.clone(),
+                Forced::Text(text) => (self.prompter.encode_plain(text)?.into_iter())
+                    .map(i64::from)
+                    .collect(),
+            };
+            let vocab = model.spec.vocab_size;
+            let mut tokens = Vec::with_capacity(raw.len());
+            for (i, &t) in raw.iter().enumerate() {
+                if t < 0 || t as u64 >= vocab as u64 {
+                    bail!(
+                        "{}: token {t} at position {i} is outside the model's vocabulary \
+                         (0..{vocab})",
+                        path.display()
+                    );
+                }
+                tokens.push(t as u32);
+            }
+            let plain = forced_logits(model, backend, weights, &prompt, encoded, &tokens, None)?;
+            let mut report = ForcedReport {
+                model: &args.model,
+                device: args.device,
+                precision: args.precision,
+                teacher_force: path.display().to_string(),
+                prompt_ids: ids.clone(),
+                token_ids: tokens.clone(),
+                positions: Vec::new(),
+                mean_kl: None,
+                mean_kl_control: None,
+                edit: None,
+            };
+            let kl_of = |rows: &[Vec<f32>]| -> Vec<f64> {
+                plain
+                    .iter()
+                    .zip(rows)
+                    .map(|(p, q)| visual::next_token(p, q).kl)
+                    .collect()
+            };
+            let (main, kl, kl_control) = match &editor {
+                None => (plain.clone(), None, None),
+                Some(editor) => {
+                    let edited = forced_logits(
+                        model, backend, weights, &prompt, encoded, &tokens, edit_dyn,
+                    )?;
+                    let control = control_of(editor);
+                    let kl_control = match &control {
+                        Some(c) => {
+                            let rows = forced_logits(
+                                model,
+                                backend,
+                                weights,
+                                &prompt,
+                                encoded,
+                                &tokens,
+                                Some(c),
+                            )?;
+                            Some(kl_of(&rows))
+                        }
+                        None => None,
+                    };
+                    report.edit = Some(edit_out(editor, control.as_ref()));
+                    let kl = kl_of(&edited);
+                    (edited, Some(kl), kl_control)
+                }
+            };
+            report.mean_kl = kl.as_deref().map(mean);
+            report.mean_kl_control = kl_control.as_deref().map(mean);
+            for (i, (&token, row)) in tokens.iter().zip(&main).enumerate() {
+                let at = row[token as usize];
+                report.positions.push(Position {
+                    stats: step_stats(row, token),
+                    rank: 1 + row.iter().filter(|&&x| x > at).count(),
+                    logprob_unedited: kl.as_ref().map(|_| step_stats(&plain[i], token).logprob),
+                    kl: kl.as_ref().map(|k| k[i]),
+                    kl_control: kl_control.as_ref().map(|k| k[i]),
+                });
+            }
+            if let Some(svg_path) = &args.plot {
+                let curve = |label: &str, k: &[f64]| crate::report::plot::Series {
+                    label: label.to_string(),
+                    points: k.iter().enumerate().map(|(i, &v)| (i as f64, v)).collect(),
+                };
+                let mut series = Vec::new();
+                if let Some(k) = &kl {
+                    series.push(curve("key edit", k));
+                }
+                if let Some(k) = &kl_control {
+                    series.push(curve("control", k));
+                }
+                let chart = crate::report::plot::LineChart {
+                    title: format!("KL(unedited || edited) per position, {}", args.model),
+                    x_label: "position in the continuation".into(),
+                    y_label: "KL (nats)".into(),
+                    series,
+                };
+                let svg = chart.to_svg().map_err(|e| crate::internal!("{e}"))?;
+                crate::checkpoint::output::write_file_atomic(svg_path, svg.as_bytes())?;
+            }
+            let text = if args.json {
+                format!("{}\n", json_text(&report)?)
+            } else {
+                render_forced(&report)
+            };
+            return write_flushed(self.out, &text);
+        }
+
+        let mut seq = Sequence::new(model, backend, weights, capacity, edit_dyn)?;
         let mut recorder =
             (args.capture.as_ref()).map(|set| Recorder::new(&model.spec, set, self.capture_layers));
         let logits = match &mut recorder {
             None => seq.prefill(
                 &prompt,
-                encoded.as_ref(),
+                encoded,
                 &|_, _: &HeadView| (),
                 &mut (),
                 Logits::Last,
             )?,
             Some(rec) => {
                 let visit = rec.visitor();
-                seq.prefill(&prompt, encoded.as_ref(), &visit, rec, Logits::Last)?
+                seq.prefill(&prompt, encoded, &visit, rec, Logits::Last)?
             }
         };
         let prefill_s = started.elapsed().as_secs_f64();
@@ -500,8 +876,8 @@ impl<'j> GenerateJob<'j> {
             }
         };
         if let (Some(rec), Some(path)) = (recorder, &args.output) {
-            let positions = capture::positions(&prompt, encoded.as_ref())?;
-            let kept = capture_tensors(rec, &prompt, encoded.as_ref(), positions, seq.ids())?;
+            let positions = capture::positions(&prompt, encoded)?;
+            let kept = capture_tensors(rec, &prompt, encoded, positions, seq.ids())?;
             let mut kept = kept;
             if args
                 .capture
@@ -532,8 +908,34 @@ impl<'j> GenerateJob<'j> {
             let bytes = capture::to_safetensors(&kept, metadata)?;
             write_file_atomic(path, &bytes)?;
         }
+        drop(seq);
         let text = prompter.decode(&generated.ids)?;
         let decode_tokens = generated.ids.len().saturating_sub(1);
+        let mut control_out = None;
+        let mut edit_report = None;
+        if let Some(editor) = &editor {
+            let control = control_of(editor);
+            if let Some(c) = &control {
+                let (mut seq, logits) =
+                    start(model, backend, weights, &prompt, encoded, capacity, Some(c))?;
+                let mut sampler = Sampler::new(&settings, seed);
+                let g = decode(
+                    &mut seq,
+                    logits,
+                    &mut sampler,
+                    &stops,
+                    &|ids: &[u32]| prompter.decode(ids),
+                    &mut |_: &str| Ok(()),
+                )?;
+                control_out = Some(ControlOut {
+                    text: prompter.decode(&g.ids)?,
+                    generated_ids: g.ids,
+                    stop_reason: g.stop_reason,
+                    steps: g.steps,
+                });
+            }
+            edit_report = Some(edit_out(editor, control.as_ref()));
+        }
         let report = Report {
             model: &args.model,
             device: args.device,
@@ -546,6 +948,8 @@ impl<'j> GenerateJob<'j> {
             timings: Timings::new(prefill_s, ids.len(), generated.decode_s, decode_tokens),
             seed,
             settings,
+            edit: edit_report,
+            control: control_out,
         };
         if stream {
             write_flushed(out, "\n")
@@ -557,6 +961,78 @@ impl<'j> GenerateJob<'j> {
             write_flushed(out, &format!("{}\n", json_text(&report)?))
         }
     }
+}
+
+/// The probe an edit needs on the prompt `ids` (with `pixels`, encoded in `encoded`): its image
+/// blocks and question rows as visual-sinks finds them, and each probed layer's text sink from
+/// one unedited pass. Returns the settings, `(layer, t*)` and each image's token positions.
+#[allow(clippy::too_many_arguments)]
+pub fn probe<B: Backend>(
+    key_edit: &KeyEditArgs,
+    edit_seed: u64,
+    model: &Model,
+    prompter: &Prompter,
+    backend: &B,
+    encoded: Option<&Encoded>,
+    pixels: Option<&PixelData>,
+    ids: &[u32],
+) -> Result<Probe> {
+    let Some(pixels) = pixels else {
+        bail!("--edit edits the keys of the prompt's image tokens: give an image (--image or --pixel-values)");
+    };
+    let counts = prompter.image_tokens(pixels)?;
+    let (positions, question) =
+        super::visual_sinks::image_blocks(prompter, ids, &counts, "the prompt")?;
+    // The ratio defines sinks, which the edit does not use: visual-sinks' default.
+    let vs = key_edit.settings(100.0, edit_seed, model.spec.num_layers())?;
+    let measured = Measured {
+        prompt: prompter.prompt(ids.to_vec(), Some(pixels))?,
+        question,
+        images: (positions.iter())
+            .map(|p| ImageTokens {
+                positions: p.clone(),
+                inside_box: None,
+            })
+            .collect(),
+    };
+    let (sinks, _) = visual::text_sinks(backend, model, &measured, encoded, &vs)?;
+    Ok((vs, sinks, positions))
+}
+
+/// What [`probe`] finds: the settings, `(layer, t*)` and each image's token positions.
+pub type Probe = (visual::Settings, visual::TextSinks, Vec<Vec<usize>>);
+
+/// The `--teacher-force` text report: a row per position.
+fn render_forced(r: &ForcedReport) -> String {
+    use crate::report::{fmt_num, fmt_opt, Table};
+    let mut t = Table::new([
+        "position",
+        "token",
+        "logprob",
+        "rank",
+        "entropy",
+        "kl",
+        "kl control",
+    ]);
+    for (i, p) in r.positions.iter().enumerate() {
+        t.row([
+            i.to_string(),
+            p.stats.token_id.to_string(),
+            fmt_num(p.stats.logprob as f64),
+            p.rank.to_string(),
+            fmt_num(p.stats.entropy as f64),
+            fmt_opt(p.kl),
+            fmt_opt(p.kl_control),
+        ]);
+    }
+    let mut out = t.render();
+    if let Some(k) = r.mean_kl {
+        out.push_str(&format!("mean KL(unedited || edited): {}\n", fmt_num(k)));
+    }
+    if let Some(k) = r.mean_kl_control {
+        out.push_str(&format!("mean KL(unedited || control): {}\n", fmt_num(k)));
+    }
+    out
 }
 
 /// Write `text` and flush it: streamed text shows as it is decoded.

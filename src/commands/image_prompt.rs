@@ -314,6 +314,11 @@ impl Prompter {
         self.encoder.set_template_args(args)
     }
 
+    /// The token ids of plain `text`, without special tokens (a continuation to score).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        self.encoder.encode_text(text, false)
+    }
+
     /// The text of generated `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.encoder.decode(ids)

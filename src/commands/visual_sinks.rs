@@ -7,12 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::arch::layer_list::LayerList;
 use crate::checkpoint::output::{write_file_atomic, OutputDir, OutputKind, Outputs};
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::Backend;
-use crate::forward::decoder::KeyStage;
 use crate::forward::device::{BackendJob, ComputeDevice};
 use crate::forward::model::DecoderSpec;
 use crate::forward::precision::Precision;
@@ -26,6 +24,7 @@ use crate::sink::visual::geometry::{token_regions, TokenLayout, TokenRegion};
 use crate::sink::visual::{self, ImageReport, ImageTokens, Measured, Measurement, Settings};
 use crate::{bad, bail};
 
+use super::args::KeyEditArgs;
 use super::image_prompt::{read_pixel_file, PixelData, Prompter};
 use super::manifest::{self, Entry as Item};
 use crate::input;
@@ -85,33 +84,12 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub pixel_values: Option<PathBuf>,
 
-    /// The decoder layers to probe and edit: `0-3,7`, `20:` (default: all)
-    #[arg(long, value_name = "LIST")]
-    pub layers: Option<LayerList>,
-
     /// A visual sink takes at least this many times the uniform share of the image's attention
     #[arg(long, value_name = "X", default_value_t = 100.0, value_parser = parse_ratio, allow_hyphen_values = true)]
     pub ratio: f64,
 
-    /// The gate: image tokens whose centred key cosine with the text sink is at least this
-    #[arg(long, value_name = "COS", default_value_t = 0.5, value_parser = parse_gate, allow_hyphen_values = true)]
-    pub gate: f64,
-
-    /// The keys the cosines use and the edit acts on: before or after RoPE
-    #[arg(long, value_enum, default_value_t = KeysArg::PreRope)]
-    pub keys: KeysArg,
-
-    /// The key edit run in a second pass at the probed layers
-    #[arg(long, value_enum, default_value_t = EditKind::None)]
-    pub edit: EditKind,
-
-    /// `remove`: move the text-sink component to the image tokens' median instead of to zero
-    #[arg(long)]
-    pub median_target: bool,
-
-    /// Also run the edit's control: a random direction (remove) or a random key (align)
-    #[arg(long)]
-    pub controls: bool,
+    #[command(flatten)]
+    pub key_edit: KeyEditArgs,
 
     /// Seed of the controls and of align's token choice
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -144,45 +122,10 @@ pub struct Args {
     pub force: bool,
 }
 
-/// `--keys`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum KeysArg {
-    PreRope,
-    PostRope,
-}
-
-impl KeysArg {
-    fn stage(self) -> KeyStage {
-        match self {
-            KeysArg::PreRope => KeyStage::PreRope,
-            KeysArg::PostRope => KeyStage::PostRope,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            KeysArg::PreRope => "pre-rope",
-            KeysArg::PostRope => "post-rope",
-        }
-    }
-}
-
 impl Args {
     /// What to measure, with `--layers` resolved for a model of `num_layers`.
     fn settings(&self, num_layers: usize) -> Result<Settings> {
-        Ok(Settings {
-            ratio: self.ratio,
-            gate: self.gate,
-            keys: self.keys.stage(),
-            edit: self.edit,
-            median_target: self.median_target,
-            controls: self.controls,
-            seed: self.seed,
-            layers: match &self.layers {
-                Some(list) => list.resolve(num_layers)?,
-                None => (0..num_layers).collect(),
-            },
-        })
+        self.key_edit.settings(self.ratio, self.seed, num_layers)
     }
 }
 
@@ -200,14 +143,6 @@ fn parse_ratio(s: &str) -> std::result::Result<f64, String> {
         return Err(format!("{s} is not a positive number"));
     }
     Ok(r)
-}
-
-fn parse_gate(s: &str) -> std::result::Result<f64, String> {
-    let g: f64 = s.parse().map_err(|e| format!("{e}"))?;
-    if !(-1.0..=1.0).contains(&g) {
-        return Err(format!("{s} is outside [-1, 1]"));
-    }
-    Ok(g)
 }
 
 /// The items of the command line or the manifest, checked without the model: images exist,
@@ -329,34 +264,10 @@ fn prepare(
         item.text.clone()
     };
     let ids = prompter.token_ids(&text, item.chat, &counts)?;
-    let placeholders = prompter.placeholders.expect("a tower has placeholders");
-    let image_token = prompter.token(placeholders.image_token())?;
-    let end = prompter.token(match placeholders {
-        Placeholders::Qwen => "<|vision_end|>",
-        Placeholders::InternVl => "</img>",
-    })?;
-    let rows: Vec<usize> = image_rows(&ids, image_token)
-        .into_iter()
-        .map(|r| r as usize)
-        .collect();
-    let last = *rows
-        .last()
-        .ok_or_else(|| bad!("{o}: the prompt has no image tokens"))?;
-    let block_end = ids[last..]
-        .iter()
-        .position(|&t| t == end)
-        .map(|p| last + p)
-        .ok_or_else(|| bad!("{o}: the last image block has no end token"))?;
-    let question = block_end + 1..ids.len();
-    if question.is_empty() {
-        bail!("{o}: the prompt has no tokens after the image, so there is no question to measure");
-    }
+    let (blocks, question) = image_blocks(prompter, &ids, &counts, &o)?;
     let mut images = Vec::new();
     let mut regions = Vec::new();
-    let mut start = 0;
-    for (i, &n) in counts.iter().enumerate() {
-        let positions = rows[start..start + n].to_vec();
-        start += n;
+    for (i, (&n, positions)) in counts.iter().zip(blocks).enumerate() {
         let (w, h) = image_size(&item.images[i])?;
         let layout = match (&pixels.grid, processor) {
             (Grid::Thw(g), _) => TokenLayout::Patches { grid: g[i], merge },
@@ -393,6 +304,48 @@ fn prepare(
         },
         pixels,
     ))
+}
+
+/// The image blocks of a prompt's `ids` (one per image, `counts[i]` tokens each) and its
+/// question rows: after the last image block's end token to the end (`o` names the prompt).
+pub(crate) fn image_blocks(
+    prompter: &Prompter,
+    ids: &[u32],
+    counts: &[usize],
+    o: &str,
+) -> Result<(Vec<Vec<usize>>, std::ops::Range<usize>)> {
+    let placeholders = prompter.placeholders.expect("a tower has placeholders");
+    let image_token = prompter.token(placeholders.image_token())?;
+    let end = prompter.token(match placeholders {
+        Placeholders::Qwen => "<|vision_end|>",
+        Placeholders::InternVl => "</img>",
+    })?;
+    let rows: Vec<usize> = image_rows(ids, image_token)
+        .into_iter()
+        .map(|r| r as usize)
+        .collect();
+    let last = *rows
+        .last()
+        .ok_or_else(|| bad!("{o}: the prompt has no image tokens"))?;
+    let block_end = ids[last..]
+        .iter()
+        .position(|&t| t == end)
+        .map(|p| last + p)
+        .ok_or_else(|| bad!("{o}: the last image block has no end token"))?;
+    let question = block_end + 1..ids.len();
+    if question.is_empty() {
+        bail!("{o}: the prompt has no tokens after the image, so there is no question to measure");
+    }
+    let mut blocks = Vec::new();
+    let mut start = 0;
+    for &n in counts {
+        let block = rows
+            .get(start..start + n)
+            .ok_or_else(|| bad!("{o}: the prompt has fewer image tokens than its images"))?;
+        blocks.push(block.to_vec());
+        start += n;
+    }
+    Ok((blocks, question))
 }
 
 /// The job `--device` runs: every prompt in turn, each prepared (its pixels read) just before
@@ -481,12 +434,7 @@ struct Report<'r> {
 
 pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     // Everything checkable before the model is opened.
-    if args.controls && args.edit == EditKind::None {
-        bail!("--controls needs an edit (--edit remove or --edit align)");
-    }
-    if args.median_target && args.edit != EditKind::Remove {
-        bail!("--median-target applies to --edit remove");
-    }
+    args.key_edit.check()?;
     let outputs = Outputs::new(args.force)
         .output("--csv", args.csv.as_deref(), OutputKind::File)
         .output("--plot", args.plot.as_deref(), OutputKind::Figures);
@@ -539,11 +487,11 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         device: args.device,
         precision: args.precision,
         ratio: args.ratio,
-        gate: args.gate,
-        keys: args.keys.name(),
-        edit: args.edit,
-        median_target: args.median_target,
-        controls: args.controls,
+        gate: args.key_edit.gate,
+        keys: args.key_edit.keys.name(),
+        edit: args.key_edit.edit,
+        median_target: args.key_edit.median_target,
+        controls: args.key_edit.controls,
         seed: args.seed,
         layers: &settings.layers,
         images,

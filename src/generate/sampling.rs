@@ -323,7 +323,7 @@ impl Sampler {
 }
 
 /// Scores a distribution can come from: no NaN, no +inf, not all -inf.
-fn check_scores(scores: &[f32], step: usize, what: &str) -> Result<()> {
+pub fn check_scores(scores: &[f32], step: usize, what: &str) -> Result<()> {
     if let Some(i) = scores
         .iter()
         .position(|s| s.is_nan() || *s == f32::INFINITY)

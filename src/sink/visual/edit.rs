@@ -172,6 +172,19 @@ impl Editor {
         }
     }
 
+    /// Per image, per probed layer: the positions edited so far.
+    pub fn affected_now(&self) -> Vec<Vec<Vec<usize>>> {
+        self.affected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The probed layers, ascending, each with its text sink t*.
+    pub fn layers(&self) -> &[(usize, usize)] {
+        &self.layers
+    }
+
     /// Per image, per probed layer: the positions the pass edited.
     pub fn affected(self) -> Vec<Vec<Vec<usize>>> {
         self.affected

@@ -117,6 +117,9 @@ pub struct Measurement {
     pub logits_control: Option<Vec<f32>>,
 }
 
+/// Per probed layer, ascending: `(layer, t*)`.
+pub type TextSinks = Vec<(usize, usize)>;
+
 /// Per probed layer: the question's attention over every position.
 type Attention = Vec<(usize, Vec<f64>)>;
 
@@ -232,29 +235,15 @@ pub fn measure<B: Backend>(
     };
     if settings.edit != EditKind::None {
         // t* of the unedited pass is the same for every image: a and the non-image positions are.
-        let sinks: Vec<(usize, usize)> = unedited
-            .iter()
-            .map(|(l, a)| (*l, stats::text_sink(a, &is_image).expect("question rows")))
-            .collect();
+        let sinks = text_sink_positions(&unedited, &is_image);
         let positions: Vec<Vec<usize>> = m.images.iter().map(|i| i.positions.clone()).collect();
         let mut edit_gated = None;
         for control in [false, true] {
             if control && !settings.controls {
                 break;
             }
-            let editor = Editor::new(EditSetup {
-                kind: settings.edit,
-                control,
-                median_target: settings.median_target,
-                stage: settings.keys,
-                gate: settings.gate,
-                seed: settings.seed,
-                num_kv_heads: spec.num_kv_heads,
-                head_dim: spec.head_dim,
-                layers: sinks.clone(),
-                images: &positions,
-                gated: if control { edit_gated.take() } else { None },
-            });
+            let gated = if control { edit_gated.take() } else { None };
+            let editor = editor(settings, spec, sinks.clone(), &positions, control, gated);
             let mut edited: Attention = Vec::new();
             progress(if control {
                 "control pass"
@@ -335,6 +324,74 @@ pub fn measure<B: Backend>(
     Ok(measurement)
 }
 
+/// Per probed layer, the text sink t* of the question's attention `a` (the same for every
+/// image: `a` and the non-image positions are).
+fn text_sink_positions(attention: &Attention, is_image: &[bool]) -> Vec<(usize, usize)> {
+    attention
+        .iter()
+        .map(|(l, a)| (*l, stats::text_sink(a, is_image).expect("question rows")))
+        .collect()
+}
+
+/// The probe of a prompt that an edit needs, without the statistics: one unedited pass over
+/// `m` (its images encoded in `encoded`) at `settings.layers`, giving each probed layer's text
+/// sink t*, as [`measure`] finds it. Returns `(layer, t*)` ascending and the pass's next-token
+/// logits.
+pub fn text_sinks<B: Backend>(
+    backend: &B,
+    model: &Model,
+    m: &Measured,
+    encoded: Option<&Encoded>,
+    settings: &Settings,
+) -> Result<(TextSinks, Vec<f32>)> {
+    let seq = m.prompt.ids.len();
+    let mut is_image = vec![false; seq];
+    for image in &m.images {
+        for &j in &image.positions {
+            is_image[j] = true;
+        }
+    }
+    let mut attention: Attention = Vec::new();
+    let logits = run_pass(
+        backend,
+        model,
+        m,
+        encoded,
+        settings,
+        None,
+        false,
+        &mut |_: &str| {},
+        |layer, probs, _, _, _| attention.push((layer, stats::question_attention(probs, seq))),
+    )?;
+    Ok((text_sink_positions(&attention, &is_image), logits))
+}
+
+/// The editor of `settings`' edit (`control`: its control) at the probed layers `sinks`
+/// (`(layer, t*)`, from the unedited pass) over the images' token `positions`; the remove
+/// control edits the rows the edit `gated` (per image, per probed layer).
+pub fn editor(
+    settings: &Settings,
+    spec: &crate::forward::model::DecoderSpec,
+    sinks: Vec<(usize, usize)>,
+    positions: &[Vec<usize>],
+    control: bool,
+    gated: Option<Vec<Vec<Vec<usize>>>>,
+) -> Editor {
+    Editor::new(EditSetup {
+        kind: settings.edit,
+        control,
+        median_target: settings.median_target,
+        stage: settings.keys,
+        gate: settings.gate,
+        seed: settings.seed,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: spec.head_dim,
+        layers: sinks,
+        images: positions,
+        gated,
+    })
+}
+
 /// The layer `L ≥ first_counted` with the largest sink share among those with a sink, ties to
 /// the lowest.
 fn peak_layer(layers: &BTreeMap<usize, LayerStats>, first_counted: usize) -> Option<usize> {
@@ -348,7 +405,7 @@ fn peak_layer(layers: &BTreeMap<usize, LayerStats>, first_counted: usize) -> Opt
 }
 
 /// Top-1 agreement and `KL(p ‖ q)` of two logit vectors, in f64.
-fn next_token(before: &[f32], after: &[f32]) -> NextToken {
+pub fn next_token(before: &[f32], after: &[f32]) -> NextToken {
     let log_softmax = |l: &[f32]| -> Vec<f64> {
         let max = l.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         let lse = max + l.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
