@@ -516,6 +516,8 @@ fn capture_and_its_output_need_each_other() {
         "x.st",
     ])
     .refused_with_usage(&["bogus"]);
+}
+
 /// The remove edit during generate (`*_edit_remove`): transformers' generate with the editor
 /// hooked. The command gates the same rows, generates the same 40 tokens, and each step's
 /// reported log-probabilities (the chosen token's and the top five) equal the golden logits'

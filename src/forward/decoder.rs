@@ -257,6 +257,12 @@ impl<'m, 'a, B: Backend> State<'m, 'a, B> {
         })
     }
 
+    /// Read every weight from `resident` from here on (a prompt's pass streamed its layers; its
+    /// head is the decode's).
+    pub fn use_weights(&mut self, resident: &'m Resident<'a, B>) {
+        self.resident = Some(resident);
+    }
+
     /// Run the rows after the positions `cache` holds, attending them: one prompt's next tokens.
     /// Its rows' keys and values join the cache; [`State::take_cache`] hands it back.
     pub fn attach_cache(&mut self, cache: KvCache<B::Tensor>) -> Result<()> {

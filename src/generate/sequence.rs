@@ -22,6 +22,15 @@ pub enum Logits {
     All,
 }
 
+/// Where a pass's layers read their weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Weights {
+    /// Streamed with the read-ahead (a prompt's pass).
+    Streamed,
+    /// Held for the decode (its steps).
+    Held,
+}
+
 /// A sequence's tokens so far and their keys and values.
 pub struct Sequence<'m, 'a, B: Backend> {
     model: &'m Model<'a>,
@@ -91,15 +100,18 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         if !self.ids.is_empty() {
             bail!("the sequence already has its prompt");
         }
+        // The prompt's layers stream their weights with the read-ahead, as `score`'s pass does
+        // (a prompt is a GEMM per weight, whose decoding the read-ahead overlaps); its next
+        // token's logits come from the held head.
         let ids = std::slice::from_ref(&prompt.ids);
-        let mut state = State::with_weights(self.model, self.backend, ids, self.weights)?;
+        let mut state = State::new(self.model, self.backend, ids)?;
         capture::place_images(&mut state, prompt, encoded)?;
         if let Some(positions) = capture::positions(prompt, encoded)? {
             let next = positions.iter().flatten().max().map_or(0, |&p| p + 1);
             self.rope_delta = next - prompt.ids.len() as i64;
         }
         let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
-        let logits = self.run(state, deepstack, visit, hooks, which)?;
+        let logits = self.run(state, deepstack, visit, hooks, which, Weights::Streamed)?;
         self.ids.extend_from_slice(&prompt.ids);
         Ok(logits)
     }
@@ -122,7 +134,7 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
             let positions: Vec<i64> = (start..start + tokens.len() as i64).collect();
             state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])?;
         }
-        let logits = self.run(state, None, visit, hooks, which)?;
+        let logits = self.run(state, None, visit, hooks, which, Weights::Held)?;
         self.ids.extend_from_slice(tokens);
         Ok(logits)
     }
@@ -139,6 +151,7 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         visit: &(impl Fn(usize, &HeadView) -> R + Sync),
         hooks: &mut impl Hooks<B, R>,
         which: Logits,
+        weights: Weights,
     ) -> Result<Vec<f32>> {
         let cache = self
             .cache
@@ -149,11 +162,15 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
             state.set_key_edit(edit);
         }
         hooks.begin(&mut state)?;
-        let mut pass = Pass::held(state, End::Logits);
+        let mut pass = match weights {
+            Weights::Streamed => Pass::new(state, End::Layers),
+            Weights::Held => Pass::held(state, End::Logits),
+        };
         if let Some((rows, features)) = deepstack {
             pass.add_after_layers(rows, features);
         }
         pass.run(visit, hooks)?;
+        pass.state_mut().use_weights(self.weights);
         hooks.end(pass.state_mut())?;
         let logits = match which {
             Logits::Last => pass.state().last_logits()?,
