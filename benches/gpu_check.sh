@@ -8,6 +8,10 @@
 #   3. `score` on it with the 15 default prompts: cold (page cache dropped, where allowed) and warm,
 #      in f32 (SGEMM, TF32 off) and in bf16 (cublasGemmEx on tensor cores);
 #   3b. `trace` of a Qwen2.5-VL-7B-shaped vision tower on a 1024x1024 image, GPU and CPU;
+#   3c. `generate` on the 7B-shaped checkpoint on the GPU: 128 greedy tokens after a 512-token
+#      prompt, decode tokens/s against the HBM floor (weight bytes per token / HBM bandwidth, HBM
+#      given as HBM_GBS, default 4800 for an H200), and the GPU's tokens equal to the CPU's on
+#      the generate goldens (the parity of the decode path);
 #   4. one table, with both precisions' medians side by side.
 # It needs no Python, no cargo and no network on the GPU machine: only the repository and two
 # stripped release binaries, made beforehand on any Linux x86_64 machine:
@@ -162,6 +166,40 @@ if [ -f "$PIXELS" ]; then
 else
   echo "vision tower: $PIXELS is missing (see step 3b); skipped"
 fi
+
+# 3c. Decoding: GPU decode tokens/s at 7B shapes, and the same tokens as the CPU on a golden.
+HBM_GBS=${HBM_GBS:-4800}
+python_free_ids() {  # 512 token ids of the fixtures' vocabulary, as a JSON list
+  awk 'BEGIN { srand(0); printf "["; for (i = 0; i < 512; i++) printf "%s%d", (i ? "," : ""), int(rand() * 300); print "]" }'
+}
+python_free_ids >"$WORK/ids512.json"
+for i in $(seq "$RUNS"); do
+  if "$SM" generate "$M" --prompt-ids "$WORK/ids512.json" --max-new-tokens 128 --greedy --ignore-eos \
+    --device "$DEVICE" --json >"$WORK/gen.json" 2>"$WORK/gen.err"; then
+    tps=$(grep -o '"decode_tokens_per_s": [0-9.e+-]*' "$WORK/gen.json" | awk '{print $2}')
+    pps=$(grep -o '"prefill_tokens_per_s": [0-9.e+-]*' "$WORK/gen.json" | awk '{print $2}')
+    echo "generate$i decode_tok_s=$tps prefill_tok_s=$pps" | tee -a "$WORK/results.txt"
+  else
+    echo "generate on $DEVICE: $(head -c 300 "$WORK/gen.err")"; failed=1
+  fi
+done
+bytes=$(du -bc "$M"/*.safetensors | tail -1 | cut -f1)
+echo "generate: HBM floor $(awk -v b="$bytes" -v g="$HBM_GBS" 'BEGIN {printf "%.1f", g * 1e9 / b}') tok/s ($bytes bytes of weights per token, $HBM_GBS GB/s)" | tee -a "$WORK/results.txt"
+for case in fixture_mistral qwen3_vl_two; do
+  g=tests/fixtures/generate/$case.json
+  want=$(tr -d ' \n' <"$g" | grep -o '"generated_ids":\[[0-9,]*\]')
+  model=$(grep -o '"model": "[^"]*"' "$g" | cut -d'"' -f4)
+  tr -d ' \n' <"$g" | grep -o '"prompt_ids":\[[0-9,]*\]' | cut -d: -f2 >"$WORK/$case.ids.json"
+  pix=$(grep -o '"pixel_values": "[^"]*"' "$g" | cut -d'"' -f4)
+  if [ -n "$pix" ]; then
+    echo "generate parity $case: images need --prompt (skipped; the host stand-in covers it in cargo test)"
+    continue
+  fi
+  got=$("$SM" generate "$model" --prompt-ids "$WORK/$case.ids.json" --max-new-tokens 40 --greedy \
+    --ignore-eos --device "$DEVICE" --json 2>&1 | tr -d ' \n' | grep -o '"generated_ids":\[[0-9,]*\]')
+  if [ "$got" = "$want" ]; then echo "generate parity $case: 40 tokens as transformers'"
+  else echo "generate parity $case: tokens differ from transformers'"; failed=1; fi
+done
 
 # 4. The table.
 echo

@@ -51,6 +51,10 @@ The prompt is raw text in which each <image> marks where the next --image goes, 
 the model's chat template (--template-arg KEY=VALUE passes the template a variable, its value \
 read as JSON when it parses: enable_thinking=false). --batch FILE.jsonl runs one prompt a line \
 with one model load and writes one JSON line each.\n\n\
+--edit remove|align applies visual-sinks' key edit to the prompt's image keys (gated on the \
+prompt as visual-sinks gates it; the cache carries the edited keys into every step); \
+--teacher-force FILE scores a given continuation instead, with the per-position KL against the \
+unedited pass when an edit is given (--plot draws it).\n\n\
 --capture LIST -o FILE.safetensors keeps trace's tensors over the whole generation and writes \
 them when it ends, laid out as trace's one pass over every token the model ran \
 (docs/commands/generate.md, Captures).";
