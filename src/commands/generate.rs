@@ -161,7 +161,8 @@ pub struct Args {
     pub device: ComputeDevice,
 
     /// Print one JSON document: ids, text, per-step log-probabilities, entropy and top 5,
-    /// timings, the settings used and the stop reason
+    /// timings, the settings used and the stop reason (with --batch: one JSON array of them,
+    /// printed once every line is answered)
     #[arg(long)]
     pub json: bool,
 
@@ -562,6 +563,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         forced: forced.as_ref(),
         out,
         progress,
+        answers: Vec::new(),
     };
     args.device.run(args.precision, job)?;
     Ok(())
@@ -579,6 +581,8 @@ struct GenerateJob<'j> {
     forced: Option<&'j Forced>,
     out: &'j mut dyn Write,
     progress: bool,
+    /// `--batch` with `--json`: each line's report, printed together as one JSON array.
+    answers: Vec<serde_json::Value>,
 }
 
 impl BackendJob for GenerateJob<'_> {
@@ -596,6 +600,9 @@ impl BackendJob for GenerateJob<'_> {
             bar.inc(1);
         }
         bar.finish_and_clear();
+        if self.args.batch.is_some() && self.args.json {
+            write_flushed(self.out, &json_text(&self.answers)?)?;
+        }
         Ok(())
     }
 }
@@ -957,6 +964,11 @@ impl<'j> GenerateJob<'j> {
         };
         if stream {
             write_flushed(out, "\n")
+        } else if let (Some(_), true) = (&args.batch, args.json) {
+            let value = serde_json::to_value(&report)
+                .map_err(|e| crate::internal!("cannot serialise the report: {e}"))?;
+            self.answers.push(value);
+            Ok(())
         } else if args.batch.is_some() {
             let line = serde_json::to_string(&report)
                 .map_err(|e| crate::internal!("cannot serialise the report: {e}"))?;

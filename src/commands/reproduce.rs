@@ -23,7 +23,7 @@ Steps, in the order they run: inspect of both models; extract of the VLM's langu
 (VLM-LM); norms of REF -> VLM-LM (per-layer drift, stable ranks, the norm-scale drift); score of \
 REF and of VLM-LM against REF (S, the margin, pos0_trailing with its CI, the thirds, perplexity on \
 --text); heads of REF -> VLM-LM; predict (where REF's S places the pair on the paper's panel); then \
-each of the paper's merge settings (merge-configs/) followed by its score. TIES and DARE need \
+each of the paper's merge settings (merge-configs/) followed by its score. With --answers, each model (REF, VLM-LM, each merge) also answers three fixed prompts greedily (generate --batch), side by side in the report. TIES and DARE need \
 --base (task vectors from the pretrained base); without it they are skipped and the report says \
 so.\n\n\
 Each step writes under DIR/steps/NAME/: the command's own --json report (report.json) and, last, a \
@@ -142,6 +142,12 @@ pub struct Args {
     #[arg(long)]
     pub keep_models: bool,
 
+    /// Also ask each model (REF, the VLM-LM and each merge) for its greedy answers to three
+    /// fixed prompts (assets/prompts/answers.jsonl, 64 tokens each): one `generate --batch` step
+    /// per model, side by side in the report; refused when a model does not fit in memory
+    #[arg(long)]
+    pub answers: bool,
+
     /// The text of the perplexity column [default: the bundled sample, assets/text/sample.txt]
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
@@ -194,6 +200,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
             force: args.force.clone(),
             keep_models: args.keep_models,
             progress: progress && !args.json,
+            answers: args.answers,
         };
 
     let Some(panel_csv) = &args.panel else {
@@ -345,6 +352,9 @@ fn common_argv(args: &Args) -> Vec<String> {
     }
     if args.keep_models {
         argv.push("--keep-models".into());
+    }
+    if args.answers {
+        argv.push("--answers".into());
     }
     argv
 }

@@ -7,9 +7,17 @@ use crate::bail;
 use crate::error::Result;
 use crate::units::human_bytes;
 
-/// `MemAvailable` of `/proc/meminfo` in bytes: what can be allocated without swapping. `None`
-/// where the file is absent (not Linux), and then nothing is checked.
+/// The variable that, set to a number of bytes, stands for `MemAvailable` (tests, or a share of a
+/// machine smaller than the kernel reports).
+pub const AVAILABLE_VAR: &str = "SINKMERGE_MEM_AVAILABLE";
+
+/// `MemAvailable` of `/proc/meminfo` in bytes: what can be allocated without swapping (or
+/// [`AVAILABLE_VAR`] when set to a number). `None` where the file is absent (not Linux), and
+/// then nothing is checked.
 pub fn available() -> Option<u64> {
+    if let Some(bytes) = overridden() {
+        return Some(bytes);
+    }
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib: u64 = text
         .lines()
@@ -20,6 +28,11 @@ pub fn available() -> Option<u64> {
         .parse()
         .ok()?;
     kib.checked_mul(1024)
+}
+
+/// [`AVAILABLE_VAR`], when it is set to a number of bytes.
+fn overridden() -> Option<u64> {
+    std::env::var(AVAILABLE_VAR).ok()?.trim().parse().ok()
 }
 
 /// The bytes the attention of one layer holds while it runs on a prompt of `seq` tokens: each
@@ -42,10 +55,14 @@ pub fn check(need: f64, what: &str, hint: &str) -> Result<()> {
     };
     if need > free as f64 {
         bail!(
-            "{what} needs about {} of memory but {} is available (MemAvailable in \
-             /proc/meminfo); {hint}",
+            "{what} needs about {} of memory but {} is available ({}); {hint}",
             human_bytes(need.min(u64::MAX as f64) as u64),
-            human_bytes(free)
+            human_bytes(free),
+            if overridden().is_some() {
+                AVAILABLE_VAR
+            } else {
+                "MemAvailable in /proc/meminfo"
+            }
         );
     }
     Ok(())

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::sampling::{Sampler, StepStats};
 use super::sequence::Sequence;
@@ -13,8 +13,19 @@ use crate::checkpoint::output::check_cancelled;
 use crate::error::Result;
 use crate::forward::backend::Backend;
 
+/// One answer of `generate --json` (or an element of `--batch --json`'s array) as a reader takes
+/// it back: `reproduce --answers` reads its steps' reports into these. The fields it needs of the
+/// command's report; the others are left out.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Answer {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    pub text: String,
+    pub stop_reason: StopReason,
+}
+
 /// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// An end-of-sequence token (kept as the last generated id).

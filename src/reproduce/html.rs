@@ -339,6 +339,35 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
     );
     let text = str_at("/text");
 
+    // Plain strings: the template escapes them (an .html template autoescapes).
+    let answers = s["answers"].is_object().then(|| {
+        let a = &s["answers"];
+        let text = |v: &Value| v.as_str().unwrap_or("–").to_string();
+        let models: Vec<Jinja> = (a["models"].as_array().into_iter().flatten())
+            .map(|m| context! { title => text(&m["title"]) })
+            .collect();
+        let rows: Vec<Jinja> = (a["prompts"].as_array().into_iter().flatten().enumerate())
+            .map(|(i, p)| {
+                let cells: Vec<Jinja> = (p["answers"].as_array().into_iter().flatten())
+                    .enumerate()
+                    .map(|(j, x)| {
+                        context! {
+                            key => format!("/answers/prompts/{i}/answers/{j}/text"),
+                            text => text(&x["text"]),
+                            stop_reason => text(&x["stop_reason"]),
+                        }
+                    })
+                    .collect();
+                context! { prompt => text(&p["prompt"]), answers => cells }
+            })
+            .collect();
+        context! {
+            max_new_tokens => a["max_new_tokens"].as_u64(),
+            models => models,
+            rows => rows,
+        }
+    });
+
     let env = environment("report.html", TEMPLATE)?;
     env.get_template("report.html")
         .and_then(|t| {
@@ -354,6 +383,7 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
                 curves => curves,
                 heads => heads,
                 predictor => predictor,
+                answers => answers,
                 steps => steps,
                 text => text,
             })

@@ -49,6 +49,8 @@ pub struct Options {
     pub force: Vec<String>,
     pub keep_models: bool,
     pub progress: bool,
+    /// `--answers`: each model's greedy answers to the bundled prompts.
+    pub answers: bool,
 }
 
 /// `steps/NAME/manifest.json`, written after everything else the step writes: a step is done
@@ -170,6 +172,7 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         }
     }
 
+    let answers_file = dir.join("inputs").join("answers.jsonl");
     let steps = plan::steps(&PlanInput {
         reference: &options.reference,
         vlm: &options.vlm,
@@ -178,6 +181,7 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         text: &text,
         device: &options.device,
         merges: &options.merges,
+        answers: options.answers.then_some(answers_file.as_path()),
     });
     let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
     for name in options.skip.iter().chain(&options.force) {
@@ -197,7 +201,10 @@ pub fn prepare(options: Options) -> Result<Prepared> {
     // DIR/models a link to a store of models, `extract --force` would write into the store),
     // and none is, holds or lies inside an input.
     let bundled = options.text.is_none().then_some(text.as_path());
-    let written = written_paths(&dir, &steps, bundled);
+    let mut written = written_paths(&dir, &steps, bundled);
+    if options.answers {
+        written.push((answers_file.clone(), OutputKind::File));
+    }
     refuse_links(&dir, written.iter().map(|(path, _)| path.as_path()))?;
     for (path, kind) in &written {
         // Model folders are replaced whole (`extract`, `merge` with --force), and only when
@@ -234,6 +241,10 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         );
     }
 
+    if options.answers {
+        check_answers_memory(&reference, &lm_plan, &ref_config, &steps)?;
+    }
+
     // The models' identities: Hub commits, or content hashes (cached under DIR).
     let mut cache = HashCache::load(&dir.join(HASH_CACHE));
     let mut model_ids = BTreeMap::new();
@@ -265,6 +276,14 @@ pub fn prepare(options: Options) -> Result<Prepared> {
             ids.push(match read {
                 Read::Model { input } => model_ids[input].clone(),
                 Read::File { path } if *path == text => text_id.clone(),
+                Read::File { path } if *path == answers_file => Identity {
+                    input: path.to_string_lossy().into_owned(),
+                    kind: "xxh3-128".into(),
+                    value: format!(
+                        "{:032x}",
+                        xxhash_rust::xxh3::xxh3_128(plan::ANSWER_PROMPTS.as_bytes())
+                    ),
+                },
                 Read::File { path } => Identity {
                     input: path.to_string_lossy().into_owned(),
                     kind: "xxh3-128".into(),
@@ -305,6 +324,49 @@ pub fn prepare(options: Options) -> Result<Prepared> {
         },
         cache: RefCell::new(cache),
     })
+}
+
+/// `--answers`: refuse, before any step, a model whose greedy decode would not fit in memory.
+/// The decode keeps the weights mapped as stored and a KV cache of the prompt and the answer:
+/// the reference as it is, the VLM's language model as extract writes it, each merge as large as
+/// the reference (as the disk check counts it). The prompt's tokens are bounded by its bytes.
+fn check_answers_memory(
+    reference: &Checkpoint,
+    lm_plan: &crate::arch::families::plan::ExtractPlan,
+    ref_config: &TextConfig,
+    steps: &[Step],
+) -> Result<()> {
+    let spec = crate::forward::model::DecoderSpec::base(ref_config)?;
+    let longest = (plan::answer_prompts().iter())
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    // A BOS token, the prompt, the answer.
+    let capacity = 1 + longest + plan::ANSWER_TOKENS;
+    let cache = crate::forward::cache::KvCache::<Vec<f32>>::bytes(&spec, capacity);
+    let lm_bytes: u64 = (lm_plan.outputs.iter())
+        .map(|t| (t.numel() * t.dtype.bitsize() / 8) as u64)
+        .sum();
+    for step in steps.iter().filter(|s| s.role == Role::Answers) {
+        let model = &step.argv[1];
+        let weights = if step.name == plan::answers_step("vlm-lm") {
+            lm_bytes
+        } else {
+            reference.total_bytes()
+        };
+        crate::forward::memory::check(
+            weights as f64 + cache,
+            &format!(
+                "--answers: step {} (generate on {model}: {} of weights as stored, and a KV \
+                 cache of {capacity} tokens, {})",
+                step.name,
+                human_bytes(weights),
+                human_bytes(cache as u64)
+            ),
+            "run without --answers, or on a machine with more memory",
+        )?;
+    }
+    Ok(())
 }
 
 /// Every path a run of `steps` writes under `dir` (with `text`, the bundled text's copy), with
@@ -436,6 +498,12 @@ pub fn begin(prepared: &mut Prepared) -> Result<()> {
             write_file_atomic(&prepared.text, SAMPLE_TEXT.as_bytes())?;
         }
     }
+    if prepared.options.answers {
+        let path = dir.join("inputs").join("answers.jsonl");
+        if fs::read(&path).unwrap_or_default() != plan::ANSWER_PROMPTS.as_bytes() {
+            write_file_atomic(&path, plan::ANSWER_PROMPTS.as_bytes())?;
+        }
+    }
     let plan = crate::report::json_text(&stored_plan(prepared))?;
     if fs::read(dir.join(PLAN)).ok().as_deref() != Some(plan.as_bytes()) {
         write_file_atomic(&dir.join(PLAN), plan.as_bytes())?;
@@ -459,12 +527,14 @@ pub fn finished_steps(prepared: &Prepared, force: &[String]) -> Vec<String> {
         .filter(|s| intact(prepared, s))
         .map(|s| s.name.clone())
         .collect();
+    // A merge whose model was deleted is redone when a step that reads the model is not done.
     let rescored: Vec<String> = steps
         .iter()
         .filter(|s| s.role == Role::Merge)
         .filter(|s| {
-            let score = plan::score_step(s.setting.as_deref().unwrap_or_default());
-            !done.contains(&score) && !s.model.as_ref().is_some_and(|m| m.is_dir())
+            let readers = merged_model_readers(steps, s.setting.as_deref().unwrap_or_default());
+            readers.iter().any(|r| !done.contains(&r.name))
+                && !s.model.as_ref().is_some_and(|m| m.is_dir())
         })
         .map(|s| s.name.clone())
         .collect();
@@ -615,18 +685,27 @@ pub fn execute_one(prepared: &mut Prepared, name: &str, runner: &dyn StepRunner)
     finish_step(prepared, step)
 }
 
-/// What follows a step, done now or earlier: a merged model is deleted once scored.
+/// What follows a step, done now or earlier: a merged model is deleted once the last step that
+/// reads it (its score, or with `--answers` its answers) is done.
 fn finish_step(prepared: &Prepared, step: &Step) -> Result<()> {
-    match (
-        &step.setting,
-        step.role == Role::Score,
-        prepared.options.keep_models,
-    ) {
-        (Some(setting), true, false) => {
-            remove_merged_model(&prepared.options.dir, &prepared.steps, setting)
-        }
-        _ => Ok(()),
+    let Some(setting) = step.setting.as_deref() else {
+        return Ok(());
+    };
+    let last = merged_model_readers(&prepared.steps, setting)
+        .last()
+        .is_some_and(|r| r.name == step.name);
+    if last && !prepared.options.keep_models {
+        remove_merged_model(&prepared.options.dir, &prepared.steps, setting)
+    } else {
+        Ok(())
     }
+}
+
+/// The steps that read the merged model of `setting`, in the plan's order.
+fn merged_model_readers<'s>(steps: &'s [Step], setting: &str) -> Vec<&'s Step> {
+    (steps.iter())
+        .filter(|s| s.role != Role::Merge && s.setting.as_deref() == Some(setting))
+        .collect()
 }
 
 /// Whether `--force` names the step (or `merges`, and it is a merge).
@@ -796,6 +875,8 @@ fn estimate(reference: &Checkpoint, steps: &[Step]) -> f64 {
             let flops = if gpu { 1e12 } else { 5e10 };
             match s.role {
                 Role::Inspect | Role::Predict => 0.1,
+                // Three prompts of ~64 tokens and 64 new ones: ~400 token passes, and a read.
+                Role::Answers => 400.0 * pass / 2000.0 / flops + bytes / 1e9,
                 Role::Extract => 2.0 * bytes / 1e9,
                 Role::Norms => 2.0 * bytes / 1e9 + 10.0 * pass / 2000.0 / flops,
                 Role::Merge => 4.0 * bytes / 1e9,

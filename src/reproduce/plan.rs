@@ -145,6 +145,7 @@ pub enum Role {
     Score,
     Heads,
     Predict,
+    Answers,
 }
 
 /// One step: a sinkmerge command line and what it depends on.
@@ -179,6 +180,32 @@ pub struct PlanInput<'a> {
     pub text: &'a Path,
     pub device: &'a str,
     pub merges: &'a [&'static str],
+    /// `--answers`: the prompts file each model answers (`DIR/inputs/answers.jsonl`).
+    pub answers: Option<&'a Path>,
+}
+
+/// The bundled prompts of `--answers`, greedy, raw text (no chat template), so that every model
+/// reads the same token ids.
+pub const ANSWER_PROMPTS: &str = include_str!("../../assets/prompts/answers.jsonl");
+/// Tokens each answer gets at most.
+pub const ANSWER_TOKENS: usize = 64;
+
+/// The prompts of [`ANSWER_PROMPTS`], in order.
+pub fn answer_prompts() -> Vec<String> {
+    ANSWER_PROMPTS
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).expect("the bundled answer prompts parse");
+            v["prompt"].as_str().unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
+/// The name of the answers step of a model (`ref`, `vlm-lm` or a setting).
+pub fn answers_step(model: &str) -> String {
+    format!("answers-{}", model.replace('_', "-"))
 }
 
 /// The folder of step `name` under `dir`.
@@ -197,7 +224,8 @@ pub fn merge_step(setting: &str) -> String {
 }
 
 /// Every step, in the order the local executor runs them: the pair's own analysis first, then
-/// each merge followed by its score, so at most one merged model is on disk at a time.
+/// each merge followed by its score (and with `--answers`, its answers), so at most one merged
+/// model is on disk at a time.
 pub fn steps(p: &PlanInput) -> Vec<Step> {
     let s = |path: &Path| path.to_string_lossy().into_owned();
     let vlm_lm = p.dir.join("models").join("vlm-lm");
@@ -239,6 +267,38 @@ pub fn steps(p: &PlanInput) -> Vec<Step> {
             config: None,
             setting: None,
         }
+    };
+    // `generate MODEL --batch PROMPTS --greedy --max-new-tokens 64 --json`: one JSON array.
+    let answers = |name: &str, target: &str, after: Vec<String>| {
+        let prompts = p.answers?;
+        let mut argv: Vec<String> = vec![
+            "generate".into(),
+            target.into(),
+            "--batch".into(),
+            s(prompts),
+            "--greedy".into(),
+            "--max-new-tokens".into(),
+            ANSWER_TOKENS.to_string(),
+        ];
+        argv.extend(device.iter().cloned());
+        argv.push("--json".into());
+        let mut reads = vec![Read::File {
+            path: prompts.to_path_buf(),
+        }];
+        if target == p.reference {
+            reads.insert(0, model(p.reference));
+        }
+        Some(Step {
+            name: answers_step(name),
+            role: Role::Answers,
+            argv,
+            reads,
+            after,
+            model: None,
+            files: vec![],
+            config: None,
+            setting: None,
+        })
     };
     let plain =
         |name: &str, role: Role, argv: Vec<String>, reads: Vec<Read>, after: &[&str]| Step {
@@ -338,6 +398,8 @@ pub fn steps(p: &PlanInput) -> Vec<Step> {
             &["score-ref"],
         )
     });
+    steps.extend(answers("ref", p.reference, vec![]));
+    steps.extend(answers("vlm-lm", &s(&vlm_lm), vec!["extract".into()]));
     for setting in SETTINGS.iter().filter(|s| p.merges.contains(&s.name)) {
         if setting.needs_base && p.base.is_none() {
             continue;
@@ -376,9 +438,16 @@ pub fn steps(p: &PlanInput) -> Vec<Step> {
                 &["extract"],
             )
         });
-        let mut scored = score(setting.name, Some(&out), vec![name]);
+        let mut scored = score(setting.name, Some(&out), vec![name.clone()]);
         scored.setting = Some(setting.name.into());
+        let score_name = scored.name.clone();
         steps.push(scored);
+        // After the score too: the merged model is deleted once its last reader is done, and
+        // under Slurm the two would otherwise run at once.
+        if let Some(mut answered) = answers(setting.name, &s(&out), vec![name, score_name]) {
+            answered.setting = Some(setting.name.into());
+            steps.push(answered);
+        }
     }
     steps
 }

@@ -191,7 +191,7 @@ pub fn submit(prepared: &mut Prepared, reinvoke: &[String], slurm: &Slurm) -> Re
             .filter(|(name, _)| step.after.contains(name))
             .map(|(_, job)| job.clone())
             .collect();
-        let gpu = slurm.gpu && matches!(step.role, Role::Score | Role::Heads);
+        let gpu = slurm.gpu && matches!(step.role, Role::Score | Role::Heads | Role::Answers);
         let job = sbatch(
             slurm,
             &format!("sinkmerge:{label}:{}", step.name),

@@ -14,6 +14,7 @@ use super::pipeline::{read_step_report, Prepared, REMOVED};
 use super::plan::{self, SETTINGS};
 use crate::analysis::inspect::Inspection;
 use crate::analysis::norms::Metrics;
+use crate::generate::decode::Answer;
 use crate::error::Result;
 use crate::extract::Summary as Extraction;
 use crate::report::heads::HeadsReport;
@@ -86,6 +87,7 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         "merges": merges,
         "heads": step_report::<HeadsReport>(prepared, "heads")?.map(|h| heads(&h)),
         "predictor": step_report::<PredictJson>(prepared, "predict")?.map(|p| predictor(&p)),
+        "answers": answers(prepared)?,
         "steps": steps,
         "text": prepared.text,
         "keep_models": prepared.options.keep_models,
@@ -264,6 +266,49 @@ fn scores(report: &dyn Fn(&str) -> Result<Option<Scores>>) -> Result<Vec<Value>>
         row["delta_vs_vlm_lm"] = d;
     }
     Ok(rows)
+}
+
+/// `--answers`: the models that answered (in the plan's order: the reference, the VLM-LM, each
+/// merge), and per prompt each one's greedy answer and why it stopped; `null` without it.
+fn answers(prepared: &Prepared) -> Result<Value> {
+    if !prepared.options.answers {
+        return Ok(Value::Null);
+    }
+    let mut models: Vec<(String, String)> = vec![
+        ("ref".into(), "reference LLM".into()),
+        ("vlm_lm".into(), "VLM's language model".into()),
+    ];
+    for setting in &SETTINGS {
+        models.push((setting.name.into(), setting.title.into()));
+    }
+    let prompts = plan::answer_prompts();
+    let mut columns = Vec::new();
+    let mut rows: Vec<Vec<Value>> = vec![Vec::new(); prompts.len()];
+    for (model, title) in models {
+        let step = plan::answers_step(&model.replace('_', "-"));
+        let Some(report) = step_report::<Vec<Answer>>(prepared, &step)? else {
+            continue;
+        };
+        if report.len() != prompts.len() {
+            crate::bail!(
+                "step {step}: its report has {} answer(s), not one per prompt ({})",
+                report.len(),
+                prompts.len()
+            );
+        }
+        for (row, a) in rows.iter_mut().zip(report) {
+            row.push(json!({ "model": model, "text": a.text, "stop_reason": a.stop_reason }));
+        }
+        columns.push(json!({ "model": model, "title": title, "step": step }));
+    }
+    let prompts: Vec<Value> = (prompts.into_iter().zip(rows))
+        .map(|(prompt, answers)| json!({ "prompt": prompt, "answers": answers }))
+        .collect();
+    Ok(json!({
+        "max_new_tokens": plan::ANSWER_TOKENS,
+        "models": columns,
+        "prompts": prompts,
+    }))
 }
 
 /// The heads: the pair's layer-by-head grid lives in the heads step's own SVG; here the most
