@@ -700,3 +700,130 @@ fn step_reports_read_back_into_the_structs_their_commands_print() {
     ]);
     same_bytes::<sinkmerge::report::predict::PredictJson>(&["predict", "--model", REF, "--json"]);
 }
+
+/// minijinja's HTML escaping, as the report's template applies it to plain strings.
+fn html_escaped(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#x27;")
+        .replace('/', "&#x2f;")
+}
+
+/// `--answers` on the bundled pair with every default setting: each model (the reference, the
+/// VLM-LM and each merge) answers each bundled prompt, in summary.json as its step reported it
+/// and in the report's Answers table; the merged models are still deleted once answered.
+#[test]
+fn answers_are_in_the_summary_and_the_report_for_every_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let summary = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--answers", "--json"])
+        .args([Path::new("-o"), &dir])
+        .json();
+    assert_eq!(summary, read_json::<Value>(dir.join("summary.json")));
+    let answers = &summary["answers"];
+    let models: Vec<&str> = (answers["models"].as_array().unwrap().iter())
+        .map(|m| m["model"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        models,
+        ["ref", "vlm_lm", "mix95", "average", "task_arithmetic", "tsv", "star"]
+    );
+    assert_eq!(answers["max_new_tokens"], 64);
+    let prompts = answers["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 3);
+    let html = fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(html.contains("<section id=\"answers\">"));
+    for (i, prompt) in prompts.iter().enumerate() {
+        assert!(html.contains(&html_escaped(prompt["prompt"].as_str().unwrap())));
+        let row = prompt["answers"].as_array().unwrap();
+        assert_eq!(row.len(), models.len());
+        for (j, (answer, model)) in row.iter().zip(&models).enumerate() {
+            assert_eq!(answer["model"], *model);
+            let step = format!("answers-{}", model.replace('_', "-"));
+            let report: Value = read_json(dir.join("steps").join(&step).join("report.json"));
+            assert_eq!(answer["text"], report[i]["text"], "{step}");
+            assert_eq!(answer["stop_reason"], report[i]["stop_reason"], "{step}");
+            assert_eq!(report[i]["settings"]["do_sample"]["value"], false, "{step}");
+            let text = answer["text"].as_str().unwrap();
+            assert!(!text.is_empty(), "{step}");
+            assert!(html.contains(&format!(
+                "data-key=\"/answers/prompts/{i}/answers/{j}/text\"><pre>{}</pre>",
+                html_escaped(text)
+            )));
+        }
+    }
+    // Only the extracted language model stays: each merge was deleted after its answers.
+    let left: Vec<String> = (fs::read_dir(dir.join("models")).unwrap().flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["vlm-lm"]);
+    // A rerun finds every step done, the merges included though their models are gone.
+    let before = manifests(&dir);
+    let again = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--answers", "--json"])
+        .args([Path::new("-o"), &dir])
+        .json();
+    assert_eq!(again, summary);
+    assert_eq!(redone(&before, &manifests(&dir)), Vec::<String>::new());
+}
+
+/// Without `--answers` the plan is the one it was: no generate step, the same commands; with
+/// it, only the answers steps are added.
+#[test]
+fn without_answers_no_generate_step_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let plan = |extra: &[&str]| -> Vec<(String, String)> {
+        let plan = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--dry-run", "--json"])
+            .args(extra)
+            .args([Path::new("-o"), &dir])
+            .json();
+        (plan["steps"].as_array().unwrap().iter())
+            .map(|s| {
+                (
+                    s["name"].as_str().unwrap().to_string(),
+                    s["command"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let plain = plan(&[]);
+    assert!(!plain
+        .iter()
+        .any(|(n, c)| n.starts_with("answers") || c.starts_with("sinkmerge generate")));
+    let answers = plan(&["--answers"]);
+    let rest: Vec<(String, String)> = (answers.iter())
+        .filter(|(n, _)| !n.starts_with("answers-"))
+        .cloned()
+        .collect();
+    assert_eq!(rest, plain);
+    assert_eq!(answers.len(), plain.len() + 7);
+    assert!(!dir.exists());
+}
+
+/// A model whose decode does not fit in the memory available is refused before any step, with
+/// exit 2 and one line naming the step, the model and the sizes.
+#[test]
+fn answers_that_do_not_fit_in_memory_are_refused_before_any_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let message = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--answers"])
+        .args([Path::new("-o"), &dir])
+        .env("SINKMERGE_MEM_AVAILABLE", "1000")
+        .refused(&[
+            "--answers: step answers-ref",
+            REF,
+            "of weights as stored",
+            "KV cache",
+            "1000 B is available (SINKMERGE_MEM_AVAILABLE)",
+            "run without --answers",
+        ]);
+    assert!(!message.is_empty());
+    assert!(!dir.exists());
+    // Without --answers the same memory is no reason to refuse the plan.
+    sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--dry-run"])
+        .args([Path::new("-o"), &dir])
+        .env("SINKMERGE_MEM_AVAILABLE", "1000")
+        .ok();
+}

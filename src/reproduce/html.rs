@@ -352,7 +352,10 @@ pub fn render(summary: &Value, dir: &Path) -> Result<String> {
                     .enumerate()
                     .map(|(j, x)| {
                         context! {
-                            key => format!("/answers/prompts/{i}/answers/{j}/text"),
+                            // A pointer of digits and fixed names: nothing to escape.
+                            key => Jinja::from_safe_string(format!(
+                                "/answers/prompts/{i}/answers/{j}/text"
+                            )),
                             text => text(&x["text"]),
                             stop_reason => text(&x["stop_reason"]),
                         }
