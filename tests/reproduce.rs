@@ -718,9 +718,17 @@ fn html_escaped(text: &str) -> String {
 fn answers_are_in_the_summary_and_the_report_for_every_model() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
-    let summary = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--answers", "--json"])
-        .args([Path::new("-o"), &dir])
-        .json();
+    let summary = sinkmerge([
+        "reproduce",
+        "--ref",
+        REF,
+        "--vlm",
+        VLM,
+        "--answers",
+        "--json",
+    ])
+    .args([Path::new("-o"), &dir])
+    .json();
     assert_eq!(summary, read_json::<Value>(dir.join("summary.json")));
     let answers = &summary["answers"];
     let models: Vec<&str> = (answers["models"].as_array().unwrap().iter())
@@ -728,7 +736,15 @@ fn answers_are_in_the_summary_and_the_report_for_every_model() {
         .collect();
     assert_eq!(
         models,
-        ["ref", "vlm_lm", "mix95", "average", "task_arithmetic", "tsv", "star"]
+        [
+            "ref",
+            "vlm_lm",
+            "mix95",
+            "average",
+            "task_arithmetic",
+            "tsv",
+            "star"
+        ]
     );
     assert_eq!(answers["max_new_tokens"], 64);
     let prompts = answers["prompts"].as_array().unwrap();
@@ -761,9 +777,17 @@ fn answers_are_in_the_summary_and_the_report_for_every_model() {
     assert_eq!(left, ["vlm-lm"]);
     // A rerun finds every step done, the merges included though their models are gone.
     let before = manifests(&dir);
-    let again = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--answers", "--json"])
-        .args([Path::new("-o"), &dir])
-        .json();
+    let again = sinkmerge([
+        "reproduce",
+        "--ref",
+        REF,
+        "--vlm",
+        VLM,
+        "--answers",
+        "--json",
+    ])
+    .args([Path::new("-o"), &dir])
+    .json();
     assert_eq!(again, summary);
     assert_eq!(redone(&before, &manifests(&dir)), Vec::<String>::new());
 }
@@ -775,10 +799,18 @@ fn without_answers_no_generate_step_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
     let plan = |extra: &[&str]| -> Vec<(String, String)> {
-        let plan = sinkmerge(["reproduce", "--ref", REF, "--vlm", VLM, "--dry-run", "--json"])
-            .args(extra)
-            .args([Path::new("-o"), &dir])
-            .json();
+        let plan = sinkmerge([
+            "reproduce",
+            "--ref",
+            REF,
+            "--vlm",
+            VLM,
+            "--dry-run",
+            "--json",
+        ])
+        .args(extra)
+        .args([Path::new("-o"), &dir])
+        .json();
         (plan["steps"].as_array().unwrap().iter())
             .map(|s| {
                 (
