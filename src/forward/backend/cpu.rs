@@ -841,7 +841,7 @@ mod tests {
         let k: Vec<f32> = (0..len * nkv * hd).map(|i| value(i + 7)).collect();
         let v: Vec<f32> = (0..len * nkv * hd).map(|i| value(i + 13)).collect();
         for window in [None, Some(3)] {
-            let prompts = vec![0..len];
+            let prompts = std::slice::from_ref(&(0..len)).to_vec();
             let whole = AttentionShape {
                 prompts: &prompts,
                 num_heads: nh,
