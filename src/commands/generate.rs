@@ -535,13 +535,15 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         }
     }
     let ckpt = Checkpoint::open_ref(&args.model)?;
-    if let Some(output) = &args.output {
+    if args.output.is_some() || args.plot.is_some() {
         let mut inputs: Vec<&Path> = vec![ckpt.dir.as_path()];
         inputs.extend(args.image.iter().map(PathBuf::as_path));
         inputs.extend(args.pixel_values.as_deref());
         inputs.extend(args.prompt_ids.as_deref());
+        inputs.extend(args.teacher_force.as_deref());
         Outputs::new(false)
-            .output("-o", Some(output), OutputKind::File)
+            .output("-o", args.output.as_deref(), OutputKind::File)
+            .output("--plot", args.plot.as_deref(), OutputKind::File)
             .inputs("input", inputs.iter().copied())
             .check()?;
     }
