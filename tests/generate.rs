@@ -727,3 +727,110 @@ fn teacher_forcing_scores_a_continuation_and_the_edits_kl() {
     std::fs::write(&bad, br#"{"token_ids": [5, 100000]}"#).unwrap();
     base(&["--teacher-force", bad.to_str().unwrap()]).refused(&["bad.json", "position 1"]);
 }
+
+/// An image inserted in the middle of a sequence (`Sequence::insert`, the re-look's step): the
+/// prompt of a two-image golden run as a prefill up to its second image, then the rest (the
+/// second image's placeholders) inserted, gives the one prefill's next-token logits, and then
+/// transformers' 40 tokens: the M-RoPE positions of the inserted image are `get_rope_index`'s
+/// over the whole sequence.
+#[test]
+fn an_image_inserted_mid_sequence_equals_one_prefill() {
+    use sinkmerge::commands::image_prompt::PixelData;
+    use sinkmerge::image::Grid;
+    for case in ["qwen2_vl_two", "qwen3_vl_two", "internvl_two"] {
+        let (golden, steps) = golden(case);
+        let raw: serde_json::Value =
+            read_json(root().join(format!("tests/fixtures/generate/{case}.json")));
+        let image_token = raw["image_token_id"].as_u64().unwrap() as u32;
+        let ckpt = Checkpoint::open_dir(&root().join(&golden.model), "golden").unwrap();
+        let model = Model::new(&ckpt).unwrap();
+        let backend = CpuBackend::default();
+        let weights = Resident::load(&backend, &model).unwrap();
+        let pixels = read_pixel_file(&root().join(golden.pixel_values.as_ref().unwrap())).unwrap();
+        // Each image's pixel rows, as a file of its own would hold them.
+        let width: usize = pixels.shape[1..].iter().product();
+        let per_image: Vec<PixelData> = match &pixels.grid {
+            Grid::Thw(g) => {
+                let mut at = 0;
+                g.iter()
+                    .map(|&[t, h, w]| {
+                        let rows = t * h * w;
+                        let mut shape = pixels.shape.clone();
+                        shape[0] = rows;
+                        let values = pixels.values[at * width..(at + rows) * width].to_vec();
+                        at += rows;
+                        PixelData {
+                            values,
+                            shape,
+                            grid: Grid::Thw(vec![[t, h, w]]),
+                        }
+                    })
+                    .collect()
+            }
+            Grid::NumPatches(n) => {
+                let mut at = 0;
+                n.iter()
+                    .map(|&tiles| {
+                        let mut shape = pixels.shape.clone();
+                        shape[0] = tiles;
+                        let values = pixels.values[at * width..(at + tiles) * width].to_vec();
+                        at += tiles;
+                        PixelData {
+                            values,
+                            shape,
+                            grid: Grid::NumPatches(vec![tiles]),
+                        }
+                    })
+                    .collect()
+            }
+        };
+        assert_eq!(per_image.len(), 2, "{case}");
+        let prompter = Prompter::new(&ckpt, &model, false).unwrap();
+        let ids = &golden.prompt_ids;
+        // Split two tokens before the second image's first image token (its start marker
+        // and the token before it go with the inserted chunk).
+        let runs: Vec<usize> = (0..ids.len())
+            .filter(|&i| ids[i] == image_token && (i == 0 || ids[i - 1] != image_token))
+            .collect();
+        let split = runs[1] - 2;
+        let head = prompter
+            .prompt(ids[..split].to_vec(), Some(&per_image[0]))
+            .unwrap();
+        let tail = prompter
+            .prompt(ids[split..].to_vec(), Some(&per_image[1]))
+            .unwrap();
+        let whole = prompter.prompt(ids.clone(), Some(&pixels)).unwrap();
+        let nothing = |_: usize, _: &HeadView| ();
+        let capacity = ids.len() + steps.len();
+
+        let encoded = capture::encode(&backend, &model, &whole).unwrap();
+        let mut one = Sequence::new(&model, &backend, &weights, capacity, None).unwrap();
+        let want = one
+            .prefill(&whole, encoded.as_ref(), &nothing, &mut (), Logits::Last)
+            .unwrap();
+
+        let first = capture::encode(&backend, &model, &head).unwrap();
+        let second = capture::encode(&backend, &model, &tail).unwrap();
+        let mut seq = Sequence::new(&model, &backend, &weights, capacity, None).unwrap();
+        seq.prefill(&head, first.as_ref(), &nothing, &mut (), Logits::Last)
+            .unwrap();
+        let mut logits = seq
+            .insert(&tail, second.as_ref(), &nothing, &mut (), Logits::Last)
+            .unwrap();
+        let err = relative_error(&logits, &want);
+        assert!(
+            err <= 1e-5,
+            "{case}: the inserted image's logits differ by {err:e}"
+        );
+        for (i, theirs) in steps.iter().enumerate() {
+            assert!(
+                relative_error(&logits, theirs) <= LOGITS_TOLERANCE,
+                "{case}: step {i}"
+            );
+            let token = argmax(&logits);
+            assert_eq!(token, golden.generated_ids[i], "{case}: step {i}");
+            logits = seq.step(token).unwrap();
+        }
+        println!("{case}: inserted image within {err:.1e} of one prefill; 40 tokens equal");
+    }
+}

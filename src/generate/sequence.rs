@@ -10,6 +10,7 @@ use crate::forward::capture::{self, Encoded, Prompt};
 use crate::forward::decoder::{KeyEdit, State};
 use crate::forward::pass::{End, Hooks, Pass};
 use crate::forward::resident::Resident;
+use crate::forward::vlm;
 use crate::forward::weights::Model;
 use crate::{bad, bail};
 
@@ -42,6 +43,9 @@ pub struct Sequence<'m, 'a, B: Backend> {
     /// M-RoPE after images (transformers' `rope_deltas`): a text token at sequence index `i`
     /// sits at position `i + delta` on every axis.
     rope_delta: i64,
+    /// Every image's (t, h, w) grid so far (M-RoPE families): a later chunk's positions are
+    /// `get_rope_index`'s over the whole sequence.
+    grids: Vec<[usize; 3]>,
     edit: Option<&'m dyn KeyEdit>,
 }
 
@@ -73,6 +77,7 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
             cache: Some(KvCache::new(backend, &model.spec, capacity)?),
             ids: Vec::new(),
             rope_delta: 0,
+            grids: Vec::new(),
             edit,
         })
     }
@@ -113,6 +118,50 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
         let logits = self.run(state, deepstack, visit, hooks, which, Weights::Streamed)?;
         self.ids.extend_from_slice(&prompt.ids);
+        self.grids = encoded.map(|e| e.grids.clone()).unwrap_or_default();
+        Ok(logits)
+    }
+
+    /// Run `chunk` (tokens with images, their placeholders expanded; `encoded` its images
+    /// through the tower, [`capture::encode`] of `chunk`) after the sequence so far: an image in
+    /// the middle of a sequence (the re-look). Its image rows take the tower's output, and its
+    /// M-RoPE positions are those `get_rope_index` gives the whole sequence, every earlier image
+    /// included; later tokens continue after them.
+    pub fn insert<R: Send>(
+        &mut self,
+        chunk: &Prompt,
+        encoded: Option<&'m Encoded>,
+        visit: &(impl Fn(usize, &HeadView) -> R + Sync),
+        hooks: &mut impl Hooks<B, R>,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        if self.ids.is_empty() {
+            bail!("a sequence starts with its prompt's prefill");
+        }
+        let ids = std::slice::from_ref(&chunk.ids);
+        let mut state = State::with_weights(self.model, self.backend, ids, self.weights)?;
+        let mut grids = self.grids.clone();
+        if let Some(e) = encoded {
+            state.replace_rows(&e.rows, &e.features.embeds)?;
+            grids.extend_from_slice(&e.grids);
+        }
+        let (start, len) = (self.ids.len(), chunk.ids.len());
+        if let (Some(merge), Some(images)) = (chunk.mrope_merge, &chunk.images) {
+            let mut all = self.ids.clone();
+            all.extend_from_slice(&chunk.ids);
+            let positions = vlm::mrope_positions(&all, images.image_token, &grids, merge)?;
+            let next = positions.iter().flatten().max().map_or(0, |&p| p + 1);
+            state.set_mrope_positions(0, positions.map(|axis| axis[start..].to_vec()))?;
+            self.rope_delta = next - (start + len) as i64;
+        } else if self.rope_delta != 0 {
+            let first = start as i64 + self.rope_delta;
+            let positions: Vec<i64> = (first..first + len as i64).collect();
+            state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])?;
+        }
+        let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
+        let logits = self.run(state, deepstack, visit, hooks, which, Weights::Held)?;
+        self.ids.extend_from_slice(&chunk.ids);
+        self.grids = grids;
         Ok(logits)
     }
 
