@@ -79,7 +79,7 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         }))
         .collect();
 
-    Ok(json!({
+    let mut summary = json!({
         "sinkmerge_version": env!("CARGO_PKG_VERSION"),
         "models": models(prepared)?,
         "drift": step_report::<NormsJson>(prepared, "norms")?.map(|n| drift(&n)),
@@ -92,7 +92,14 @@ pub fn gather(prepared: &Prepared) -> Result<Value> {
         "text": prepared.text,
         "keep_models": prepared.options.keep_models,
         "space_saved_bytes": space_saved,
-    }))
+    });
+    // A run without --answers writes the summary it wrote before the flag existed.
+    if !prepared.options.answers {
+        if let Some(map) = summary.as_object_mut() {
+            map.shift_remove("answers");
+        }
+    }
+    Ok(summary)
 }
 
 /// The report of step `name` as the struct its command serialised, when the run has the step.
