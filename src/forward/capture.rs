@@ -234,19 +234,24 @@ pub fn start<'m, 'a, B: Backend>(
 }
 
 /// Put `encoded`'s images into `state` (`prompt` embedded as its only sequence): the image rows
-/// replaced by the tower's output, and the prompt's M-RoPE positions set.
+/// replaced by the tower's output, and the prompt's M-RoPE positions set. Returns the position
+/// after the largest one set, where the tokens after the prompt continue (`None`: positions
+/// `0..len`, so they continue at `len`).
 pub fn place_images<B: Backend>(
     state: &mut State<'_, '_, B>,
     prompt: &Prompt,
     encoded: Option<&Encoded>,
-) -> Result<()> {
-    if let Some(e) = encoded {
-        if let Some(p) = positions(prompt, encoded)? {
-            state.set_mrope_positions(0, p)?;
-        }
-        state.replace_rows(&e.rows, &e.features.embeds)?;
+) -> Result<Option<i64>> {
+    let Some(e) = encoded else {
+        return Ok(None);
+    };
+    let mut next = None;
+    if let Some(p) = positions(prompt, encoded)? {
+        next = Some(p.iter().flatten().max().map_or(0, |&v| v + 1));
+        state.set_mrope_positions(0, p)?;
     }
-    Ok(())
+    state.replace_rows(&e.rows, &e.features.embeds)?;
+    Ok(next)
 }
 
 /// The bytes [`run`] then [`to_safetensors`] hold at their peak for a prompt of `seq` tokens,

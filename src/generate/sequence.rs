@@ -110,9 +110,7 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         // token's logits come from the held head.
         let ids = std::slice::from_ref(&prompt.ids);
         let mut state = State::new(self.model, self.backend, ids)?;
-        capture::place_images(&mut state, prompt, encoded)?;
-        if let Some(positions) = capture::positions(prompt, encoded)? {
-            let next = positions.iter().flatten().max().map_or(0, |&p| p + 1);
+        if let Some(next) = capture::place_images(&mut state, prompt, encoded)? {
             self.rope_delta = next - prompt.ids.len() as i64;
         }
         let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
@@ -153,10 +151,8 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
             let next = positions.iter().flatten().max().map_or(0, |&p| p + 1);
             state.set_mrope_positions(0, positions.map(|axis| axis[start..].to_vec()))?;
             self.rope_delta = next - (start + len) as i64;
-        } else if self.rope_delta != 0 {
-            let first = start as i64 + self.rope_delta;
-            let positions: Vec<i64> = (first..first + len as i64).collect();
-            state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])?;
+        } else {
+            self.continue_positions(&mut state, len)?;
         }
         let deepstack = encoded.map(|e| (&e.rows[..], &e.features.deepstack[..]));
         let logits = self.run(state, deepstack, visit, hooks, which, Weights::Held)?;
@@ -178,14 +174,21 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         }
         let ids = [tokens.to_vec()];
         let mut state = State::with_weights(self.model, self.backend, &ids, self.weights)?;
-        if self.rope_delta != 0 {
-            let start = self.ids.len() as i64 + self.rope_delta;
-            let positions: Vec<i64> = (start..start + tokens.len() as i64).collect();
-            state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])?;
-        }
+        self.continue_positions(&mut state, tokens.len())?;
         let logits = self.run(state, None, visit, hooks, which, Weights::Held)?;
         self.ids.extend_from_slice(tokens);
         Ok(logits)
+    }
+
+    /// Give `state`'s `len` text rows, after the sequence so far, their M-RoPE positions: every
+    /// axis at index + `rope_delta` (with no delta, the cache's offset gives them already).
+    fn continue_positions(&self, state: &mut State<'m, 'a, B>, len: usize) -> Result<()> {
+        if self.rope_delta == 0 {
+            return Ok(());
+        }
+        let first = self.ids.len() as i64 + self.rope_delta;
+        let positions: Vec<i64> = (first..first + len as i64).collect();
+        state.set_mrope_positions(0, [positions.clone(), positions.clone(), positions])
     }
 
     /// [`Sequence::feed`] of one token, keeping nothing: a plain decode step.
