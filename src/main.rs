@@ -6,6 +6,7 @@ use sinkmerge::error::{panic_message, Kind, EXIT_FAILURE};
 fn main() {
     let cli = sinkmerge::cli::Cli::parse();
     let globals = cli.globals();
+    sinkmerge::commands::build_thread_pool(globals.threads, true);
     // The last line of defence: a panic is a bug, never the answer to an input. It still gets
     // one line and the internal-error exit code, not Rust's exit 101 and a backtrace prompt.
     std::panic::set_hook(Box::new(|info| {

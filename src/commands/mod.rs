@@ -107,14 +107,29 @@ pub fn run_captured(command: Command, progress: bool) -> Result<String> {
     String::from_utf8(report).map_err(|e| crate::internal!("a report that is not UTF-8: {e}"))
 }
 
+/// Build rayon's global pool: `threads` workers (default: rayon's, all cores or
+/// RAYON_NUM_THREADS). With `this_thread` the calling thread is one of them, so the parallel
+/// loops it starts run on rayon's worker path instead of being handed to the pool while it
+/// sleeps on a lock: a decode step starts a few hundred loops, and the hand-off's wake-ups cost
+/// about a third of a 0.5B model's step on 2 cores (`docs/benchmarks.md`, "generate"). Only a
+/// thread that lives as long as the process may join (the binary's main thread). A pool already
+/// built is kept (only possible when embedding the library).
+pub fn build_thread_pool(threads: Option<usize>, this_thread: bool) {
+    let mut pool = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads {
+        pool = pool.num_threads(n.max(1));
+    } else if !this_thread {
+        return;
+    }
+    if this_thread {
+        pool = pool.use_current_thread();
+    }
+    let _ = pool.build_global();
+}
+
 /// Run the parsed command line, its report to `out` (stdout, for the binary).
 pub fn run(command: Command, globals: Globals, out: &mut dyn Write) -> Result<()> {
-    if let Some(n) = globals.threads {
-        // Ignore the error of a pool already built (only possible when embedding the library).
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global();
-    }
+    build_thread_pool(globals.threads, false);
     crate::checkpoint::output::handle_signals()?;
     let progress = crate::progress::enabled(globals.quiet);
     crate::checkpoint::resolve::allow_downloads(!globals.no_download, progress);

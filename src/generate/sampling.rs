@@ -248,33 +248,48 @@ pub struct StepStats {
     pub top5: Vec<TopToken>,
 }
 
+/// The most likely tokens [`StepStats::top5`] lists.
+const TOP: usize = 5;
+
 /// [`StepStats`] for `token_id` from the raw `logits` (finite or -inf, not all -inf): a stable
-/// log-softmax, max subtracted, the exponentials summed in f64.
+/// log-softmax, max subtracted, the exponentials summed in f64. It runs on every decode step over
+/// the whole vocabulary, so it takes one exponential per logit (the entropy as
+/// `ln Z - Σ e·(x - max) / Z`, with `e = exp(x - max)` and `Z = Σ e`) and keeps the top five in
+/// one pass instead of sorting the vocabulary.
 pub fn step_stats(logits: &[f32], token_id: u32) -> StepStats {
     let max = f64::from(logits.iter().copied().fold(f32::NEG_INFINITY, f32::max));
-    let total: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
+    let (mut total, mut weighted) = (0f64, 0f64);
+    for &x in logits.iter().filter(|x| x.is_finite()) {
+        let shifted = f64::from(x) - max;
+        let e = shifted.exp();
+        total += e;
+        weighted += e * shifted;
+    }
     let log_total = max + total.ln();
-    let logprobs: Vec<f64> = logits.iter().map(|&x| f64::from(x) - log_total).collect();
-    let entropy: f64 = logprobs
+    let logprob = |i: usize| f64::from(logits[i]) - log_total;
+    // Scanning ids upwards and displacing only a strictly smaller entry keeps the lower id first
+    // among equal log-probabilities.
+    let mut top: Vec<(usize, f64)> = Vec::with_capacity(TOP + 1);
+    for i in (0..logits.len()).filter(|&i| logits[i].is_finite()) {
+        let l = logprob(i);
+        if top.len() == TOP && l <= top[TOP - 1].1 {
+            continue;
+        }
+        let at = top.partition_point(|&(_, t)| t >= l);
+        top.insert(at, (i, l));
+        top.truncate(TOP);
+    }
+    let top5 = top
         .iter()
-        .filter(|l| l.is_finite())
-        .map(|&l| -l.exp() * l)
-        .sum();
-    let mut ids: Vec<usize> = (0..logits.len())
-        .filter(|&i| logprobs[i].is_finite())
-        .collect();
-    ids.sort_by(|&a, &b| logprobs[b].total_cmp(&logprobs[a]).then(a.cmp(&b)));
-    let top5 = ids
-        .iter()
-        .take(5)
-        .map(|&i| TopToken {
+        .map(|&(i, l)| TopToken {
             token_id: i as u32,
-            logprob: logprobs[i] as f32,
+            logprob: l as f32,
         })
         .collect();
+    let entropy = total.ln() - weighted / total;
     StepStats {
         token_id,
-        logprob: logprobs[token_id as usize] as f32,
+        logprob: logprob(token_id as usize) as f32,
         entropy: entropy as f32,
         top5,
     }
@@ -594,6 +609,38 @@ mod tests {
         let stats = sampler.step(&case.logits, &case.previous_ids, 0).unwrap();
         assert_eq!(stats.token_id, case.argmax);
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NEG_INFINITY]), 1);
+    }
+
+    #[test]
+    fn step_stats_top5_and_entropy_match_a_full_sort_and_two_passes() {
+        // 2000 logits on a coarse grid (the largest value ~50 times: the top five are all ties)
+        // with some -inf, against a full sort by value then id and the textbook entropy.
+        let logits: Vec<f32> = (0..2000u32)
+            .map(|i| match (i * 7919) % 13 {
+                0 => f32::NEG_INFINITY,
+                _ => ((i * 104_729) % 37) as f32 * 0.25,
+            })
+            .collect();
+        let stats = step_stats(&logits, 3);
+        let mut ids: Vec<usize> = (0..logits.len())
+            .filter(|&i| logits[i].is_finite())
+            .collect();
+        ids.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        let top: Vec<u32> = stats.top5.iter().map(|t| t.token_id).collect();
+        let want: Vec<u32> = ids[..5].iter().map(|&i| i as u32).collect();
+        assert_eq!(top, want);
+        assert_eq!(logits[ids[0]], logits[ids[4]], "the case holds ties");
+        let max = f64::from(logits[ids[0]]);
+        let z: f64 = ids
+            .iter()
+            .map(|&i| (f64::from(logits[i]) - max).exp())
+            .sum();
+        let entropy: f64 = ids
+            .iter()
+            .map(|&i| f64::from(logits[i]) - max - z.ln())
+            .map(|l| -l.exp() * l)
+            .sum();
+        assert!((f64::from(stats.entropy) - entropy).abs() < 1e-6 * entropy);
     }
 
     #[test]
