@@ -26,8 +26,9 @@ use crate::forward::weights::Model;
 use crate::generate::capture::Recorder;
 use crate::generate::config::{GenerationConfig, Overrides, Settings};
 use crate::generate::decode::{decode, decode_with, StopReason, Stops, Timings};
-use crate::generate::sampling::{check_scores, step_stats, Sampler, StepStats};
+use crate::generate::sampling::{Sampler, StepStats};
 use crate::generate::sequence::{Logits, Sequence};
+use crate::generate::teacher::{forced_logits, kl_per_position, mean, positions, Forced, Position};
 use crate::report::json_text;
 use crate::sink::visual::edit::{EditKind, Editor};
 use crate::sink::visual::{self, ImageTokens, Measured};
@@ -207,64 +208,6 @@ pub struct Args {
     pub plot: Option<PathBuf>,
 }
 
-/// A `--teacher-force` file: one of its three forms.
-#[derive(Debug, Deserialize)]
-struct ForcedFile {
-    token_ids: Option<Vec<i64>>,
-    text: Option<String>,
-    generated_ids: Option<Vec<i64>>,
-}
-
-/// The continuation `--teacher-force` scores.
-enum Forced {
-    Ids(Vec<i64>),
-    Text(String),
-}
-
-/// Read a `--teacher-force` file.
-fn read_forced(path: &std::path::Path) -> Result<Forced> {
-    let bytes = crate::input::read(path, crate::input::MANIFEST)?;
-    let f: ForcedFile = serde_json::from_slice(&bytes).map_err(|e| {
-        crate::bad!(
-            "{}: not a JSON object with `token_ids`, `text` or `generated_ids`: {e}",
-            path.display()
-        )
-    })?;
-    let forced = match (f.token_ids, f.text, f.generated_ids) {
-        (Some(ids), None, None) => Forced::Ids(ids),
-        (None, Some(text), None) => Forced::Text(text),
-        // A `generate --json` report: its `text` is the decoded `generated_ids`.
-        (None, _, Some(ids)) => Forced::Ids(ids),
-        _ => bail!(
-            "{}: give exactly one of `token_ids` and `text` (or a `generate --json` report)",
-            path.display()
-        ),
-    };
-    if matches!(&forced, Forced::Ids(ids) if ids.is_empty())
-        || matches!(&forced, Forced::Text(t) if t.is_empty())
-    {
-        bail!("{}: the continuation is empty", path.display());
-    }
-    Ok(forced)
-}
-
-/// One forced position of a `--teacher-force` report.
-#[derive(Serialize)]
-struct Position {
-    #[serde(flatten)]
-    stats: StepStats,
-    /// 1 + the number of tokens with a larger raw logit.
-    rank: usize,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    logprob_unedited: Option<f32>,
-    /// `KL(p_unedited || p_edited)` in nats.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kl: Option<f64>,
-    /// `KL(p_unedited || p_control)` in nats.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kl_control: Option<f64>,
-}
-
 /// What `--teacher-force --json` prints.
 #[derive(Serialize)]
 struct ForcedReport<'r> {
@@ -326,68 +269,6 @@ struct ControlOut {
     text: String,
     stop_reason: StopReason,
     steps: Vec<StepStats>,
-}
-
-/// A sequence started with `prompt`'s prefill, `edit` set; and the prefill's logits.
-#[allow(clippy::too_many_arguments)]
-fn start<'m, 'a, B: Backend>(
-    model: &'m Model<'a>,
-    backend: &'m B,
-    weights: &'m Resident<'a, B>,
-    prompt: &Prompt,
-    encoded: Option<&'m Encoded>,
-    capacity: usize,
-    edit: Option<&'m dyn KeyEdit>,
-) -> Result<(Sequence<'m, 'a, B>, Vec<f32>)> {
-    let mut seq = Sequence::new(model, backend, weights, capacity, edit)?;
-    let logits = seq.prefill(
-        prompt,
-        encoded,
-        &|_, _: &HeadView| (),
-        &mut (),
-        Logits::Last,
-    )?;
-    Ok((seq, logits))
-}
-
-/// The raw logits before each of `tokens` after `prompt` (with `edit`): the prefill's last row,
-/// then one pass over the tokens but the last.
-#[allow(clippy::too_many_arguments)]
-fn forced_logits<'m, 'a, B: Backend>(
-    model: &'m Model<'a>,
-    backend: &'m B,
-    weights: &'m Resident<'a, B>,
-    prompt: &Prompt,
-    encoded: Option<&'m Encoded>,
-    tokens: &[u32],
-    edit: Option<&'m dyn KeyEdit>,
-) -> Result<Vec<Vec<f32>>> {
-    let capacity = prompt.ids.len() + tokens.len();
-    let (mut seq, last) = start(model, backend, weights, prompt, encoded, capacity, edit)?;
-    let vocab = last.len();
-    let mut rows = vec![last];
-    if tokens.len() > 1 {
-        let all = seq.feed(
-            &tokens[..tokens.len() - 1],
-            &|_, _: &HeadView| (),
-            &mut (),
-            Logits::All,
-        )?;
-        rows.extend(all.chunks(vocab).map(<[f32]>::to_vec));
-    }
-    for (i, row) in rows.iter().enumerate() {
-        check_scores(row, i, "the raw logits")?;
-    }
-    Ok(rows)
-}
-
-/// The mean of `values` (0 for none).
-fn mean(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        0.0
-    } else {
-        values.iter().sum::<f64>() / values.len() as f64
-    }
 }
 
 /// One prompt with its own settings (a `--batch` line, or the command line).
@@ -511,7 +392,11 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     if args.plot.is_some() && !editing {
         bail!("--plot draws the edit's KL per position: it needs --edit");
     }
-    let forced = args.teacher_force.as_deref().map(read_forced).transpose()?;
+    let forced = args
+        .teacher_force
+        .as_deref()
+        .map(Forced::read)
+        .transpose()?;
     let lines = lines(&args)?;
     for line in &lines {
         if line.max_new_tokens == Some(0) {
@@ -724,24 +609,11 @@ impl<'j> GenerateJob<'j> {
                 .teacher_force
                 .as_deref()
                 .unwrap_or(std::path::Path::new("-"));
-            let raw: Vec<i64> = match forced {
-                Forced::Ids(ids) => ids.clone(),
-                Forced::Text(text) => (self.prompter.encode_plain(text)?.into_iter())
-                    .map(i64::from)
-                    .collect(),
-            };
-            let vocab = model.spec.vocab_size;
-            let mut tokens = Vec::with_capacity(raw.len());
-            for (i, &t) in raw.iter().enumerate() {
-                if t < 0 || t as u64 >= vocab as u64 {
-                    bail!(
-                        "{}: token {t} at position {i} is outside the model's vocabulary \
-                         (0..{vocab})",
-                        path.display()
-                    );
-                }
-                tokens.push(t as u32);
-            }
+            let tokens = forced.tokens(
+                |text| self.prompter.encode_plain(text),
+                model.spec.vocab_size,
+                path,
+            )?;
             let plain = forced_logits(model, backend, weights, &prompt, encoded, &tokens, None)?;
             let mut report = ForcedReport {
                 model: &args.model,
@@ -754,13 +626,6 @@ impl<'j> GenerateJob<'j> {
                 mean_kl: None,
                 mean_kl_control: None,
                 edit: None,
-            };
-            let kl_of = |rows: &[Vec<f32>]| -> Vec<f64> {
-                plain
-                    .iter()
-                    .zip(rows)
-                    .map(|(p, q)| visual::next_token(p, q).kl)
-                    .collect()
             };
             let (main, kl, kl_control) = match &editor {
                 None => (plain.clone(), None, None),
@@ -780,27 +645,19 @@ impl<'j> GenerateJob<'j> {
                                 &tokens,
                                 Some(c),
                             )?;
-                            Some(kl_of(&rows))
+                            Some(kl_per_position(&plain, &rows))
                         }
                         None => None,
                     };
                     report.edit = Some(edit_out(editor, control.as_ref()));
-                    let kl = kl_of(&edited);
+                    let kl = kl_per_position(&plain, &edited);
                     (edited, Some(kl), kl_control)
                 }
             };
             report.mean_kl = kl.as_deref().map(mean);
             report.mean_kl_control = kl_control.as_deref().map(mean);
-            for (i, (&token, row)) in tokens.iter().zip(&main).enumerate() {
-                let at = row[token as usize];
-                report.positions.push(Position {
-                    stats: step_stats(row, token),
-                    rank: 1 + row.iter().filter(|&&x| x > at).count(),
-                    logprob_unedited: kl.as_ref().map(|_| step_stats(&plain[i], token).logprob),
-                    kl: kl.as_ref().map(|k| k[i]),
-                    kl_control: kl_control.as_ref().map(|k| k[i]),
-                });
-            }
+            report.positions =
+                positions(&tokens, &main, &plain, kl.as_deref(), kl_control.as_deref());
             if let Some(svg_path) = &args.plot {
                 let curve = |label: &str, k: &[f64]| crate::report::plot::Series {
                     label: label.to_string(),
@@ -929,8 +786,15 @@ impl<'j> GenerateJob<'j> {
         if let Some(editor) = &editor {
             let control = control_of(editor);
             if let Some(c) = &control {
-                let (mut seq, logits) =
-                    start(model, backend, weights, &prompt, encoded, capacity, Some(c))?;
+                let (mut seq, logits) = Sequence::prefilled(
+                    model,
+                    backend,
+                    weights,
+                    &prompt,
+                    encoded,
+                    capacity,
+                    Some(c),
+                )?;
                 let mut sampler = Sampler::new(&settings, seed);
                 let g = decode(
                     &mut seq,

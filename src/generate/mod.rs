@@ -8,3 +8,4 @@ pub mod config;
 pub mod decode;
 pub mod sampling;
 pub mod sequence;
+pub mod teacher;

@@ -82,6 +82,29 @@ impl<'m, 'a, B: Backend> Sequence<'m, 'a, B> {
         })
     }
 
+    /// [`Sequence::new`] with `prompt` (its images through `encoded`) prefilled, and the logits
+    /// of the token after it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefilled(
+        model: &'m Model<'a>,
+        backend: &'m B,
+        weights: &'m Resident<'a, B>,
+        prompt: &Prompt,
+        encoded: Option<&'m Encoded>,
+        capacity: usize,
+        edit: Option<&'m dyn KeyEdit>,
+    ) -> Result<(Sequence<'m, 'a, B>, Vec<f32>)> {
+        let mut seq = Sequence::new(model, backend, weights, capacity, edit)?;
+        let logits = seq.prefill(
+            prompt,
+            encoded,
+            &|_, _: &HeadView| (),
+            &mut (),
+            Logits::Last,
+        )?;
+        Ok((seq, logits))
+    }
+
     /// The tokens so far.
     pub fn ids(&self) -> &[u32] {
         &self.ids
