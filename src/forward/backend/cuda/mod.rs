@@ -2,9 +2,14 @@
 //! through the thin [`Device`] layer. It holds no model logic: what runs is decided by
 //! [`crate::forward::decoder`], as on the CPU (`docs/reference/gpu.md`).
 //!
-//! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
-//!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
-//!   size streams through.
+//! - A pass that streams its weights (`score`, a prompt's prefill) uploads each as stored,
+//!   widens bf16 and f16 to f32 on the device (exactly), uses it once and frees it, so GPU memory
+//!   holds one layer's weights and the activations: a model of any size streams through.
+//! - A decode (`generate`) holds every matrix on the device in its stored bytes
+//!   ([`StoredWeight`], never widened). A step's few rows run a GEMV kernel that reads them
+//!   directly with f32 accumulation; more rows widen a scratch copy for the GEMM. The KV cache
+//!   lives on the device too, written and attended there; only the visited heads' scores and
+//!   probabilities and the logits come back (`docs/commands/generate.md`, "How it runs").
 //! - Weights are copied on the device layer's copy stream; the compute stream waits for each
 //!   copy's event before its first use, so a copy overlaps the GEMMs queued before it.
 //! - Activations are f32. In f32 mode GEMMs are SGEMMs with TF32 off (the parity mode). In bf16
