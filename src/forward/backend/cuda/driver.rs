@@ -805,7 +805,10 @@ impl Device for Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::forward::backend::cuda::parity_tests::{bundled_pairs_match, every_fixture_matches};
+    use crate::forward::backend::cuda::parity_tests::{
+        bundled_pairs_match, cached_attention_matches, decodes_as_transformers,
+        every_fixture_matches, stored_linear_matches,
+    };
     use crate::forward::backend::cuda::CudaBackend;
     use crate::forward::precision::Precision;
 
@@ -898,5 +901,23 @@ mod tests {
     #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
     fn gpu_matches_the_cpu_in_bf16_on_the_bundled_pairs() {
         bundled_pairs_match(&gpu(Precision::Bf16));
+    }
+
+    /// The decode's held weights (the stored GEMV kernel) and device KV cache.
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_decodes_as_transformers() {
+        decodes_as_transformers(&gpu(Precision::F32));
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: run `cargo test -- --ignored gpu_` on a GPU machine"]
+    fn gpu_stored_gemv_and_cached_attention_match_the_cpu() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            stored_linear_matches(&gpu(precision));
+        }
+        // The device's expf may differ from the host's by 2 ulp (docs/reference/gpu.md).
+        cached_attention_matches(&gpu(Precision::F32), 1e-5);
+        cached_attention_matches(&gpu(Precision::Bf16), 2f32.powi(-8));
     }
 }

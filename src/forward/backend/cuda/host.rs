@@ -36,11 +36,15 @@ host_entries! {
     NarrowBf16 => sinkmerge_host_narrow_bf16,
     WidenBf16 => sinkmerge_host_widen_bf16,
     WidenF16 => sinkmerge_host_widen_f16,
+    StoredGemvPartials => sinkmerge_host_stored_gemv_partials,
+    StoredGemvSum => sinkmerge_host_stored_gemv_sum,
     RmsNormRows => sinkmerge_host_rms_norm_rows,
     AddBias => sinkmerge_host_add_bias,
     ClampValues => sinkmerge_host_clamp_values,
     Rope => sinkmerge_host_rope,
     Attention => sinkmerge_host_attention,
+    CacheWrite => sinkmerge_host_cache_write,
+    AttentionCached => sinkmerge_host_attention_cached,
     LayerNormRows => sinkmerge_host_layer_norm_rows,
     Activate => sinkmerge_host_activate,
     ScaleColumns => sinkmerge_host_scale_columns,
@@ -233,11 +237,23 @@ pub struct HostEvent {
     seq: u64,
 }
 
+/// Which way a copy between the host and the stand-in went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// [`Device::upload`], on the compute stream.
+    Upload,
+    /// [`Device::upload_async`], on the copy stream: the backend's weights.
+    CopyStream,
+    Download,
+}
+
 /// The stand-in device. `gemm_calls` and `gemm_bf16_calls` count GEMMs of each kind (tests check
-/// which the backend uses).
+/// which the backend uses); `transfers` lists every copy to or from the host with its bytes, in
+/// order (tests check what a decode step moves).
 pub struct HostDevice {
     pub gemm_calls: AtomicUsize,
     pub gemm_bf16_calls: AtomicUsize,
+    pub transfers: Mutex<Vec<(Transfer, usize)>>,
     copies: CopyQueue,
 }
 
@@ -246,8 +262,19 @@ impl Default for HostDevice {
         HostDevice {
             gemm_calls: AtomicUsize::new(0),
             gemm_bf16_calls: AtomicUsize::new(0),
+            transfers: Mutex::new(Vec::new()),
             copies: CopyQueue::new(),
         }
+    }
+}
+
+impl HostDevice {
+    fn record(&self, way: Transfer, bytes: usize) {
+        (self
+            .transfers
+            .lock()
+            .expect("no panic holds the transfer list"))
+        .push((way, bytes));
     }
 }
 
@@ -299,12 +326,14 @@ impl Device for HostDevice {
     }
 
     fn upload(&self, host: &[u8]) -> Result<HostBuffer> {
+        self.record(Transfer::Upload, host.len());
         let mut buf = HostBuffer::new(host.len());
         buf.as_bytes_mut().copy_from_slice(host);
         Ok(buf)
     }
 
     fn upload_async(&self, host: &[u8]) -> Result<(HostBuffer, HostEvent)> {
+        self.record(Transfer::CopyStream, host.len());
         let buf = HostBuffer::filled(host.len(), POISON);
         let event = self.copies.submit(host.to_vec(), buf.words.clone());
         Ok((buf, event))
@@ -316,6 +345,7 @@ impl Device for HostDevice {
     }
 
     fn download(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Vec<u8>> {
+        self.record(Transfer::Download, range.len());
         buf.as_bytes()
             .get(range.clone())
             .map(<[u8]>::to_vec)
@@ -394,14 +424,16 @@ mod tests {
     use super::*;
     use crate::forward::backend::cpu::CpuBackend;
     use crate::forward::backend::cuda::parity_tests::{
-        bundled_pairs_match, decodes_as_transformers, every_fixture_matches, fixtures,
-        golden_prompts, open, root,
+        bundled_pairs_match, cached_attention_matches, decodes_as_transformers,
+        every_fixture_matches, fixtures, gamma, golden_prompts, max_rel, open, root, spread,
+        stored_linear_matches,
     };
     use crate::forward::backend::cuda::CudaBackend;
     use crate::forward::backend::Backend;
     use crate::forward::pass::{record_all, record_all_on};
     use crate::forward::precision::Precision;
     use crate::sink::parity::{self, Tolerances};
+    use safetensors::Dtype;
 
     #[test]
     fn gpu_code_path_matches_the_cpu_on_every_architecture_fixture() {
@@ -413,6 +445,75 @@ mod tests {
     #[test]
     fn gpu_code_path_decodes_as_transformers() {
         decodes_as_transformers(&CudaBackend::new(HostDevice::default(), Precision::F32));
+    }
+
+    #[test]
+    fn the_stored_gemv_matches_exact_products_and_the_cpu() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let gpu = CudaBackend::new(HostDevice::default(), precision);
+            stored_linear_matches(&gpu);
+        }
+    }
+
+    #[test]
+    fn the_device_kv_cache_and_its_attention_match_the_cpu() {
+        let f32_mode = CudaBackend::new(HostDevice::default(), Precision::F32);
+        cached_attention_matches(&f32_mode, 1e-6);
+        // One bf16 step: a sum in another order may round to the other side of a bf16 value.
+        let bf16_mode = CudaBackend::new(HostDevice::default(), Precision::Bf16);
+        cached_attention_matches(&bf16_mode, 2f32.powi(-8));
+    }
+
+    /// A decode step copies no weight to the device (weights take the copy stream, and only
+    /// they) and moves no cache either way: every copy is smaller than one layer's keys. The held
+    /// matrices keep the checkpoint's bf16 bytes.
+    #[test]
+    fn a_decode_step_moves_no_weight_and_no_cache() {
+        use crate::forward::backend::HeadView;
+        use crate::forward::capture::Prompt;
+        use crate::forward::resident::Resident;
+        use crate::forward::weights::Model;
+        use crate::generate::sampling::argmax;
+        use crate::generate::sequence::{Logits, Sequence};
+
+        let ckpt = open(&root().join("assets/models/tiny-qwen2/ref"));
+        let model = Model::new(&ckpt).unwrap();
+        let spec = &model.spec;
+        let capacity = 64;
+        let cache_layer_bytes = capacity * spec.num_kv_heads * spec.head_dim * 4;
+        for precision in [Precision::F32, Precision::Bf16] {
+            let gpu = CudaBackend::new(HostDevice::default(), precision);
+            let weights = Resident::load(&gpu, &model).unwrap();
+            let (out, inp) = (spec.num_kv_heads * spec.head_dim, spec.hidden_size);
+            let name = "model.layers.0.self_attn.k_proj.weight";
+            let held = weights.matrix(&model, name, &[out, inp]).unwrap().unwrap();
+            assert_eq!((held.dtype, held.buf.bytes), (Dtype::BF16, out * inp * 2));
+            let mut seq = Sequence::new(&model, &gpu, &weights, capacity, None).unwrap();
+            let prompt = Prompt {
+                ids: vec![11, 12, 13, 14, 15, 16, 17],
+                images: None,
+                mrope_merge: None,
+            };
+            let nothing = |_: usize, _: &HeadView| ();
+            let mut logits = seq
+                .prefill(&prompt, None, &nothing, &mut (), Logits::Last)
+                .unwrap();
+            for step in 0..3 {
+                gpu.device().transfers.lock().unwrap().clear();
+                logits = seq.step(argmax(&logits)).unwrap();
+                let moved = std::mem::take(&mut *gpu.device().transfers.lock().unwrap());
+                assert!(
+                    moved.iter().all(|&(way, _)| way != Transfer::CopyStream),
+                    "{precision} step {step}: weights uploaded: {moved:?}"
+                );
+                assert!(
+                    moved.iter().all(|&(_, bytes)| bytes < cache_layer_bytes),
+                    "{precision} step {step}: a copy of a cache's size: {moved:?}"
+                );
+                // What does come back: the next token's logits.
+                assert!(moved.contains(&(Transfer::Download, spec.vocab_size * 4)));
+            }
+        }
     }
 
     #[test]
@@ -428,21 +529,6 @@ mod tests {
     #[test]
     fn gpu_code_path_matches_the_cpu_in_bf16_on_the_bundled_pairs() {
         bundled_pairs_match(&CudaBackend::new(HostDevice::default(), Precision::Bf16));
-    }
-
-    /// Values spread over the activations' interesting range, deterministic.
-    fn spread(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| {
-                ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 2001) as f32 / 125.0 - 8.0
-            })
-            .collect()
-    }
-
-    fn max_rel(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        let scale = a.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-        a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
     }
 
     #[test]
@@ -736,14 +822,6 @@ mod tests {
                 assert_eq!(two.attentions, one.attentions, "{case} {precision}");
             }
         }
-    }
-
-    /// γ_k = k u / (1 - k u) with u = 2^-24: the bound on the relative error of a k-term f32 dot
-    /// product in any summation order (Higham, Accuracy and Stability of Numerical Algorithms,
-    /// 2nd ed., section 3.1), products exact.
-    fn gamma(k: usize) -> f64 {
-        let ku = k as f64 * f64::powi(2.0, -24);
-        ku / (1.0 - ku)
     }
 
     #[test]

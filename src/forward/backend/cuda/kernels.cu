@@ -45,17 +45,13 @@ KERNEL void narrow_bf16(unsigned short* out, const float* in, long long n) {
 }
 
 // bf16 -> f32 is exact: the bf16 bits are the high half of the f32's.
-KERNEL void widen_bf16(float* out, const unsigned short* in, long long n) {
-    long long i = SINKMERGE_INDEX;
-    if (i >= n) return;
-    out[i] = __uint_as_float((unsigned int)in[i] << 16);
+__device__ static inline float bf16_value(unsigned short h) {
+    return __uint_as_float((unsigned int)h << 16);
 }
 
 // f16 -> f32, exact (IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits).
-KERNEL void widen_f16(float* out, const unsigned short* in, long long n) {
-    long long i = SINKMERGE_INDEX;
-    if (i >= n) return;
-    unsigned int h = in[i];
+__device__ static inline float f16_value(unsigned short h16) {
+    unsigned int h = h16;
     unsigned int sign = (h & 0x8000u) << 16;
     unsigned int exp = (h >> 10) & 0x1fu;
     unsigned int man = h & 0x3ffu;
@@ -75,7 +71,64 @@ KERNEL void widen_f16(float* out, const unsigned short* in, long long n) {
         } while ((man & 0x400u) == 0);
         bits = sign | ((unsigned int)(112 - e) << 23) | ((man & 0x3ffu) << 13);
     }
-    out[i] = __uint_as_float(bits);
+    return __uint_as_float(bits);
+}
+
+KERNEL void widen_bf16(float* out, const unsigned short* in, long long n) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    out[i] = bf16_value(in[i]);
+}
+
+KERNEL void widen_f16(float* out, const unsigned short* in, long long n) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    out[i] = f16_value(in[i]);
+}
+
+// Element i of a weight held as stored, of `kind` 0 f32, 1 bf16, 2 f16 (`stored_kind` in
+// mod.rs), as f32: exact.
+__device__ static inline float stored_value(const void* w, long long i, int kind) {
+    if (kind == 1) return bf16_value(((const unsigned short*)w)[i]);
+    if (kind == 2) return f16_value(((const unsigned short*)w)[i]);
+    return ((const float*)w)[i];
+}
+
+// Threads that share one output of the stored GEMV: a warp on the GPU.
+#define GEMV_LANES 32
+
+// y = x Wᵀ for a few rows of x (a decode step's) on a weight held as stored, in two launches.
+// This one runs thread (o, r, lane), lane fastest: partial[(r * out + o) * GEMV_LANES + lane] is
+// the sum, in increasing k, of x[r, k] * w[o, k] over k = lane, lane + GEMV_LANES, ... So a warp
+// reads GEMV_LANES consecutive weights at a time (coalesced), and the threads of the other rows
+// of x, its neighbours, read the same weight row again from the cache: the weight comes from
+// memory once, in its stored bytes. With bf16, both operands rounded to bf16 first, as the
+// bf16 GEMM's (`narrow_bf16`, and `load`'s rounding of f32 and f16 weights): the products are
+// exact in f32.
+KERNEL void stored_gemv_partials(float* partial, const float* x, const void* w, long long rows,
+                                 long long out, int in, int kind, int bf16) {
+    long long t = SINKMERGE_INDEX;
+    if (t >= out * rows * GEMV_LANES) return;
+    int lane = (int)(t % GEMV_LANES);
+    long long r = (t / GEMV_LANES) % rows;
+    long long o = t / GEMV_LANES / rows;
+    const float* xr = x + r * in;
+    long long wo = o * in;
+    float acc = 0.0f;
+    for (int k = lane; k < in; k += GEMV_LANES)
+        acc += store(xr[k], bf16) * store(stored_value(w, wo + k, kind), bf16);
+    partial[(r * out + o) * GEMV_LANES + lane] = acc;
+}
+
+// The second launch, thread i = r * out + o: y[i] is its GEMV_LANES partials summed in lane
+// order. The order of every sum is fixed, so results are deterministic.
+KERNEL void stored_gemv_sum(float* y, const float* partial, long long n) {
+    long long i = SINKMERGE_INDEX;
+    if (i >= n) return;
+    const float* p = partial + i * GEMV_LANES;
+    float acc = 0.0f;
+    for (int lane = 0; lane < GEMV_LANES; lane++) acc += p[lane];
+    y[i] = acc;
 }
 
 // RMSNorm of each row: the mean of squares in f64, rounded once to f32, then
@@ -136,17 +189,55 @@ KERNEL void rope(float* x, const float* cos_t, const float* sin_t, long long row
     lo[i + half] = store(store(b * c, each) + store(a * s, each), bf16);
 }
 
-// Exact eager attention, one thread per (row, head) of a group of whole prompts.
+// The first key position `pos` sees: every earlier one, or with window > 0 the last `window`
+// (itself included); `first_key` in src/forward/backend/mod.rs.
+__device__ static inline long long first_key(long long pos, int window) {
+    return window > 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
+// Exact eager attention of one query of one head. Key j (of `keys`) is at k + j * stride, its
+// value at v + j * stride. Scores are q kᵀ · scale over every key (as the CPU's GEMM); the
+// softmax covers keys lo..hi (the ones the query sees), with the max subtracted, and the
+// probabilities of the others are exactly 0. With crow (not null), crow = P v. With bf16, as
+// torch's bf16 eager attention: q kᵀ rounded, times the scale rounded, softmax in f32 rounded,
+// P v rounded.
+__device__ static inline void attend_query(float* srow, float* prow, float* crow, const float* qrow,
+                                           const float* k, const float* v, long long stride,
+                                           long long keys, long long lo, long long hi,
+                                           int head_dim, float scale, int bf16) {
+    for (long long key = 0; key < keys; key++) {
+        const float* krow = k + key * stride;
+        float dot = 0.0f;
+        for (int d = 0; d < head_dim; d++) dot += qrow[d] * krow[d];
+        srow[key] = bf16 ? round_bf16(round_bf16(dot) * scale) : dot * scale;
+    }
+    float max = __int_as_float(0xff800000);  // -inf (NVRTC has no INFINITY)
+    for (long long key = lo; key <= hi; key++) max = srow[key] > max ? srow[key] : max;
+    float sum = 0.0f;
+    for (long long key = 0; key < keys; key++) {
+        float e = 0.0f;
+        if (key >= lo && key <= hi) {
+            e = expf(srow[key] - max);
+            sum += e;
+        }
+        prow[key] = e;
+    }
+    for (long long key = lo; key <= hi; key++) prow[key] = store(prow[key] / sum, bf16);
+    if (!crow) return;
+    for (int d = 0; d < head_dim; d++) {
+        float acc = 0.0f;
+        for (long long key = lo; key <= hi; key++) acc += prow[key] * v[key * stride + d];
+        crow[d] = store(acc, bf16);
+    }
+}
+
+// Attention of a group of whole prompts, one thread per (row, head) through `attend_query`.
 // q is [tokens, heads * head_dim], k and v [tokens, kv_heads * head_dim], packed over prompts.
 // For the group's prompt p: its rows start at prompt_start[p] (global rows), it has
 // prompt_len[p] tokens, and its [heads, len, len] scores and probabilities start at
 // prompt_offset[p] in `scores` and `probs`. row_prompt[r] is the prompt of the group's row r
-// (global row row_begin + r). Scores are q kᵀ · scale over every key (as the CPU's GEMM); the
-// softmax covers the keys the query sees (causal, and `window` keys when window > 0), and the
-// probabilities of the others are exactly 0; with causal 0 (vision towers) every key of the
-// prompt is seen. With has_v, ctx[row, head] = P v. With bf16, as
-// torch's bf16 eager attention: q kᵀ rounded, times the scale rounded, softmax in f32 rounded,
-// P v rounded.
+// (global row row_begin + r). The softmax is causal, within `window` keys when window > 0; with
+// causal 0 (vision towers) every key of the prompt is seen. With has_v, ctx[row, head] = P v.
 KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
                                      const float* k, const float* v, const int* row_prompt,
                                      const long long* prompt_start, const long long* prompt_len,
@@ -166,39 +257,50 @@ KERNEL void attention(float* scores, float* probs, float* ctx, const float* q,
     int g = h / (heads / kv_heads);
     long long qd = (long long)heads * head_dim;
     long long kd = (long long)kv_heads * head_dim;
-    const float* qrow = q + row * qd + (long long)h * head_dim;
+    long long head = (long long)h * head_dim;
+    long long kv_head = start * kd + (long long)g * head_dim;
     long long base = prompt_offset[p] + ((long long)h * len + qi) * len;
-    float* srow = scores + base;
-    float* prow = probs + base;
-    for (long long key = 0; key < len; key++) {
-        const float* krow = k + (start + key) * kd + (long long)g * head_dim;
-        float dot = 0.0f;
-        for (int d = 0; d < head_dim; d++) dot += qrow[d] * krow[d];
-        srow[key] = bf16 ? round_bf16(round_bf16(dot) * scale) : dot * scale;
-    }
-    long long lo = 0;
-    long long hi = causal ? qi : len - 1;
-    if (causal && window > 0 && qi + 1 > window) lo = qi + 1 - window;
-    float max = __int_as_float(0xff800000);  // -inf (NVRTC has no INFINITY)
-    for (long long key = lo; key <= hi; key++) max = srow[key] > max ? srow[key] : max;
-    float sum = 0.0f;
-    for (long long key = 0; key < len; key++) {
-        float e = 0.0f;
-        if (key >= lo && key <= hi) {
-            e = expf(srow[key] - max);
-            sum += e;
-        }
-        prow[key] = e;
-    }
-    for (long long key = lo; key <= hi; key++) prow[key] = store(prow[key] / sum, bf16);
-    if (!has_v) return;
-    float* crow = ctx + row * qd + (long long)h * head_dim;
-    for (int d = 0; d < head_dim; d++) {
-        float acc = 0.0f;
-        for (long long key = lo; key <= hi; key++)
-            acc += prow[key] * v[(start + key) * kd + (long long)g * head_dim + d];
-        crow[d] = store(acc, bf16);
-    }
+    attend_query(scores + base, probs + base, has_v ? ctx + row * qd + head : 0,
+                 q + row * qd + head, k + kv_head, has_v ? v + kv_head : 0, kd, len,
+                 causal ? first_key(qi, window) : 0, causal ? qi : len - 1, head_dim, scale,
+                 bf16);
+}
+
+// A KV cache's write: `fresh` is [rows, kv_heads * head_dim] (token-major, as the projections
+// make it), the cache [kv_heads, capacity, head_dim] (transformers' DynamicCache layout); row t
+// goes to position at + t. One thread per value: consecutive threads copy consecutive values.
+KERNEL void cache_write(float* cache, const float* fresh, long long rows, int kv_heads,
+                        int head_dim, long long capacity, long long at) {
+    long long i = SINKMERGE_INDEX;
+    long long width = (long long)kv_heads * head_dim;
+    if (i >= rows * width) return;
+    long long t = i / width;
+    long long g = (i % width) / head_dim;
+    long long d = i % head_dim;
+    cache[(g * capacity + at + t) * head_dim + d] = fresh[i];
+}
+
+// Attention of `queries` new rows, at positions offset..offset + queries, over a KV cache
+// (`cache_write`'s layout, positions 0..offset + queries filled), one thread per (query, head)
+// through `attend_query`: causal by position, within `window` keys when window > 0. q and ctx
+// are [queries, heads * head_dim]; scores and probs [heads, queries, offset + queries].
+KERNEL void attention_cached(float* scores, float* probs, float* ctx, const float* q,
+                             const float* keys_cache, const float* values_cache,
+                             long long queries, long long offset, long long capacity, int heads,
+                             int kv_heads, int head_dim, int window, float scale, int bf16) {
+    long long t = SINKMERGE_INDEX;
+    if (t >= queries * heads) return;
+    int h = (int)(t % heads);
+    long long qi = t / heads;
+    long long keys = offset + queries;
+    long long pos = offset + qi;
+    long long g = h / (heads / kv_heads);
+    long long at = qi * heads * head_dim + (long long)h * head_dim;
+    long long kv_head = g * capacity * head_dim;
+    long long base = ((long long)h * queries + qi) * keys;
+    attend_query(scores + base, probs + base, ctx + at, q + at, keys_cache + kv_head,
+                 values_cache + kv_head, head_dim, keys, first_key(pos, window), pos, head_dim,
+                 scale, bf16);
 }
 
 // LayerNorm of each row: mean and biased variance in f64, then

@@ -2,9 +2,14 @@
 //! through the thin [`Device`] layer. It holds no model logic: what runs is decided by
 //! [`crate::forward::decoder`], as on the CPU (`docs/reference/gpu.md`).
 //!
-//! - Weights are uploaded as stored (bf16 and f16 widened to f32 on the device, exactly), used
-//!   once and freed, so GPU memory holds one layer's weights and the activations: a model of any
-//!   size streams through.
+//! - A pass that streams its weights (`score`, a prompt's prefill) uploads each as stored,
+//!   widens bf16 and f16 to f32 on the device (exactly), uses it once and frees it, so GPU memory
+//!   holds one layer's weights and the activations: a model of any size streams through.
+//! - A decode (`generate`) holds every matrix on the device in its stored bytes
+//!   ([`StoredWeight`], never widened). A step's few rows run a GEMV kernel that reads them
+//!   directly with f32 accumulation; more rows widen a scratch copy for the GEMM. The KV cache
+//!   lives on the device too, written and attended there; only the visited heads' scores and
+//!   probabilities and the logits come back (`docs/commands/generate.md`, "How it runs").
 //! - Weights are copied on the device layer's copy stream; the compute stream waits for each
 //!   copy's event before its first use, so a copy overlaps the GEMMs queued before it.
 //! - Activations are f32. In f32 mode GEMMs are SGEMMs with TF32 off (the parity mode). In bf16
@@ -23,8 +28,8 @@ use std::ops::Range;
 use rayon::prelude::*;
 use safetensors::Dtype;
 
-use super::{Attended, AttentionShape, Backend, HeadView, RopeTable, Visitor};
-use crate::error::Result;
+use super::{Attended, AttentionShape, Backend, CachedShape, HeadView, RopeTable, Visitor};
+use crate::error::{Error, Result};
 use crate::forward::activation::Activation;
 use crate::forward::precision::{Bf16Style, Precision};
 use crate::forward::weights::Model;
@@ -57,6 +62,37 @@ impl<B> DeviceTensor<B> {
     fn buf_mut(&mut self) -> &mut B {
         self.bf16 = None;
         &mut self.buf
+    }
+}
+
+/// A weight held for a decode ([`Backend::store`]): its bytes as the checkpoint stores them
+/// (bf16, f16 or f32), never widened, read by [`Backend::linear_stored`].
+pub struct StoredWeight<B> {
+    buf: B,
+    dtype: Dtype,
+    /// `[out, in]`.
+    shape: Vec<usize>,
+}
+
+/// The most rows of `x` that [`Backend::linear_stored`] runs through the stored GEMV kernel;
+/// more widen the weight into a scratch f32 copy and run [`Backend::linear`]'s GEMM. The
+/// kernel reads the weight from memory once, in its stored bytes (each further row of `x`
+/// rereads a weight row the row before it just brought into the cache); the widening reads those
+/// bytes, writes and reads f32, about 5x a bf16 weight's traffic before the GEMM starts. So as
+/// on the CPU (`cpu::stored::GEMV_MAX_ROWS`, measured there), decode steps and short feeds take
+/// the kernel and a prompt's rows the GEMM, whose results are `linear`'s bit for bit.
+const STORED_GEMV_MAX_ROWS: usize = 16;
+
+/// Threads summing one output of the stored GEMV (`GEMV_LANES` in kernels.cu).
+const GEMV_LANES: usize = 32;
+
+/// The `kind` argument of the stored-weight kernels (the numbering in kernels.cu).
+fn stored_kind(dtype: Dtype) -> i32 {
+    match dtype {
+        Dtype::F32 => 0,
+        Dtype::BF16 => 1,
+        Dtype::F16 => 2,
+        other => unreachable!("stored_bytes refuses {other:?}"),
     }
 }
 
@@ -186,52 +222,28 @@ impl<D: Device> CudaBackend<D> {
         Ok(self.tensor(self.device.upload(&f32_bytes(values))?, values.len()))
     }
 
-    fn launch(&self, kernel: Kernel, threads: usize, args: &mut [Arg<D::Buffer>]) -> Result<()> {
-        if threads == 0 {
-            return Ok(());
-        }
-        self.device.launch(kernel, threads, args)
-    }
-}
-
-impl<D: Device> Backend for CudaBackend<D> {
-    type Tensor = DeviceTensor<D::Buffer>;
-    /// Held weights are uploaded once and widened on the device as [`Backend::load`] does.
-    type Stored<'w> = DeviceTensor<D::Buffer>;
-
-    fn describe(&self) -> String {
-        self.device.describe()
-    }
-
-    fn precision(&self) -> Precision {
-        self.precision
-    }
-
-    fn round(&self, x: &mut Self::Tensor) -> Result<()> {
-        if self.precision.is_f32() {
-            return Ok(());
-        }
-        let n = x.len;
-        self.launch(
-            Kernel::RoundBf16,
-            n,
-            &mut [Arg::Mut(x.buf_mut()), Arg::I64(n as i64)],
-        )
-    }
-
-    fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor> {
-        self.upload_f32(&host)
-    }
-
-    fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
+    /// Weight `name`'s stored bytes (checked by [`Model::stored_bytes`]) on the device, and their
+    /// dtype: copied on the copy stream, which the compute stream then waits for.
+    fn upload_stored(
+        &self,
+        model: &Model,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(Dtype, D::Buffer)> {
         let (dtype, bytes) = model.stored_bytes(name, shape)?;
-        let len = shape.iter().product::<usize>();
         // The bytes are staged before `upload_async` returns, so the file's pages can go.
         let uploaded = self.device.upload_async(bytes);
         model.release(name);
         let (raw, copied) = uploaded?;
         // The copy stream fills `raw`; nothing on the compute stream may read it before this.
         self.device.wait(&copied)?;
+        Ok((dtype, raw))
+    }
+
+    /// The f32 tensor of `len` stored values `raw` of `dtype`: bf16 and f16 widened on the device
+    /// (exact); f32 and f16 rounded in bf16 mode; a bf16 checkpoint's bytes kept as the bf16
+    /// GEMM's operand in bf16 mode.
+    fn widen(&self, dtype: Dtype, raw: D::Buffer, len: usize) -> Result<DeviceTensor<D::Buffer>> {
         let widen = match dtype {
             Dtype::F32 => None,
             Dtype::BF16 => Some(Kernel::WidenBf16),
@@ -261,19 +273,111 @@ impl<D: Device> Backend for CudaBackend<D> {
         Ok(out)
     }
 
-    fn store<'w>(&self, model: &Model<'w>, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
-        self.load(model, name, shape)
+    fn launch(&self, kernel: Kernel, threads: usize, args: &mut [Arg<D::Buffer>]) -> Result<()> {
+        if threads == 0 {
+            return Ok(());
+        }
+        self.device.launch(kernel, threads, args)
+    }
+}
+
+impl<D: Device> Backend for CudaBackend<D> {
+    type Tensor = DeviceTensor<D::Buffer>;
+    type Stored<'w> = StoredWeight<D::Buffer>;
+
+    fn describe(&self) -> String {
+        self.device.describe()
+    }
+
+    fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    fn round(&self, x: &mut Self::Tensor) -> Result<()> {
+        if self.precision.is_f32() {
+            return Ok(());
+        }
+        let n = x.len;
+        self.launch(
+            Kernel::RoundBf16,
+            n,
+            &mut [Arg::Mut(x.buf_mut()), Arg::I64(n as i64)],
+        )
+    }
+
+    fn upload(&self, host: Vec<f32>) -> Result<Self::Tensor> {
+        self.upload_f32(&host)
+    }
+
+    fn load(&self, model: &Model, name: &str, shape: &[usize]) -> Result<Self::Tensor> {
+        let (dtype, raw) = self.upload_stored(model, name, shape)?;
+        self.widen(dtype, raw, shape.iter().product())
+    }
+
+    fn store<'w>(
+        &self,
+        model: &Model<'w>,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Self::Stored<'w>> {
+        let (dtype, buf) = self.upload_stored(model, name, shape)?;
+        Ok(StoredWeight {
+            buf,
+            dtype,
+            shape: shape.to_vec(),
+        })
     }
 
     fn linear_stored(
         &self,
         x: &Self::Tensor,
         rows: usize,
-        w: &Self::Tensor,
+        w: &Self::Stored<'_>,
         out_features: usize,
         in_features: usize,
     ) -> Result<Self::Tensor> {
-        self.linear(x, rows, w, out_features, in_features)
+        // The kernels cannot check what they read.
+        if w.shape != [out_features, in_features] || x.len != rows * in_features {
+            return Err(Error::Internal(format!(
+                "linear_stored: a weight of shape {:?} as [{out_features}, {in_features}], \
+                 {} input values as {rows} rows",
+                w.shape, x.len
+            )));
+        }
+        if rows > STORED_GEMV_MAX_ROWS {
+            let bytes = out_features * in_features * crate::dtype::byte_size(w.dtype);
+            let mut copy = self.device.zeros(bytes)?;
+            self.device.copy(&w.buf, 0, &mut copy, 0, bytes)?;
+            let wide = self.widen(w.dtype, copy, out_features * in_features)?;
+            return self.linear(x, rows, &wide, out_features, in_features);
+        }
+        let outputs = rows * out_features;
+        let mut partial = self.zeros_f32(outputs * GEMV_LANES)?;
+        self.launch(
+            Kernel::StoredGemvPartials,
+            outputs * GEMV_LANES,
+            &mut [
+                Arg::Mut(&mut partial.buf),
+                Arg::Ref(&x.buf),
+                Arg::Ref(&w.buf),
+                Arg::I64(rows as i64),
+                Arg::I64(out_features as i64),
+                Arg::I32(in_features as i32),
+                Arg::I32(stored_kind(w.dtype)),
+                self.bf16(),
+            ],
+        )?;
+        let mut y = self.zeros_f32(outputs)?;
+        self.launch(
+            Kernel::StoredGemvSum,
+            outputs,
+            &mut [
+                Arg::Mut(&mut y.buf),
+                Arg::Ref(&partial.buf),
+                Arg::I64(outputs as i64),
+            ],
+        )?;
+        Ok(y)
     }
 
     fn linear(
@@ -501,6 +605,98 @@ impl<D: Device> Backend for CudaBackend<D> {
         Ok(Attended {
             heads,
             context: ctx,
+        })
+    }
+
+    fn cache_write(
+        &self,
+        cache: &mut Self::Tensor,
+        new: &Self::Tensor,
+        shape: &CachedShape,
+        at: usize,
+    ) -> Result<()> {
+        let (kv, hd, cap) = (shape.num_kv_heads, shape.head_dim, shape.capacity);
+        let rows = new.len / (kv * hd);
+        // The kernel cannot check where it writes.
+        if cache.len != kv * cap * hd || at + rows > cap {
+            return Err(Error::Internal(format!(
+                "cache_write: {rows} rows at {at} into a cache of {} values, {kv} x {cap} x {hd}",
+                cache.len
+            )));
+        }
+        self.launch(
+            Kernel::CacheWrite,
+            new.len,
+            &mut [
+                Arg::Mut(cache.buf_mut()),
+                Arg::Ref(&new.buf),
+                Arg::I64(rows as i64),
+                Arg::I32(kv as i32),
+                Arg::I32(hd as i32),
+                Arg::I64(cap as i64),
+                Arg::I64(at as i64),
+            ],
+        )
+    }
+
+    fn attention_cached<R: Send>(
+        &self,
+        q: &Self::Tensor,
+        keys: &Self::Tensor,
+        values: &Self::Tensor,
+        shape: &CachedShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Self::Tensor>> {
+        let (nh, hd, len, n) = (shape.num_heads, shape.head_dim, shape.queries, shape.keys());
+        let mut scores = self.zeros_f32(nh * len * n)?;
+        let mut probs = self.zeros_f32(nh * len * n)?;
+        let mut ctx = self.zeros_f32(len * nh * hd)?;
+        self.launch(
+            Kernel::AttentionCached,
+            len * nh,
+            &mut [
+                Arg::Mut(&mut scores.buf),
+                Arg::Mut(&mut probs.buf),
+                Arg::Mut(&mut ctx.buf),
+                Arg::Ref(&q.buf),
+                Arg::Ref(&keys.buf),
+                Arg::Ref(&values.buf),
+                Arg::I64(len as i64),
+                Arg::I64(shape.offset as i64),
+                Arg::I64(shape.capacity as i64),
+                Arg::I32(nh as i32),
+                Arg::I32(shape.num_kv_heads as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(shape.window.unwrap_or(0) as i32),
+                Arg::F32(shape.scale),
+                self.bf16(),
+            ],
+        )?;
+        // The visitor's type says nothing of what it reads, so every head's scores and
+        // probabilities come back, as the CPU hands them over: `[len, keys]` per head, only the
+        // filled positions (the cache itself stays on the device).
+        let (scores, probs) = (self.to_host(&scores)?, self.to_host(&probs)?);
+        let per_head = len * n;
+        let heads = (0..nh)
+            .into_par_iter()
+            .map(|h| {
+                let at = h * per_head..(h + 1) * per_head;
+                visit(&HeadView {
+                    prompt: 0,
+                    head: h,
+                    len,
+                    keys: n,
+                    offset: shape.offset,
+                    scores: &scores[at.clone()],
+                    probs: &probs[at],
+                    causal: true,
+                    window: shape.window,
+                })
+            })
+            .collect();
+        Ok(Attended {
+            heads,
+            context: Some(ctx),
         })
     }
 
