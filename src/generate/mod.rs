@@ -3,6 +3,7 @@
 //! `candle-transformers/src/generation`, it sits in a room of its own above the forward pass: the
 //! forward stack knows nothing of sampling or stopping.
 
+pub mod answer;
 pub mod capture;
 pub mod config;
 pub mod decode;
