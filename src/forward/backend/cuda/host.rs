@@ -464,6 +464,74 @@ mod tests {
         cached_attention_matches(&bf16_mode, 2f32.powi(-8));
     }
 
+    /// The cached attention in groups of heads under a tiny budget gives the single launch's
+    /// heads, scores, probabilities and context bit for bit: grouped-query attention (6 heads
+    /// over 2 KV heads) within a window of 4, a prefill of 7 rows then a decode step, in groups
+    /// of 1, 2 and 4 + 2 heads (the last smaller than the buffers it reuses). Each group's
+    /// scores and probabilities come back on their own.
+    #[test]
+    fn the_cached_attention_in_groups_of_heads_gives_the_single_launchs_bits() {
+        use crate::forward::backend::{CachedShape, HeadView};
+
+        let (nh, nkv, hd, capacity) = (6, 2, 8, 12);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let seen = |h: &HeadView| (h.head, bits(h.scores), bits(h.probs));
+        for precision in [Precision::F32, Precision::Bf16] {
+            let gpu = CudaBackend::new(HostDevice::default(), precision);
+            let round = |v: Vec<f32>| v.into_iter().map(|x| precision.round(x)).collect();
+            let mut keys = gpu.zeros(capacity, nkv * hd).unwrap();
+            let mut values = gpu.zeros(capacity, nkv * hd).unwrap();
+            for (offset, queries) in [(0, 7), (7, 1)] {
+                let shape = CachedShape {
+                    num_heads: nh,
+                    num_kv_heads: nkv,
+                    head_dim: hd,
+                    capacity,
+                    queries,
+                    offset,
+                    window: Some(4),
+                    scale: (hd as f32).powf(-0.5),
+                };
+                let fresh = |seed| gpu.upload(round(spread(queries * nkv * hd, seed))).unwrap();
+                gpu.cache_write(&mut keys, &fresh(offset as u32), &shape, offset)
+                    .unwrap();
+                gpu.cache_write(&mut values, &fresh(offset as u32 + 1), &shape, offset)
+                    .unwrap();
+                let q = gpu
+                    .upload(round(spread(queries * nh * hd, offset as u32 + 2)))
+                    .unwrap();
+                let whole = gpu
+                    .attention_cached(&q, &keys, &values, &shape, &seen)
+                    .unwrap();
+                assert_eq!(whole.heads.len(), nh);
+                let whole_ctx = bits(&gpu.to_host(&whole.context.unwrap()).unwrap());
+                let per_head = queries * shape.keys();
+                for (budget, groups) in [
+                    (0, vec![1; 6]),
+                    (2 * per_head, vec![2, 2, 2]),
+                    (4 * per_head, vec![4, 2]),
+                ] {
+                    gpu.device().transfers.lock().unwrap().clear();
+                    let grouped = gpu
+                        .attention_cached_within(&q, &keys, &values, &shape, &seen, budget)
+                        .unwrap();
+                    let moved = std::mem::take(&mut *gpu.device().transfers.lock().unwrap());
+                    let each: Vec<_> = groups
+                        .iter()
+                        .flat_map(|g| [(Transfer::Download, g * per_head * 4); 2])
+                        .collect();
+                    assert_eq!(moved, each, "{precision} at {offset}, budget {budget}");
+                    assert_eq!(
+                        grouped.heads, whole.heads,
+                        "{precision} at {offset}, {budget}"
+                    );
+                    let ctx = bits(&gpu.to_host(&grouped.context.unwrap()).unwrap());
+                    assert_eq!(ctx, whole_ctx, "{precision} at {offset}, budget {budget}");
+                }
+            }
+        }
+    }
+
     /// A decode step copies no weight to the device (weights take the copy stream, and only
     /// they) and moves no cache either way: every copy is smaller than one layer's keys. The held
     /// matrices keep the checkpoint's bf16 bytes.

@@ -283,21 +283,25 @@ KERNEL void cache_write(float* cache, const float* fresh, long long rows, int kv
 // Attention of `queries` new rows, at positions offset..offset + queries, over a KV cache
 // (`cache_write`'s layout, positions 0..offset + queries filled), one thread per (query, head)
 // through `attend_query`: causal by position, within `window` keys when window > 0. q and ctx
-// are [queries, heads * head_dim]; scores and probs [heads, queries, offset + queries].
+// are [queries, heads * head_dim]. A launch covers heads first_head..first_head + group_heads (a
+// group whose scores fit the backend's budget, docs/reference/gpu.md): scores and probs are
+// [group_heads, queries, offset + queries], the group's heads only; ctx gets their columns.
 KERNEL void attention_cached(float* scores, float* probs, float* ctx, const float* q,
                              const float* keys_cache, const float* values_cache,
                              long long queries, long long offset, long long capacity, int heads,
-                             int kv_heads, int head_dim, int window, float scale, int bf16) {
+                             int first_head, int group_heads, int kv_heads, int head_dim,
+                             int window, float scale, int bf16) {
     long long t = SINKMERGE_INDEX;
-    if (t >= queries * heads) return;
-    int h = (int)(t % heads);
-    long long qi = t / heads;
+    if (t >= queries * group_heads) return;
+    int local = (int)(t % group_heads);
+    int h = first_head + local;
+    long long qi = t / group_heads;
     long long keys = offset + queries;
     long long pos = offset + qi;
     long long g = h / (heads / kv_heads);
     long long at = qi * heads * head_dim + (long long)h * head_dim;
     long long kv_head = g * capacity * head_dim;
-    long long base = ((long long)h * queries + qi) * keys;
+    long long base = ((long long)local * queries + qi) * keys;
     attend_query(scores + base, probs + base, ctx + at, q + at, keys_cache + kv_head,
                  values_cache + kv_head, head_dim, keys, first_key(pos, window), pos, head_dim,
                  scale, bf16);

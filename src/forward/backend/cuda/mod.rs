@@ -19,8 +19,9 @@
 //! - Embedding rows are gathered on the host (the recipe does), so the embedding matrix never
 //!   reaches the device.
 //! - Attention runs one thread per (token, head) over all prompts of a layer at once, in groups
-//!   of whole prompts whose scores fit [`SCORES_BUDGET`]; each group's scores and probabilities
-//!   come back to the host for the same metric visitors the CPU feeds.
+//!   of whole prompts whose scores fit [`SCORES_BUDGET`] (a KV cache's attention, in groups of
+//!   whole heads); each group's scores and probabilities come back to the host for the same
+//!   metric visitors the CPU feeds.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -44,7 +45,8 @@ mod parity_tests;
 pub use device::{Arg, Device, Gemm, Kernel, Op};
 
 /// Score and probability values one attention group may hold on the device (each; 1 GiB of
-/// f32). A layer's prompts are split into groups of whole prompts under it.
+/// f32). A layer's prompts are split into groups of whole prompts under it, a cached
+/// attention's heads into groups of whole heads.
 const SCORES_BUDGET: usize = 1 << 28;
 
 /// An f32 matrix on the device.
@@ -143,14 +145,14 @@ fn kernel_kind(act: Activation) -> i32 {
     }
 }
 
-/// Prompts `groups[i]` of a layer: consecutive whole prompts whose `heads * len²` scores sum to
-/// at most `budget` (a longer prompt forms a group of its own).
-fn attention_groups(prompts: &[Range<usize>], heads: usize, budget: usize) -> Vec<Range<usize>> {
+/// Items `groups[i]` of an attention (whole prompts, or a cached attention's whole heads):
+/// consecutive items whose `sizes` (score values each) sum to at most `budget` (a larger item
+/// forms a group of its own, so every group has at least one).
+fn attention_groups(sizes: &[usize], budget: usize) -> Vec<Range<usize>> {
     let mut groups = Vec::new();
     let mut start = 0;
     let mut used = 0;
-    for (i, r) in prompts.iter().enumerate() {
-        let size = heads * r.len() * r.len();
+    for (i, &size) in sizes.iter().enumerate() {
         if i > start && used + size > budget {
             groups.push(start..i);
             start = i;
@@ -158,8 +160,8 @@ fn attention_groups(prompts: &[Range<usize>], heads: usize, budget: usize) -> Ve
         }
         used += size;
     }
-    if start < prompts.len() {
-        groups.push(start..prompts.len());
+    if start < sizes.len() {
+        groups.push(start..sizes.len());
     }
     groups
 }
@@ -271,6 +273,83 @@ impl<D: Device> CudaBackend<D> {
             self.round(&mut out)?;
         }
         Ok(out)
+    }
+
+    /// [`Backend::attention_cached`] in groups of whole heads whose scores (`queries * keys`
+    /// values a head) sum to at most `budget` (a larger head is a group alone: a visitor reads a
+    /// head's whole `[queries, keys]`). Besides `ctx`, the device holds two buffers, the
+    /// scores and the probabilities, of at most `max(budget, queries * keys)` f32 each (1 GiB at
+    /// [`SCORES_BUDGET`] unless one head is larger), and the host one group's copies of them,
+    /// where a single launch held `heads * queries * keys` each: quadratic in a prefill's length.
+    /// Each thread computes what it did in one launch, so the results are the same bits.
+    fn attention_cached_within<R: Send>(
+        &self,
+        q: &DeviceTensor<D::Buffer>,
+        keys: &DeviceTensor<D::Buffer>,
+        values: &DeviceTensor<D::Buffer>,
+        shape: &CachedShape,
+        visit: &Visitor<R>,
+        budget: usize,
+    ) -> Result<Attended<R, DeviceTensor<D::Buffer>>> {
+        let (nh, hd, len, n) = (shape.num_heads, shape.head_dim, shape.queries, shape.keys());
+        let per_head = len * n;
+        let groups = attention_groups(&vec![per_head; nh], budget);
+        // Every group but the last has the first's heads, so its buffers serve them all.
+        let most = groups.first().map_or(0, |g| g.len()) * per_head;
+        let mut scores = self.zeros_f32(most)?;
+        let mut probs = self.zeros_f32(most)?;
+        let mut ctx = self.zeros_f32(len * nh * hd)?;
+        let mut heads = Vec::with_capacity(nh);
+        for group in groups {
+            self.launch(
+                Kernel::AttentionCached,
+                len * group.len(),
+                &mut [
+                    Arg::Mut(&mut scores.buf),
+                    Arg::Mut(&mut probs.buf),
+                    Arg::Mut(&mut ctx.buf),
+                    Arg::Ref(&q.buf),
+                    Arg::Ref(&keys.buf),
+                    Arg::Ref(&values.buf),
+                    Arg::I64(len as i64),
+                    Arg::I64(shape.offset as i64),
+                    Arg::I64(shape.capacity as i64),
+                    Arg::I32(nh as i32),
+                    Arg::I32(group.start as i32),
+                    Arg::I32(group.len() as i32),
+                    Arg::I32(shape.num_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(shape.window.unwrap_or(0) as i32),
+                    Arg::F32(shape.scale),
+                    self.bf16(),
+                ],
+            )?;
+            // The visitor's type says nothing of what it reads, so every head's scores and
+            // probabilities come back, as the CPU hands them over: `[len, keys]` per head, only
+            // the filled positions (the cache itself stays on the device).
+            let bytes = 0..group.len() * per_head * 4;
+            let group_scores = f32s(&self.device.download(&scores.buf, bytes.clone())?);
+            let group_probs = f32s(&self.device.download(&probs.buf, bytes)?);
+            let first = group.start;
+            heads.par_extend(group.into_par_iter().map(|h| {
+                let at = (h - first) * per_head..(h - first + 1) * per_head;
+                visit(&HeadView {
+                    prompt: 0,
+                    head: h,
+                    len,
+                    keys: n,
+                    offset: shape.offset,
+                    scores: &group_scores[at.clone()],
+                    probs: &group_probs[at],
+                    causal: true,
+                    window: shape.window,
+                })
+            }));
+        }
+        Ok(Attended {
+            heads,
+            context: Some(ctx),
+        })
     }
 
     fn launch(&self, kernel: Kernel, threads: usize, args: &mut [Arg<D::Buffer>]) -> Result<()> {
@@ -525,15 +604,20 @@ impl<D: Device> Backend for CudaBackend<D> {
         // Stand-ins for the pointers a kernel without values never reads.
         let mut unused = self.zeros_f32(1)?;
         let mut heads = Vec::with_capacity(shape.prompts.len() * nh);
-        for group in attention_groups(shape.prompts, nh, SCORES_BUDGET) {
+        let sizes: Vec<usize> = shape
+            .prompts
+            .iter()
+            .map(|r| nh * r.len() * r.len())
+            .collect();
+        for group in attention_groups(&sizes, SCORES_BUDGET) {
             let prompts = &shape.prompts[group.clone()];
             let row_begin = prompts[0].start;
             let group_rows = prompts.last().map_or(0, |r| r.end) - row_begin;
             let mut offsets = Vec::with_capacity(prompts.len());
             let mut total = 0usize;
-            for r in prompts {
+            for &size in &sizes[group.clone()] {
                 offsets.push(total);
-                total += nh * r.len() * r.len();
+                total += size;
             }
             let row_prompt = prompts
                 .iter()
@@ -647,57 +731,7 @@ impl<D: Device> Backend for CudaBackend<D> {
         shape: &CachedShape,
         visit: &Visitor<R>,
     ) -> Result<Attended<R, Self::Tensor>> {
-        let (nh, hd, len, n) = (shape.num_heads, shape.head_dim, shape.queries, shape.keys());
-        let mut scores = self.zeros_f32(nh * len * n)?;
-        let mut probs = self.zeros_f32(nh * len * n)?;
-        let mut ctx = self.zeros_f32(len * nh * hd)?;
-        self.launch(
-            Kernel::AttentionCached,
-            len * nh,
-            &mut [
-                Arg::Mut(&mut scores.buf),
-                Arg::Mut(&mut probs.buf),
-                Arg::Mut(&mut ctx.buf),
-                Arg::Ref(&q.buf),
-                Arg::Ref(&keys.buf),
-                Arg::Ref(&values.buf),
-                Arg::I64(len as i64),
-                Arg::I64(shape.offset as i64),
-                Arg::I64(shape.capacity as i64),
-                Arg::I32(nh as i32),
-                Arg::I32(shape.num_kv_heads as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(shape.window.unwrap_or(0) as i32),
-                Arg::F32(shape.scale),
-                self.bf16(),
-            ],
-        )?;
-        // The visitor's type says nothing of what it reads, so every head's scores and
-        // probabilities come back, as the CPU hands them over: `[len, keys]` per head, only the
-        // filled positions (the cache itself stays on the device).
-        let (scores, probs) = (self.to_host(&scores)?, self.to_host(&probs)?);
-        let per_head = len * n;
-        let heads = (0..nh)
-            .into_par_iter()
-            .map(|h| {
-                let at = h * per_head..(h + 1) * per_head;
-                visit(&HeadView {
-                    prompt: 0,
-                    head: h,
-                    len,
-                    keys: n,
-                    offset: shape.offset,
-                    scores: &scores[at.clone()],
-                    probs: &probs[at],
-                    causal: true,
-                    window: shape.window,
-                })
-            })
-            .collect();
-        Ok(Attended {
-            heads,
-            context: Some(ctx),
-        })
+        self.attention_cached_within(q, keys, values, shape, visit, SCORES_BUDGET)
     }
 
     fn layer_norm(
@@ -887,11 +921,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn attention_groups_hold_whole_prompts_under_the_budget() {
-        let prompts = [0..4, 4..6, 6..16, 16..17];
-        // heads 1: sizes 16, 4, 100, 1.
-        assert_eq!(attention_groups(&prompts, 1, 20), vec![0..2, 2..3, 3..4]);
-        assert_eq!(attention_groups(&prompts, 1, 1000), vec![0..4]);
-        assert!(attention_groups(&[], 4, 10).is_empty());
+    fn attention_groups_hold_whole_items_under_the_budget() {
+        // Prompts of 4, 2, 10 and 1 tokens, one head.
+        let sizes = [16, 4, 100, 1];
+        assert_eq!(attention_groups(&sizes, 20), vec![0..2, 2..3, 3..4]);
+        assert_eq!(attention_groups(&sizes, 1000), vec![0..4]);
+        assert!(attention_groups(&[], 10).is_empty());
     }
 }
