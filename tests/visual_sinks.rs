@@ -305,3 +305,172 @@ fn bad_input_is_refused_with_nothing_written() {
         assert!(!csv.exists());
     }
 }
+
+/// The rendered multiple-choice question of the `--answers` tests (docs/reference/answers.md).
+const COLOUR_QUESTION: &str = "Which colour is the square?";
+
+/// `--answers` against `generate`: the unedited and edited answers are `generate`'s own greedy
+/// answers to the same rendered question, without and with `--edit remove` (the same gate and
+/// seed), and the KL is `generate --teacher-force --edit remove`'s along the unedited answer.
+/// `generate` is itself checked token for token against transformers (tests/generate.rs).
+#[test]
+fn answers_are_generate_s_own_without_and_with_the_edit() {
+    let image = "tests/fixtures/images/scene_100x75.png";
+    let qwen = "tests/fixtures/vlm/qwen3_vl";
+    let got = sinkmerge([
+        "visual-sinks",
+        qwen,
+        "--image",
+        image,
+        "--question",
+        COLOUR_QUESTION,
+        "--options",
+        "red",
+        "blue",
+        "green",
+        "--answer",
+        "blue",
+        "--edit",
+        "remove",
+        "--gate",
+        "0.2",
+        "--answers",
+        "--max-new-tokens",
+        "6",
+        "--json",
+    ])
+    .json();
+    let a = &got["images"][0]["answers"];
+    let prompt = format!(
+        "<image>{COLOUR_QUESTION}\nA. red\nB. blue\nC. green\nAnswer with the option's letter \
+         from the given choices directly."
+    );
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            qwen,
+            "--image",
+            image,
+            "--prompt",
+            &prompt,
+            "--chat",
+            "--greedy",
+            "--max-new-tokens",
+            "6",
+            "--json",
+        ];
+        args.extend(extra);
+        sinkmerge(&args).json()
+    };
+    let edit = ["--edit", "remove", "--gate", "0.2"];
+    let plain = generate(&[]);
+    let edited = generate(&edit);
+    assert_eq!(a["before"]["generated_ids"], plain["generated_ids"]);
+    assert_eq!(a["after"]["generated_ids"], edited["generated_ids"]);
+    assert_eq!(a["before"]["text"], plain["text"]);
+    assert_eq!(
+        edited["edit"]["edited_rows"]
+            .as_object()
+            .map(|o| o.values().any(|r| r != &Value::Array(vec![]))),
+        Some(true),
+        "the gate edits some rows, so the edited answer is a real comparison"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let forced = dir.path().join("forced.json");
+    let ids = serde_json::json!({ "token_ids": plain["generated_ids"] });
+    std::fs::write(&forced, ids.to_string()).unwrap();
+    let mut args = vec![
+        "generate",
+        qwen,
+        "--image",
+        image,
+        "--prompt",
+        &prompt,
+        "--chat",
+        "--teacher-force",
+        forced.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(edit);
+    let scored = sinkmerge(&args).json();
+    let kl: Vec<f64> = (scored["positions"].as_array().unwrap().iter())
+        .map(|p| p["kl"].as_f64().unwrap())
+        .collect();
+    let got_kl: Vec<f64> = (a["kl"].as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(got_kl, kl);
+    assert_eq!(a["mean_kl"], scored["mean_kl"]);
+    assert!(
+        got_kl.iter().any(|&k| k > 0.0),
+        "the edit changes the distribution"
+    );
+
+    assert_eq!(a["expected"], "B");
+    for run in ["before", "after"] {
+        let read = &a[run]["answer"];
+        assert_eq!(a[run]["correct"], Value::Bool(read == "B"), "{run}: {a}");
+    }
+    let agree = a["before"]["answer"] == a["after"]["answer"]
+        && (!a["before"]["answer"].is_null() || a["before"]["text"] == a["after"]["text"]);
+    assert_eq!(a["agree"], agree);
+    let total = &got["answers"];
+    assert_eq!(total["prompts"], 1);
+    assert_eq!(total["with_answer"], 1);
+    let right = |run: &str| if a[run]["correct"] == true { 1.0 } else { 0.0 };
+    assert_eq!(total["accuracy_before"], right("before"));
+    assert_eq!(total["accuracy_after"], right("after"));
+    assert_eq!(total["agreement"], if agree { 1.0 } else { 0.0 });
+}
+
+#[test]
+fn bad_answers_are_refused_with_nothing_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = root().join("tests/fixtures/images/scene_100x75.png");
+    let image = image.to_str().unwrap();
+    let qwen = "tests/fixtures/vlm/qwen3_vl";
+    let manifest = dir.path().join("m.jsonl");
+    let line = serde_json::json!({
+        "image": image, "question": COLOUR_QUESTION,
+        "options": ["red", "blue"], "answer": "green",
+    });
+    std::fs::write(&manifest, format!("{line}\n")).unwrap();
+    refused_without_output(
+        &[
+            qwen,
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--edit",
+            "remove",
+            "--answers",
+        ],
+        &["m.jsonl:1", "\"green\"", "not among its options"],
+    );
+    refused_without_output(
+        &[qwen, "--image", image, "--question", "Hi", "--answers"],
+        &["--answers", "--edit remove"],
+    );
+    let raw = dir.path().join("raw.jsonl");
+    let line = serde_json::json!({
+        "image": image, "prompt": "<image>Hi", "options": ["red", "blue"],
+    });
+    std::fs::write(&raw, format!("{line}\n")).unwrap();
+    refused_without_output(
+        &[qwen, "--manifest", raw.to_str().unwrap()],
+        &["raw.jsonl:1", "options belong to a `question`"],
+    );
+    refused_without_output(
+        &[
+            qwen,
+            "--image",
+            image,
+            "--question",
+            "Hi",
+            "--options",
+            "red",
+            "red",
+        ],
+        &["--question", "option B repeats"],
+    );
+}

@@ -27,6 +27,11 @@ pub struct Line {
     pub target_box: Option<[f64; 4]>,
     /// The processor's output as a safetensors file, as `--pixel-values` takes it.
     pub pixel_values: Option<PathBuf>,
+    /// The expected answer: free text, or one of `options` (its text or letter).
+    pub answer: Option<String>,
+    /// A multiple-choice question's options (`docs/reference/answers.md`).
+    #[serde(default)]
+    pub options: Vec<String>,
 }
 
 /// `image`: one path or a list.
@@ -48,6 +53,9 @@ pub struct Entry {
     pub chat: bool,
     pub target_box: Option<[f64; 4]>,
     pub pixel_values: Option<PathBuf>,
+    /// The expected answer and a multiple-choice question's options, as written.
+    pub answer: Option<String>,
+    pub options: Vec<String>,
 }
 
 /// Every line of the manifest at `path` (`-`: standard input, paths then relative to the current
@@ -87,6 +95,8 @@ pub fn read(path: &Path) -> Result<Vec<Entry>> {
             chat,
             target_box: line.target_box,
             pixel_values: line.pixel_values.map(|p| dir.join(p)),
+            answer: line.answer,
+            options: line.options,
         });
     }
     if entries.is_empty() {

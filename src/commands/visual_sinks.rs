@@ -11,11 +11,21 @@ use crate::checkpoint::output::{write_file_atomic, OutputDir, OutputKind, Output
 use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::forward::backend::Backend;
+use crate::forward::cache::KvCache;
+use crate::forward::capture;
+use crate::forward::decoder::KeyEdit;
 use crate::forward::device::{BackendJob, ComputeDevice};
 use crate::forward::model::DecoderSpec;
 use crate::forward::precision::Precision;
+use crate::forward::resident::Resident;
 use crate::forward::vlm::{image_rows, Placeholders, IMAGE_MARKER};
 use crate::forward::weights::Model;
+use crate::generate::answer;
+use crate::generate::config::{GenerationConfig, Overrides, Settings as GenerationSettings};
+use crate::generate::decode::{decode, Stops};
+use crate::generate::sampling::Sampler;
+use crate::generate::sequence::Sequence;
+use crate::generate::teacher::{forced_logits, kl_per_position, mean};
 use crate::image::{Grid, Processor};
 use crate::report::json_text;
 use crate::sink::visual::aggregate::{aggregate, Aggregate};
@@ -91,6 +101,26 @@ pub struct Args {
     #[command(flatten)]
     pub key_edit: KeyEditArgs,
 
+    /// With an edit: also generate each question's answer (greedy, the model's generation
+    /// config) without and with the edit, and report their accuracy, agreement and the KL along
+    /// the unedited answer (the paper's Table 2 at answer level)
+    #[arg(long)]
+    pub answers: bool,
+
+    /// The expected answer of --question: free text, or one of --options (its text or letter)
+    #[arg(long, value_name = "TEXT", requires = "question")]
+    pub answer: Option<String>,
+
+    /// The options of a multiple-choice --question, shown lettered below it
+    /// (docs/reference/answers.md)
+    #[arg(long, value_name = "TEXT", num_args = 2.., requires = "question")]
+    pub options: Vec<String>,
+
+    /// New tokens of each answer with --answers (lmms-eval's V* Bench setting)
+    #[arg(long, value_name = "N", default_value_t = 16, requires = "answers",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_new_tokens: u64,
+
     /// Seed of the controls and of align's token choice
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub seed: u64,
@@ -157,6 +187,8 @@ fn items(args: &Args) -> Result<Vec<Item>> {
             chat: true,
             target_box: args.target_box,
             pixel_values: args.pixel_values.clone(),
+            answer: args.answer.clone(),
+            options: args.options.clone(),
         }],
         (None, None, Some(p)) => vec![Item {
             origin: "--prompt".into(),
@@ -165,6 +197,8 @@ fn items(args: &Args) -> Result<Vec<Item>> {
             chat: false,
             target_box: args.target_box,
             pixel_values: args.pixel_values.clone(),
+            answer: None,
+            options: Vec::new(),
         }],
         _ => bail!("give --question, --prompt or --manifest"),
     };
@@ -195,6 +229,15 @@ fn items(args: &Args) -> Result<Vec<Item>> {
                     item.images.len()
                 );
             }
+        }
+        if !item.options.is_empty() {
+            if !item.chat {
+                bail!("{o}: options belong to a `question`, not a raw `prompt`");
+            }
+            answer::check_options(&item.options, o)?;
+        }
+        if let Some(a) = &item.answer {
+            answer::expected(a, &item.options, o)?;
         }
         if let Some(b) = item.target_box {
             if item.images.len() != 1 {
@@ -259,7 +302,10 @@ fn prepare(
     }
     let counts = prompter.image_tokens(&pixels)?;
     let text = if item.chat {
-        format!("{IMAGE_MARKER}{}", item.text)
+        format!(
+            "{IMAGE_MARKER}{}",
+            answer::question_text(&item.text, &item.options)
+        )
     } else {
         item.text.clone()
     };
@@ -357,13 +403,181 @@ struct Job<'a> {
     merge: usize,
     items: Vec<Item>,
     settings: &'a Settings,
+    answers: Option<AnswerSettings<'a>>,
     progress: bool,
 }
 
-impl BackendJob for Job<'_> {
-    type Output = Vec<(Prepared, Measurement)>;
+/// What `--answers` runs with besides the measurement's settings.
+struct AnswerSettings<'a> {
+    key_edit: &'a KeyEditArgs,
+    seed: u64,
+    /// Greedy, the model's generation config otherwise (`docs/commands/generate.md`).
+    generation: GenerationSettings,
+}
 
-    fn run<B: Backend>(self, backend: &B) -> Result<Vec<(Prepared, Measurement)>> {
+/// One generated answer.
+#[derive(Serialize)]
+struct AnswerRun {
+    text: String,
+    generated_ids: Vec<u32>,
+    /// The answer read from the text (`docs/reference/answers.md`): an option's letter, or the
+    /// normalised text; null when nothing is read.
+    answer: Option<String>,
+    /// Whether it is the expected answer; null without one.
+    correct: Option<bool>,
+}
+
+/// `--answers`: one prompt's answer without and with the edit.
+#[derive(Serialize)]
+struct Answers {
+    /// The expected answer, normalised as the read answers are.
+    expected: Option<String>,
+    before: AnswerRun,
+    after: AnswerRun,
+    /// Whether the two read answers are the same (when neither is read: the same text).
+    agree: bool,
+    /// `KL(p_unedited ‖ p_edited)` in nats before each token of the unedited answer, that
+    /// answer forced under the edit.
+    kl: Vec<f64>,
+    mean_kl: f64,
+}
+
+/// `--answers` over every prompt that has them.
+#[derive(Serialize)]
+struct AnswersAggregate {
+    prompts: usize,
+    /// Prompts with an expected answer: the accuracies' denominator.
+    with_answer: usize,
+    accuracy_before: Option<f64>,
+    accuracy_after: Option<f64>,
+    agreement: f64,
+    mean_kl: f64,
+}
+
+impl AnswersAggregate {
+    fn of(all: &[&Answers]) -> Option<AnswersAggregate> {
+        if all.is_empty() {
+            return None;
+        }
+        let n = all.len() as f64;
+        let scored: Vec<&&Answers> = all.iter().filter(|a| a.expected.is_some()).collect();
+        let accuracy = |run: fn(&Answers) -> &AnswerRun| {
+            (!scored.is_empty()).then(|| {
+                let right = scored
+                    .iter()
+                    .filter(|a| run(a).correct == Some(true))
+                    .count();
+                right as f64 / scored.len() as f64
+            })
+        };
+        Some(AnswersAggregate {
+            prompts: all.len(),
+            with_answer: scored.len(),
+            accuracy_before: accuracy(|a| &a.before),
+            accuracy_after: accuracy(|a| &a.after),
+            agreement: all.iter().filter(|a| a.agree).count() as f64 / n,
+            mean_kl: all.iter().map(|a| a.mean_kl).sum::<f64>() / n,
+        })
+    }
+}
+
+/// `p`'s answer generated greedily without and with `a`'s edit, and the KL along the unedited
+/// answer. The edit's text sinks come from one unedited pass, as `generate --edit` finds them.
+#[allow(clippy::too_many_arguments)]
+fn answers<'a, B: Backend>(
+    backend: &B,
+    model: &Model<'a>,
+    weights: &Resident<'a, B>,
+    prompter: &Prompter,
+    p: &Prepared,
+    pixels: &PixelData,
+    a: &AnswerSettings,
+) -> Result<Answers> {
+    let prompt = prompter.prompt(p.ids.clone(), Some(pixels))?;
+    let encoded = capture::encode(backend, model, &prompt)?;
+    let encoded = encoded.as_ref();
+    let (vs, sinks, positions) = super::generate::probe(
+        a.key_edit,
+        a.seed,
+        model,
+        prompter,
+        backend,
+        encoded,
+        Some(pixels),
+        &p.ids,
+    )?;
+    let editor = visual::editor(&vs, &model.spec, sinks, &positions, false, None);
+    let max_position = model.spec.max_position_embeddings;
+    let max_new = (a.generation).max_new_tokens(p.ids.len(), Some(max_position))?;
+    let capacity = p.ids.len() + max_new;
+    crate::forward::memory::check(
+        KvCache::<B::Tensor>::bytes(&model.spec, capacity),
+        &format!("{}: a KV cache of {capacity} tokens", p.item.origin),
+        "ask for fewer --max-new-tokens",
+    )?;
+    let eos = a.generation.eos_token_id.value.clone();
+    let stops = Stops {
+        eos: &eos,
+        strings: &[],
+        max_new_tokens: max_new,
+    };
+    let generate = |edit: Option<&dyn KeyEdit>| -> Result<Vec<u32>> {
+        let (mut seq, logits) =
+            Sequence::prefilled(model, backend, weights, &prompt, encoded, capacity, edit)?;
+        let mut sampler = Sampler::new(&a.generation, 0);
+        let text = |ids: &[u32]| prompter.decode(ids);
+        let generated = decode(&mut seq, logits, &mut sampler, &stops, &text, &mut |_| {
+            Ok(())
+        })?;
+        Ok(generated.ids)
+    };
+    let before_ids = generate(None)?;
+    let after_ids = generate(Some(&editor))?;
+    let plain = forced_logits(model, backend, weights, &prompt, encoded, &before_ids, None)?;
+    let edited = forced_logits(
+        model,
+        backend,
+        weights,
+        &prompt,
+        encoded,
+        &before_ids,
+        Some(&editor),
+    )?;
+    let kl = kl_per_position(&plain, &edited);
+    let item = &p.item;
+    let expected = (item.answer.as_deref())
+        .map(|x| answer::expected(x, &item.options, &item.origin))
+        .transpose()?;
+    let run_of = |ids: Vec<u32>| -> Result<AnswerRun> {
+        let text = prompter.decode(&ids)?;
+        let read = answer::read(&text, &item.options);
+        Ok(AnswerRun {
+            correct: expected.as_ref().map(|e| read.as_ref() == Some(e)),
+            answer: read,
+            text,
+            generated_ids: ids,
+        })
+    };
+    let (before, after) = (run_of(before_ids)?, run_of(after_ids)?);
+    let agree =
+        before.answer == after.answer && (before.answer.is_some() || before.text == after.text);
+    Ok(Answers {
+        expected,
+        mean_kl: mean(&kl),
+        kl,
+        before,
+        after,
+        agree,
+    })
+}
+
+/// One prompt's results: its preparation, measurement and, with `--answers`, its answers.
+type PromptResult = (Prepared, Measurement, Option<Answers>);
+
+impl BackendJob for Job<'_> {
+    type Output = Vec<PromptResult>;
+
+    fn run<B: Backend>(self, backend: &B) -> Result<Vec<PromptResult>> {
         let passes = 1 + match (self.settings.edit, self.settings.controls) {
             (EditKind::None, _) => 0,
             (_, false) => 1,
@@ -371,6 +585,11 @@ impl BackendJob for Job<'_> {
         };
         let steps = self.items.len() * (passes * (self.model.spec.num_layers() + 1) + 1);
         let bar = crate::progress::items(steps as u64, "visual-sinks", self.progress);
+        // Held for every answer's decode steps; mapped, not copied, on the CPU.
+        let weights = match self.answers {
+            Some(_) => Some(Resident::load(backend, self.model)?),
+            None => None,
+        };
         let mut out = Vec::new();
         for item in self.items {
             let (p, pixels) = prepare(item, self.prompter, self.processor, self.merge)?;
@@ -384,7 +603,19 @@ impl BackendJob for Job<'_> {
                 bar.set_message(stage.to_string());
                 bar.inc(1);
             })?;
-            out.push((p, m));
+            let answered = match (&self.answers, &weights) {
+                (Some(a), Some(w)) => Some(answers(
+                    backend,
+                    self.model,
+                    w,
+                    self.prompter,
+                    &p,
+                    &pixels,
+                    a,
+                )?),
+                _ => None,
+            };
+            out.push((p, m, answered));
         }
         bar.finish_and_clear();
         Ok(out)
@@ -413,6 +644,9 @@ struct ImageOut<'r> {
     target_box: Option<[f64; 4]>,
     #[serde(flatten)]
     report: &'r ImageReport,
+    /// With `--answers`: its prompt's (every image of a prompt carries the same).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answers: Option<&'r Answers>,
 }
 
 #[derive(Serialize)]
@@ -430,11 +664,17 @@ struct Report<'r> {
     layers: &'r [usize],
     images: Vec<ImageOut<'r>>,
     aggregate: Aggregate,
+    /// With `--answers`: over the prompts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answers: Option<AnswersAggregate>,
 }
 
 pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
     // Everything checkable before the model is opened.
     args.key_edit.check()?;
+    if args.answers && args.key_edit.edit == EditKind::None {
+        bail!("--answers compares the answers without and with an edit: give --edit remove or --edit align");
+    }
     let outputs = Outputs::new(args.force)
         .output("--csv", args.csv.as_deref(), OutputKind::File)
         .output("--plot", args.plot.as_deref(), OutputKind::Figures);
@@ -457,6 +697,22 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         .and_then(|v| v.as_u64())
         .unwrap_or(2) as usize;
     let settings = args.settings(model.spec.num_layers())?;
+    let answer_settings = if args.answers {
+        let greedy = Overrides {
+            do_sample: Some(false),
+            max_new_tokens: Some(args.max_new_tokens as usize),
+            ..Overrides::default()
+        };
+        Some(AnswerSettings {
+            key_edit: &args.key_edit,
+            seed: args.seed,
+            generation: GenerationConfig::read(&ckpt.dir)?
+                .with(&greedy)?
+                .with_model_eos(&ckpt.config),
+        })
+    } else {
+        None
+    };
     let job = Job {
         model: &model,
         prompter: &prompter,
@@ -464,10 +720,18 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         merge,
         items,
         settings: &settings,
+        answers: answer_settings,
         progress,
     };
     let (measured, _gpu) = args.device.run(args.precision, job)?;
-    let (prepared, measurements): (Vec<Prepared>, Vec<Measurement>) = measured.into_iter().unzip();
+    let mut prepared = Vec::new();
+    let mut measurements = Vec::new();
+    let mut answered = Vec::new();
+    for (p, m, a) in measured {
+        prepared.push(p);
+        measurements.push(m);
+        answered.push(a);
+    }
 
     let mut images = Vec::new();
     for (pi, (p, m)) in prepared.iter().zip(&measurements).enumerate() {
@@ -478,6 +742,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
                 image: p.item.images[ii].display().to_string(),
                 target_box: p.item.target_box,
                 report,
+                answers: answered[pi].as_ref(),
             });
         }
     }
@@ -496,6 +761,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         layers: &settings.layers,
         images,
         aggregate: aggregate(&all),
+        answers: AnswersAggregate::of(&answered.iter().flatten().collect::<Vec<_>>()),
     };
 
     // Outputs: each complete or absent.
@@ -623,6 +889,39 @@ fn render_text(r: &Report) -> String {
             }
         }
         out.push('\n');
+    }
+    let mut shown = std::collections::BTreeSet::new();
+    for image in &r.images {
+        let Some(a) = image.answers.filter(|_| shown.insert(image.prompt)) else {
+            continue;
+        };
+        let run = |x: &AnswerRun| {
+            let verdict = match x.correct {
+                Some(true) => " (correct)",
+                Some(false) => " (wrong)",
+                None => "",
+            };
+            format!("{}{verdict}", x.answer.as_deref().unwrap_or("unread"))
+        };
+        out.push_str(&format!(
+            "prompt {} answers: unedited {}, edited {}, {}, mean KL {}\n",
+            image.prompt,
+            run(&a.before),
+            run(&a.after),
+            if a.agree { "agree" } else { "differ" },
+            fmt(a.mean_kl)
+        ));
+    }
+    if let Some(a) = &r.answers {
+        out.push_str(&format!(
+            "answers over {} prompts ({} with an expected answer): accuracy {} -> {}, agreement {}, mean KL {}\n",
+            a.prompts,
+            a.with_answer,
+            fmt_opt(a.accuracy_before),
+            fmt_opt(a.accuracy_after),
+            fmt(a.agreement),
+            fmt(a.mean_kl)
+        ));
     }
     if r.images.len() > 1 {
         let a = &r.aggregate;
@@ -857,12 +1156,13 @@ mod tests {
             merge: 2,
             items,
             settings: &settings,
+            answers: None,
             progress: false,
         };
         job.run(backend)
             .unwrap()
             .into_iter()
-            .map(|(_, m)| m)
+            .map(|(_, m, _)| m)
             .collect()
     }
 
