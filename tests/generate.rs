@@ -726,6 +726,13 @@ fn teacher_forcing_scores_a_continuation_and_the_edits_kl() {
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, br#"{"token_ids": [5, 100000]}"#).unwrap();
     base(&["--teacher-force", bad.to_str().unwrap()]).refused(&["bad.json", "position 1"]);
+
+    // --plot onto an input (the teacher-force file) or a directory: refused before the model
+    // runs, the file untouched.
+    let before = std::fs::read(&file).unwrap();
+    base(&["--teacher-force", f, "--plot", f]).refused(&["--plot", "generated.json"]);
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+    base(&["--teacher-force", f, "--plot", dir.path().to_str().unwrap()]).refused(&["--plot"]);
 }
 
 /// An image inserted in the middle of a sequence (`Sequence::insert`, the re-look's step): the
