@@ -495,7 +495,7 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         seed: args.seed,
         layers: &settings.layers,
         images,
-        aggregate: aggregate(&all),
+        aggregate: aggregate(&all, model.spec.num_layers()),
     };
 
     // Outputs: each complete or absent.
