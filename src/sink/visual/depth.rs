@@ -17,8 +17,8 @@ pub fn upper_half_start(num_layers: usize) -> usize {
 /// 18 and 21 of 36 layers, 14 and 16 of 28, and for any other depth n, `round(n·18/36)` and
 /// `round(n·21/36)` (halves up) made distinct: the second moves one layer deeper when the two
 /// coincide, or the first one shallower at the last layer. One layer when the model has one.
-/// `visual-sinks --plot` marks them on Figure 8; `relook` takes them unless `--selector-layers`
-/// overrides them.
+/// `visual-sinks --plot` marks them on Figure 8; the upcoming `relook` command is to take them
+/// unless its `--selector-layers` overrides them.
 pub fn selector_layers(num_layers: usize) -> Vec<usize> {
     let last = num_layers.saturating_sub(1);
     // round(n·k/36), halves up, in integers so that no depth rounds by float error.

@@ -592,7 +592,10 @@ mod tests {
         );
         assert_eq!(top1_in_box(&a, Some(&inside), |k| r[k] < 0.1), None);
         assert_eq!(top1_in_box(&a, None, |_| true), None);
-        assert_eq!(mean_present([Some(1.0), None, Some(0.0)].into_iter()), Some(0.5));
+        assert_eq!(
+            mean_present([Some(1.0), None, Some(0.0)].into_iter()),
+            Some(0.5)
+        );
         assert_eq!(mean_present([None].into_iter()), None);
     }
 
