@@ -2,7 +2,8 @@
 //! (transformers' eager attention, keys and values; tests/fixtures/visual_sinks/): every
 //! statistic of every case within 1e-5, on tiny Qwen3-VL and InternVL models and on the
 //! planted-sink model. The planted model's gate finds exactly its red tokens, and the remove edit
-//! moves their attention back to the text sink where the random-direction control does not. Bad
+//! moves their attention back to the text sink where the random-direction control does not; on
+//! its target image, masking or editing the sink moves the top-1 into the box (Table 10). Bad
 //! input: one line, exit 2, nothing written.
 
 use serde::Deserialize;
@@ -72,7 +73,7 @@ fn compare(got: &Value, want: &Value, path: &str, errors: &mut Vec<String>) {
 #[test]
 fn every_statistic_matches_the_reference() {
     let cases = cases();
-    assert!(cases.len() >= 7);
+    assert!(cases.len() >= 8);
     for case in &cases {
         let mut args = vec!["visual-sinks".to_string(), case.model.clone()];
         args.extend(case.args.iter().cloned());
@@ -153,6 +154,132 @@ fn the_gate_finds_exactly_the_planted_tokens_and_remove_sends_their_attention_ho
     assert_eq!(image["gate"]["precision"], 1.0);
     assert_eq!(image["gate"]["recall"], 1.0);
     assert_eq!(image["features"]["centered_cos"]["auc"], 1.0);
+}
+
+/// The planted target image and its box, the top-left cell (tests/fixtures/visual_sinks/planted/
+/// README.md, "The target image").
+const TARGET: [&str; 4] = [
+    "--image",
+    "tests/fixtures/visual_sinks/planted/target.png",
+    "--box",
+    "0,0,32,32",
+];
+
+fn planted_target(extra: &[&str]) -> Value {
+    let mut args = planted_args(&[]);
+    // The target image replaces planted_args' image.
+    args.drain(2..4);
+    args.extend(TARGET);
+    args.extend(extra);
+    args.push("--json");
+    sinkmerge(&args).current_dir(root()).json()
+}
+
+#[test]
+fn masking_or_editing_the_sink_moves_the_top1_into_the_box() {
+    let got = planted_target(&["--edit", "remove"]);
+    let image = &got["images"][0];
+    for layer in ["1", "2"] {
+        let l = &image["layers"][layer];
+        // The one sink, at about 20x uniform outside the box, is the raw top-1; nothing reaches 100x
+        // among 20 tokens, so the 100x mask leaves it, the 10x mask and the edit do not.
+        assert_eq!(l["sink_count"], 1, "layer {layer}");
+        assert_eq!(l["top1_in_box"], false, "layer {layer}");
+        assert_eq!(l["top1_in_box_masked_100"], false, "layer {layer}");
+        assert_eq!(l["top1_in_box_masked_10"], true, "layer {layer}");
+        assert_eq!(l["top1_in_box_edited"], true, "layer {layer}");
+    }
+    // Three layers: the upper half is layer 2 alone.
+    assert_eq!(
+        image["upper_half"],
+        serde_json::json!({
+            "top1_in_box": 0.0,
+            "top1_in_box_masked_100": 0.0,
+            "top1_in_box_masked_10": 1.0,
+            "top1_in_box_edited": 1.0,
+        })
+    );
+    assert_eq!(image["in_box_share_100"], Value::Null);
+
+    // Without an edit there is no edited map; without a box, no top-1 in it.
+    let unedited = planted_target(&[]);
+    assert_eq!(
+        unedited["images"][0]["layers"]["2"]["top1_in_box_edited"],
+        Value::Null
+    );
+    assert_eq!(
+        unedited["images"][0]["upper_half"]["top1_in_box_edited"],
+        Value::Null
+    );
+    let unboxed = planted(&[]);
+    for key in ["top1_in_box", "top1_in_box_masked_10"] {
+        assert_eq!(unboxed["images"][0]["layers"]["2"][key], Value::Null);
+        assert_eq!(unboxed["images"][0]["upper_half"][key], Value::Null);
+    }
+}
+
+/// Over a manifest: Table 10's shares per layer and over the upper half, in `aggregate`, in the
+/// text and in Figure 8.
+#[test]
+fn the_aggregate_gives_table_10_over_the_images_with_a_box() {
+    let dir = tempfile::tempdir().unwrap();
+    let planted = root().join("tests/fixtures/visual_sinks/planted");
+    // image.png's two sinks stay under 10x (about 9.99 each at layer 2): only the edit moves
+    // its top-1 into the box; target.png's one sink is masked at 10x too.
+    let lines: String = ["image.png", "target.png"]
+        .iter()
+        .map(|name| {
+            let row = serde_json::json!({
+                "image": planted.join(name),
+                "question": "Where is the red square?",
+                "box": [0, 0, 32, 32],
+            });
+            format!("{row}\n")
+        })
+        .collect();
+    let manifest = dir.path().join("boxes.jsonl");
+    std::fs::write(&manifest, lines).unwrap();
+    let manifest = manifest.to_str().unwrap();
+    let common = [
+        "visual-sinks",
+        "tests/fixtures/visual_sinks/planted/model",
+        "--manifest",
+        manifest,
+        "--ratio",
+        "5",
+        "--edit",
+        "remove",
+    ];
+    let mut json_args = common.to_vec();
+    json_args.push("--json");
+    let got = sinkmerge(&json_args).current_dir(root()).json();
+    let table = &got["aggregate"]["top1_in_box"];
+    let want = serde_json::json!({
+        "top1_in_box": 0.0,
+        "top1_in_box_masked_100": 0.0,
+        "top1_in_box_masked_10": 0.5,
+        "top1_in_box_edited": 1.0,
+    });
+    assert_eq!(table["layers"]["2"], want);
+    assert_eq!(table["upper_half"], want);
+    assert_eq!(table["in_box_share_100"], Value::Null);
+    assert_eq!(got["aggregate"]["box_top1_rate"]["2"], 0.0);
+
+    let plots = dir.path().join("figures");
+    let mut text_args = common.to_vec();
+    text_args.extend(["--plot", plots.to_str().unwrap()]);
+    let text = sinkmerge(&text_args).current_dir(root()).ok();
+    assert!(
+        text.contains(
+            "Table 10 over the 2 images with a box (layers ≥ 2): raw 0, masked ≥100× 0, \
+             masked ≥10× 0.5000, edited 1.000; share of the ≥100× tokens in the box -"
+        ),
+        "{text}"
+    );
+    let figure = std::fs::read_to_string(plots.join("top1.svg")).unwrap();
+    // Three layers: the selector layers are round(1.5) = 2 = round(1.75), made distinct.
+    assert!(figure.contains("selector layers 1, 2"), "{figure}");
+    assert!(!plots.join("image0_top1.svg").exists());
 }
 
 #[test]

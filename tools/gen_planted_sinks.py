@@ -95,6 +95,16 @@ LAYOUT = [
     ["red", "navy", "pink", "olive", "grey"],
 ]
 RED_TOKENS = [r * 5 + c for r, row in enumerate(LAYOUT) for c, n in enumerate(row) if n == "red"]
+# target.png: the same grid with one red cell (row 3's red is navy), so its one sink takes about 20x uniform (n = 20),
+# above the 10x mask of Table 10; the box is the top-left cell, the earliest image token, which the unplanted keys
+# favour (their F term is largest there): the raw top-1 is the sink outside the box, and the top-1 is in the box once
+# the sink is masked or its key edited
+TARGET_LAYOUT = [row[:] for row in LAYOUT]
+TARGET_LAYOUT[3][0] = "navy"
+TARGET_RED = [r * 5 + c for r, row in enumerate(TARGET_LAYOUT) for c, n in enumerate(row) if n == "red"]
+TARGET_BOX = [0, 0, CELL, CELL]
+TARGET_TOKEN = 0  # the image token (index) whose region centre is in TARGET_BOX
+MASK = 10.0  # Table 10's smaller mask: tokens with r >= 10 zeroed
 
 # per planted layer: k_norm stretch of dim KS (W_S), q_norm weight of dim KS (wq), and the gap between the sink
 # cosines cos(raw key, e_KS) of position 0 (s0 = sqrt(1 - |mean normalised image key off e_KS|^2)) and the red tokens
@@ -128,10 +138,10 @@ PRE = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_res
        "size": {"longest_edge": 32768, "shortest_edge": 4096}, "temporal_patch_size": 2}
 
 
-def make_image(path):
+def make_image(path, layout=LAYOUT):
     img = Image.new("RGB", (5 * CELL, 4 * CELL))
     px = img.load()
-    for r, row in enumerate(LAYOUT):
+    for r, row in enumerate(layout):
         for c, name in enumerate(row):
             for y in range(r * CELL, (r + 1) * CELL):
                 for x in range(c * CELL, (c + 1) * CELL):
@@ -516,7 +526,8 @@ def check(model, inputs, cfg, seed=0):
                           share_before=float(b["a"][aff].sum()) / b["A"] if aff else 0.0,
                           share_after=float(a[aff].sum()) / A if aff else 0.0,
                           ts_before=float(b["a"][b["t"]]), ts_after=float(a[b["t"]]),
-                          max_ratio_after=max(float(a[j]) / (A / n) for j in I))
+                          max_ratio_after=max(float(a[j]) / (A / n) for j in I),
+                          top1=max(I, key=lambda j: (float(a[j]), -j)))
         p = torch.log_softmax(logits0, -1)
         q = torch.log_softmax(o.logits[0, -1].double(), -1)
         kl = float((p.exp() * (p - q)).sum())
@@ -586,10 +597,34 @@ def main():
         assert e["share_after"] < 0.5 * e["share_before"] and e["ts_after"] > e["ts_before"]
         assert abs(c["share_after"] - c["share_before"]) < 0.25 * abs(e["share_after"] - e["share_before"])
         assert abs(c["ts_after"] - c["ts_before"]) < 0.25 * abs(e["ts_after"] - e["ts_before"])
-    write_readme(cfg, inputs, text, res)
+    target = check_target(model, proc, cfg)
+    write_readme(cfg, inputs, text, res, target)
 
 
-def write_readme(cfg, inputs, text, res):
+def check_target(model, proc, cfg):
+    """target.png: at the planted layers its one red token is the only sink, at >= MASK x uniform, and the most
+    attended image token, outside TARGET_BOX; with it masked (r >= MASK) or its key removed, the most attended image
+    token is the one in the box. Returns per planted layer the red ratio and the masked map's top two a_j, for the
+    README."""
+    make_image(OUT / "target.png", TARGET_LAYOUT)
+    inputs, _ = inputs_for(proc, OUT / "target.png")
+    res = check(model, inputs, cfg)
+    I, base = res["I"], res["base"]
+    red, target = [I[k] for k in TARGET_RED], I[TARGET_TOKEN]
+    rows = {}
+    for L in LAYERS:
+        b, e = base[L], res["edit"][L]
+        assert b["sinks"] == red and b["gated"] == red, (L, b["sinks"], b["gated"])
+        assert all(b["r"][k] >= MASK for k in TARGET_RED), (L, b["r"])
+        assert max(I, key=lambda j: (float(b["a"][j]), -j)) in red
+        kept = sorted((j for k, j in enumerate(I) if b["r"][k] < MASK), key=lambda j: -float(b["a"][j]))
+        assert kept[0] == target, (L, kept[:3])
+        assert e["top1"] == target, (L, e["top1"])
+        rows[L] = dict(red_ratio=b["r"][TARGET_RED[0]], masked=(float(b["a"][kept[0]]), float(b["a"][kept[1]])))
+    return dict(I=I, red=red, target=target, rows=rows)
+
+
+def write_readme(cfg, inputs, text, res, target):
     I, Q, base = res["I"], res["Q"], res["base"]
     red = [I[k] for k in RED_TOKENS]
     names = [n for row in LAYOUT for n in row]
@@ -622,6 +657,8 @@ def write_readme(cfg, inputs, text, res):
       "`size.longest_edge` 32768 so the image is not resized.")
     w("- `image.png`: 160x128 RGB, a 5x4 grid of 32x32 cells; grid_thw [1, 8, 10] (patch 16), so one cell = one "
       "merged image token (2x2 patches), 20 image tokens in row-major cell order.")
+    w("- `target.png`: the same grid with one red cell (row 3's red cell is navy), for top-1 localization "
+      "(Table 10); see \"The target image\" below.")
     w("")
     w("Text: hidden 32, 3 layers, 4 query heads, 2 KV heads, **head_dim 64**, q/k RMSNorm, interleaved M-RoPE "
       "section [16, 8, 8], theta 5e6, tied embeddings, vocabulary 320. Vision: hidden 32, depth 2, patch 16, merge 2, "
@@ -706,6 +743,25 @@ def write_readme(cfg, inputs, text, res):
       "fixture is for the gate, the sinks and the edit, not for ranking the features: because `k_norm` stretches "
       "the sink dim, `raw_cos` and `key_norm` separate the red tokens too (AUC 1 at the peak layer, as "
       "`centered_cos`).")
+    w("")
+    tr = target["rows"]
+    red_ratios = ", ".join(f"layer {L}: {fmt(tr[L]['red_ratio'])}" for L in LAYERS)
+    w("## The target image (top-1 localization)")
+    w("")
+    w(f"`target.png` keeps only the red cell at row 1 col 3 (position {target['red'][0]}); row 3 col 0 is navy. With "
+      f"one sink among 20 tokens its ratio is near 20 ({red_ratios}), "
+      f"above Table 10's 10x mask (never 100x: n = 20 caps r at 20). The box `{','.join(map(str, TARGET_BOX))}` is "
+      f"the top-left cell, position {target['target']}: the first image token has the largest F term of the "
+      "unplanted keys, so it is the most attended token once the sink is gone. The generator asserts at layers "
+      f"{LAYERS}: the red token is the only sink and gated token, the raw map's top-1 (outside the box); with every "
+      f"token at r >= {MASK:g} zeroed, and after the `remove` edit, the top-1 is position {target['target']} (in "
+      "the box). Top-1 and runner-up a_j of the masked map: "
+      + "; ".join(f"layer {L}: {tr[L]['masked'][0]:.3e}, {tr[L]['masked'][1]:.3e}" for L in LAYERS) + ".")
+    w("")
+    w("    tools/.venv/bin/python tools/visual_sinks_ref.py tests/fixtures/visual_sinks/planted/model \\")
+    w("        --image tests/fixtures/visual_sinks/planted/target.png \\")
+    w(f"        --question \"{QUESTION}\" --box {','.join(map(str, TARGET_BOX))} --ratio {RATIO:g} --gate {GATE:g} "
+      "--edit remove -o OUT.json")
     w("")
     w("## How the weights plant the sinks")
     w("")

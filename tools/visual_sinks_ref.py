@@ -40,7 +40,11 @@ transformers.ProcessorMixin.check_argument_for_proper_class = (
 
 MASK64 = (1 << 64) - 1
 # values near a threshold or a tie, for tools/gen_visual_sinks_goldens.py (--margins FILE)
-MARGINS = {"t_star_gap": [], "image_top1_gap": [], "ratios": [], "centered_cos": [], "edit_centered_cos": [], "box_edge_gap": []}
+MARGINS = {"t_star_gap": [], "image_top1_gap": [], "ratios": [], "centered_cos": [], "edit_centered_cos": [], "box_edge_gap": [],
+           "box_top1_gap": []}
+# Table 10's masks: the masked maps zero every image token with r >= each of these
+MASKS = {"top1_in_box_masked_100": 100.0, "top1_in_box_masked_10": 10.0}
+TOP1_KEYS = ["top1_in_box", "top1_in_box_masked_100", "top1_in_box_masked_10", "top1_in_box_edited"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,6 +334,22 @@ def score_feature(values, sinks):
     return {"auc": auc, "precision_at_k": sum(1 for j in order[:k] if sinks[j]) / k, "top1": bool(sinks[order[0]])}
 
 
+def box_top1(values, kept, inside):
+    """Whether the most attended of the `kept` image tokens (indices; ties to the lowest) is inside the box: None
+    without a box or a kept token. The gap to the runner-up goes to the margins."""
+    if inside[0] is None or not kept:
+        return None
+    ranked = sorted(kept, key=lambda k: (-values[k], k))
+    if len(ranked) > 1:
+        MARGINS["box_top1_gap"].append(float(values[ranked[0]] - values[ranked[1]]))
+    return bool(inside[ranked[0]])
+
+
+def mean_or_none(xs):
+    xs = [float(x) for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
 def precision_recall(cc, sinks, thr):
     gated = [c >= thr for c in cc]
     g = sum(gated)
@@ -458,6 +478,8 @@ def run_prompt(model, proc, family, item, args, prompt_index, layers):
                     "sink_mean_ratio": float(np.mean([r[k] for k in range(n) if sinks[k]])) if any(sinks) else None,
                     "sink_share": float(sum(aI[k] for k in range(n) if sinks[k]) / A) if any(sinks) and A else 0.0,
                     "top1_in_box": None if boxes[i] is None else bool(inside[i][top]),
+                    **{key: box_top1(aI, [k for k in range(n) if r[k] < X], inside[i]) for key, X in MASKS.items()},
+                    "top1_in_box_edited": None,  # the edit pass's, below
                     "sink_contribution": sink_c,
                     "text_sink_contribution": text_c,
                     "output_cos_without_sinks": out_cos,
@@ -553,6 +575,7 @@ def run_prompt(model, proc, family, item, args, prompt_index, layers):
                 if kind == "edit":
                     for k, tok in enumerate(rec["tokens"][str(L)]):
                         tok["attention_edited"] = float(aI1[k])
+                    rec["layers"][str(L)]["top1_in_box_edited"] = box_top1(aI1, list(range(n)), inside[i])
             l1 = ep["logits"]
             lp0 = torch.log_softmax(logits0, -1)
             lp1 = torch.log_softmax(l1, -1)
@@ -562,6 +585,11 @@ def run_prompt(model, proc, family, item, args, prompt_index, layers):
                          "layers": lay,
                          "next_token": {"top1_before": t0, "top1_after": t1, "top1_agree": t0 == t1, "kl": kl,
                                         "logits_before": f32_list(logits0), "logits_after": f32_list(l1)}}
+        # Table 10 over the upper half: layer L (0-based) with 2L >= the model's layer count
+        upper = [L for L in layers if 2 * L >= n_layers]
+        rec["upper_half"] = {key: mean_or_none(rec["layers"][str(L)][key] for L in upper) for key in TOP1_KEYS}
+        strong = [tok["inside_box"] for L in upper for tok in rec["tokens"][str(L)] if tok["ratio"] >= 100.0]
+        rec["in_box_share_100"] = mean_or_none(strong)
         images.append(rec)
     return images
 

@@ -29,8 +29,10 @@ use crate::generate::teacher::{forced_logits, kl_per_position, mean};
 use crate::image::{Grid, Processor};
 use crate::report::json_text;
 use crate::sink::visual::aggregate::{aggregate, Aggregate};
+use crate::sink::visual::depth;
 use crate::sink::visual::edit::EditKind;
 use crate::sink::visual::geometry::{token_regions, TokenLayout, TokenRegion};
+use crate::sink::visual::stats::Top1Rates;
 use crate::sink::visual::{self, ImageReport, ImageTokens, Measured, Measurement, Settings};
 use crate::{bad, bail};
 
@@ -667,6 +669,9 @@ struct Report<'r> {
     /// With `--answers`: over the prompts.
     #[serde(skip_serializing_if = "Option::is_none")]
     answers: Option<AnswersAggregate>,
+    /// The language model's depth, for the layer rules of the text and the figures.
+    #[serde(skip)]
+    num_layers: usize,
 }
 
 pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
@@ -760,8 +765,9 @@ pub fn run(args: Args, progress: bool, out: &mut dyn Write) -> Result<()> {
         seed: args.seed,
         layers: &settings.layers,
         images,
-        aggregate: aggregate(&all),
+        aggregate: aggregate(&all, model.spec.num_layers()),
         answers: AnswersAggregate::of(&answered.iter().flatten().collect::<Vec<_>>()),
+        num_layers: model.spec.num_layers(),
     };
 
     // Outputs: each complete or absent.
@@ -791,6 +797,22 @@ fn fmt_opt(x: Option<f64>) -> String {
     x.map_or("-".into(), fmt)
 }
 
+fn fmt_bool(b: Option<bool>) -> String {
+    b.map_or("-".into(), |b| b.to_string())
+}
+
+/// Table 10's columns on one line.
+fn table10(rates: &Top1Rates, in_box_share_100: Option<f64>) -> String {
+    format!(
+        "raw {}, masked ≥100× {}, masked ≥10× {}, edited {}; share of the ≥100× tokens in the box {}",
+        fmt_opt(rates.top1_in_box),
+        fmt_opt(rates.top1_in_box_masked_100),
+        fmt_opt(rates.top1_in_box_masked_10),
+        fmt_opt(rates.top1_in_box_edited),
+        fmt_opt(in_box_share_100)
+    )
+}
+
 /// The text report: a table per image over the probed layers, and a summary at its peak.
 fn render_text(r: &Report) -> String {
     use crate::report::Table;
@@ -806,7 +828,9 @@ fn render_text(r: &Report) -> String {
             rep.question_rows[0],
             rep.question_rows[1]
         ));
-        let mut t = Table::new([
+        // With a box, the top-1 of the masked and edited maps too (Table 10).
+        let boxed = image.target_box.is_some();
+        let mut header = vec![
             "layer",
             "t*",
             "t* share",
@@ -816,9 +840,13 @@ fn render_text(r: &Report) -> String {
             "mean r",
             "sink share",
             "top1 in box",
-        ]);
+        ];
+        if boxed {
+            header.extend(["masked ≥100×", "masked ≥10×", "edited"]);
+        }
+        let mut t = Table::new(header);
         for (l, s) in &rep.layers {
-            t.row([
+            let mut row = vec![
                 l.to_string(),
                 s.text_sink_position.to_string(),
                 fmt(s.text_sink_share),
@@ -827,10 +855,28 @@ fn render_text(r: &Report) -> String {
                 s.sink_count.to_string(),
                 fmt_opt(s.sink_mean_ratio),
                 fmt(s.sink_share),
-                s.top1_in_box.map_or("-".into(), |b| b.to_string()),
-            ]);
+                fmt_bool(s.top1_in_box),
+            ];
+            if boxed {
+                row.extend(
+                    [
+                        s.top1_in_box_masked_100,
+                        s.top1_in_box_masked_10,
+                        s.top1_in_box_edited,
+                    ]
+                    .map(fmt_bool),
+                );
+            }
+            t.row(row);
         }
         out.push_str(&t.render());
+        if boxed {
+            out.push_str(&format!(
+                "top-1 in the box over the upper half (layers ≥ {}): {}\n",
+                depth::upper_half_start(r.num_layers),
+                table10(&rep.upper_half, rep.in_box_share_100)
+            ));
+        }
         match rep.peak_layer {
             None => out.push_str(&format!(
                 "no layer past the first quarter has a token at {}× uniform or more\n\n",
@@ -947,6 +993,15 @@ fn render_text(r: &Report) -> String {
             ]);
         }
         out.push_str(&t.render());
+        let boxed = r.images.iter().filter(|i| i.target_box.is_some()).count();
+        if boxed > 0 {
+            let t10 = &a.top1_in_box;
+            out.push_str(&format!(
+                "Table 10 over the {boxed} images with a box (layers ≥ {}): {}\n",
+                depth::upper_half_start(r.num_layers),
+                table10(&t10.upper_half, t10.in_box_share_100)
+            ));
+        }
     }
     out
 }
@@ -987,13 +1042,13 @@ fn render_csv(r: &Report) -> String {
 
 /// The figures `--plot` writes, by file name: per image, Figure 2 at its peak layer (the last
 /// probed layer without a peak), Figure 5 over the probed layers, and the ×uniform heatmap at
-/// that layer, before and (with an edit) after.
+/// that layer, before and (with an edit) after; with a box, Figure 8 ([`top1_figure`]).
 fn figures(r: &Report, prepared: &[Prepared]) -> Result<Vec<(String, String)>> {
     use crate::report::visual_sinks::{
         angle_svg, depth_svg, ratio_heatmap_svg, AnglePoint, Region,
     };
     let plot = |e: String| crate::internal!("{e}");
-    let mut out = Vec::new();
+    let mut out: Vec<(String, String)> = top1_figure(r)?.into_iter().collect();
     for image in &r.images {
         let rep = image.report;
         let Some(layer) = rep.peak_layer.or_else(|| rep.layers.keys().last().copied()) else {
@@ -1085,6 +1140,56 @@ fn figures(r: &Report, prepared: &[Prepared]) -> Result<Vec<(String, String)>> {
         }
     }
     Ok(out)
+}
+
+/// Figure 8 when an image has a box: the box top-1 of each map per probed layer, with the
+/// re-look's selector layers marked. One image: its own 0/1 per layer (`image0_top1.svg`);
+/// several: the share of the images with a box (`top1.svg`). Maps without a value (the edited
+/// one without `--edit`) are left out.
+fn top1_figure(r: &Report) -> Result<Option<(String, String)>> {
+    if r.images.iter().all(|i| i.target_box.is_none()) {
+        return Ok(None);
+    }
+    let (name, title, rates): (&str, String, Vec<(usize, Top1Rates)>) = match &r.images[..] {
+        [image] => (
+            "image0_top1.svg",
+            format!("{}: top-1 in the box", image.image),
+            (image.report.layers.iter())
+                .map(|(&l, s)| (l, Top1Rates::of(&[s])))
+                .collect(),
+        ),
+        _ => (
+            "top1.svg",
+            "share of the images whose top-1 is in the box".to_string(),
+            (r.aggregate.top1_in_box.layers.iter())
+                .map(|(&l, rates)| (l, rates.clone()))
+                .collect(),
+        ),
+    };
+    let column = |label, value: fn(&Top1Rates) -> Option<f64>| -> (&str, Vec<(usize, f64)>) {
+        let points = (rates.iter())
+            .filter_map(|(l, t)| value(t).map(|v| (*l, v)))
+            .collect();
+        (label, points)
+    };
+    let series: Vec<(&str, Vec<(usize, f64)>)> = [
+        column("raw", |t| t.top1_in_box),
+        column("masked ≥100×", |t| t.top1_in_box_masked_100),
+        column("masked ≥10×", |t| t.top1_in_box_masked_10),
+        column("edited", |t| t.top1_in_box_edited),
+    ]
+    .into_iter()
+    .filter(|(_, points)| !points.is_empty())
+    .collect();
+    let svg = crate::report::visual_sinks::top1_svg(
+        &title,
+        &series,
+        r.num_layers,
+        depth::first_counted_layer(r.num_layers),
+        &depth::selector_layers(r.num_layers),
+    )
+    .map_err(|e| crate::internal!("{e}"))?;
+    Ok(Some((name.to_string(), svg)))
 }
 
 #[cfg(test)]

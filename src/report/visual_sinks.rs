@@ -1,15 +1,17 @@
 //! The figures of `visual-sinks` (docs/reference/visual-sinks.md): the tokens' angle to the text
 //! sink's key against their ×uniform ratio (the paper's Figure 2), sink shares against depth
-//! (Figure 5), and the ratios over the image (before and after an edit, on one colour scale).
+//! (Figure 5), top-1 localization against depth (Figure 8), and the ratios over the image (before
+//! and after an edit, on one colour scale).
 //!
 //! The polar chart and the image overlay are written as SVG by hand (plotters has no polar
-//! coordinates and its SVG backend cannot embed an image); the depth chart is a plotters line
-//! chart like the others of [`super::plot`].
+//! coordinates and its SVG backend cannot embed an image); the depth charts are plotters line
+//! charts like the others of [`super::plot`].
 
 use std::fmt::Write;
 
 use base64::Engine;
 use image::{imageops, ImageEncoder, RgbImage};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::heatmap::{ticks, viridis};
@@ -315,14 +317,7 @@ pub fn depth_svg(
             .x_desc("layer")
             .y_desc("share of the question's attention")
             .x_labels(((x_hi - x_lo).round() as usize + 1).clamp(2, 12))
-            // Layers are integers: no ticks between them.
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-9 {
-                    format!("{}", x.round() as i64)
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&layer_label)
             .draw()
             .map_err(plot_err)?;
         // Non-finite shares are dropped point by point.
@@ -337,29 +332,127 @@ pub fn depth_svg(
             ("text-sink share", finite(|l| l.2)),
         ];
         for (i, (label, points)) in shares.into_iter().enumerate() {
-            let c = colour(i);
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
-                .map_err(plot_err)?
-                .label(label)
-                .legend(legend_line(c));
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))
-                .map_err(plot_err)?;
+            line_with_points(&mut chart, &points, colour(i), label)?;
         }
         if let Some(p) = peak {
-            let c = colour(SINK);
-            let x = p as f64;
+            layer_marks(&mut chart, &[p], colour(SINK), format!("peak layer {p}"))?;
+        }
+        draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(plot_err)?;
+        root.present().map_err(plot_err)?;
+    }
+    Ok(svg)
+}
+
+/// A layer axis' tick label: layers are integers, so nothing between them.
+fn layer_label(x: &f64) -> String {
+    if (x - x.round()).abs() < 1e-9 {
+        format!("{}", x.round() as i64)
+    } else {
+        String::new()
+    }
+}
+
+type LayerChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A series as a line with a dot at each point, in the legend as `label`.
+fn line_with_points(
+    chart: &mut LayerChart,
+    points: &[(f64, f64)],
+    c: RGBColor,
+    label: &str,
+) -> Result<(), String> {
+    chart
+        .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
+        .map_err(plot_err)?
+        .label(label)
+        .legend(legend_line(c));
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+        .map_err(plot_err)?;
+    Ok(())
+}
+
+/// Dashed vertical lines from 0 to 1 at `layers`, one legend entry `label` for them all.
+fn layer_marks(
+    chart: &mut LayerChart,
+    layers: &[usize],
+    c: RGBColor,
+    label: String,
+) -> Result<(), String> {
+    for (i, &l) in layers.iter().enumerate() {
+        let x = l as f64;
+        let drawn = chart
+            .draw_series(DashedLineSeries::new(
+                [(x, 0.0), (x, 1.0)],
+                6,
+                4,
+                c.stroke_width(2),
+            ))
+            .map_err(plot_err)?;
+        if i == 0 {
+            drawn.label(label.clone()).legend(legend_line(c));
+        }
+    }
+    Ok(())
+}
+
+/// Figure 8: top-1 localization against depth. Each series (`(label, [(layer, rate)])`: one
+/// image's 0/1 per layer, or a share of images) is drawn over the model's `num_layers` layers
+/// on a fixed [0, 1] axis; the layers before `first_counted` (the first quarter, which the
+/// peak-layer rule skips) are shaded, and the `selector_layers` are dashed vertical lines.
+/// Non-finite rates are left out.
+pub fn top1_svg(
+    title: &str,
+    series: &[(&str, Vec<(usize, f64)>)],
+    num_layers: usize,
+    first_counted: usize,
+    selector_layers: &[usize],
+) -> Result<String, String> {
+    let x_hi = num_layers.max(1) as f64 - 0.5;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (760, 440)).into_drawing_area();
+        root.fill(&WHITE).map_err(plot_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(-0.5..x_hi, -0.02f64..1.02)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("layer")
+            .y_desc("top-1 image token in the box")
+            .x_labels((num_layers + 1).clamp(2, 12))
+            .x_label_formatter(&layer_label)
+            .draw()
+            .map_err(plot_err)?;
+        if first_counted > 0 {
+            let grey = colour(7);
             chart
-                .draw_series(DashedLineSeries::new(
-                    [(x, 0.0), (x, 1.0)],
-                    6,
-                    4,
-                    c.stroke_width(2),
-                ))
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(-0.5, -0.02), (first_counted as f64 - 0.5, 1.02)],
+                    grey.mix(0.15).filled(),
+                )))
                 .map_err(plot_err)?
-                .label(format!("peak layer {p}"))
-                .legend(legend_line(c));
+                .label("first quarter (the peak-layer rule skips it)")
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 18, y + 5)], grey.mix(0.3).filled())
+                });
+        }
+        for (i, (label, rates)) in series.iter().enumerate() {
+            let points: Vec<(f64, f64)> = (rates.iter())
+                .filter(|r| r.1.is_finite())
+                .map(|&(l, rate)| (l as f64, rate))
+                .collect();
+            line_with_points(&mut chart, &points, colour(i), label)?;
+        }
+        if !selector_layers.is_empty() {
+            let list: Vec<String> = selector_layers.iter().map(|l| l.to_string()).collect();
+            let label = format!("selector layers {}", list.join(", "));
+            layer_marks(&mut chart, selector_layers, colour(SINK), label)?;
         }
         draw_legend(&mut chart, SeriesLabelPosition::UpperLeft).map_err(plot_err)?;
         root.present().map_err(plot_err)?;
@@ -646,6 +739,28 @@ mod tests {
         assert!(!svg.contains("NaN") && !svg.contains("inf") && !svg.contains("peak"));
 
         assert_well_formed(&depth_svg("none", &[], None).unwrap());
+    }
+
+    #[test]
+    fn top1_chart_draws_each_map_the_skipped_quarter_and_the_selector_layers() {
+        let raw = vec![(9, 0.0), (18, 0.25), (35, 0.0)];
+        let edited = vec![(9, 0.5), (18, 1.0), (35, f64::NAN)];
+        let series = [("raw", raw), ("edited", edited)];
+        let svg = top1_svg("top-1 by depth", &series, 36, 9, &[18, 21]).unwrap();
+        assert_well_formed(&svg);
+        for label in [
+            "raw",
+            "edited",
+            "selector layers 18, 21",
+            "first quarter (the peak-layer rule skips it)",
+        ] {
+            assert!(svg.contains(label), "{label}");
+        }
+        // Three dots for raw, two for edited (its NaN left out).
+        assert_eq!(svg.matches("<circle").count(), 5, "{svg}");
+        let bare = top1_svg("none", &[], 3, 0, &[]).unwrap();
+        assert_well_formed(&bare);
+        assert!(!bare.contains("selector") && !bare.contains("first quarter"));
     }
 
     fn grid(width: f64, height: f64, ratios: &[f64], cols: usize) -> Vec<Region> {

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::depth::upper_half_start;
+use super::stats::{mean_present, top1_rate, LayerStats, Top1Rates};
 use super::ImageReport;
 
 /// One value's spread over the images.
@@ -61,9 +63,21 @@ pub struct Aggregate {
     /// The box top-1 rate of every layer over the images with a box, and the best layer.
     pub box_top1_rate: BTreeMap<usize, f64>,
     pub best_box_layer: Option<usize>,
+    pub top1_in_box: Table10,
     /// Each image's edit at its peak layer, and the next token (`next_token.kl`, ...).
     pub edit: Option<BTreeMap<String, Spread>>,
     pub control: Option<BTreeMap<String, Spread>>,
+}
+
+/// Table 10 over the images with a box (`aggregate.top1_in_box`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Table10 {
+    /// Per probed layer, the share of the images whose top-1 of each map is in the box.
+    pub layers: BTreeMap<usize, Top1Rates>,
+    /// Those shares averaged over the probed layers of the upper half: Table 10's row.
+    pub upper_half: Top1Rates,
+    /// The mean of the images' `in_box_share_100` where it is not null.
+    pub in_box_share_100: Option<f64>,
 }
 
 /// Every number and boolean of the objects, by `prefix.key`, spread over the objects.
@@ -106,7 +120,8 @@ fn to_value<T: Serialize>(x: &T) -> Value {
     serde_json::to_value(x).expect("report values serialize")
 }
 
-pub fn aggregate(images: &[&ImageReport]) -> Aggregate {
+/// The spread of `images`' values, from a model of `num_layers` layers.
+pub fn aggregate(images: &[&ImageReport], num_layers: usize) -> Aggregate {
     let peaks: Vec<f64> = images
         .iter()
         .filter_map(|i| i.peak_layer.map(|l| l as f64))
@@ -115,22 +130,31 @@ pub fn aggregate(images: &[&ImageReport]) -> Aggregate {
         .iter()
         .filter_map(|i| i.peak_layer.map(|l| to_value(&i.layers[&l])))
         .collect();
-    let mut layers: BTreeMap<usize, Vec<Value>> = BTreeMap::new();
-    let mut box_hits: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    let mut layers: BTreeMap<usize, Vec<&LayerStats>> = BTreeMap::new();
     for image in images {
         for (&l, s) in &image.layers {
-            layers.entry(l).or_default().push(to_value(s));
-            if let Some(hit) = s.top1_in_box {
-                let e = box_hits.entry(l).or_default();
-                e.0 += usize::from(hit);
-                e.1 += 1;
-            }
+            layers.entry(l).or_default().push(s);
         }
     }
-    let box_top1_rate: BTreeMap<usize, f64> = box_hits
-        .into_iter()
-        .map(|(l, (hits, n))| (l, hits as f64 / n as f64))
+    let top1_layers: BTreeMap<usize, Top1Rates> = layers
+        .iter()
+        .map(|(&l, rows)| (l, Top1Rates::of(rows)))
         .collect();
+    let box_top1_rate: BTreeMap<usize, f64> = top1_layers
+        .iter()
+        .filter_map(|(&l, rates)| rates.top1_in_box.map(|rate| (l, rate)))
+        .collect();
+    let upper: Vec<&Vec<&LayerStats>> = layers
+        .range(upper_half_start(num_layers)..)
+        .map(|(_, rows)| rows)
+        .collect();
+    let top1_in_box = Table10 {
+        upper_half: Top1Rates::each(|map| {
+            mean_present(upper.iter().map(|rows| top1_rate(rows, map)))
+        }),
+        layers: top1_layers,
+        in_box_share_100: mean_present(images.iter().map(|i| i.in_box_share_100)),
+    };
     let mut best_box_layer: Option<usize> = None;
     for (&l, &rate) in &box_top1_rate {
         if best_box_layer.is_none_or(|b| rate > box_top1_rate[&b]) {
@@ -170,12 +194,16 @@ pub fn aggregate(images: &[&ImageReport]) -> Aggregate {
         at_peak: spread_fields(&at_peak, ""),
         layers: layers
             .into_iter()
-            .map(|(l, v)| (l, spread_fields(&v, "")))
+            .map(|(l, rows)| {
+                let values: Vec<Value> = rows.into_iter().map(to_value).collect();
+                (l, spread_fields(&values, ""))
+            })
             .collect(),
         features: spread_fields(&features, ""),
         gate: spread_fields(&gates, ""),
         box_top1_rate,
         best_box_layer,
+        top1_in_box,
         edit: edits(|i| i.edit.as_ref()),
         control: edits(|i| i.control.as_ref()),
     }

@@ -7,9 +7,11 @@
 //!   features, feature scores, the gate, contributions.
 //! - [`edit`]: the key edits and their seeded controls, run through the decoder's key-edit seam.
 //! - [`geometry`]: each token's region in the original image, for boxes and heatmaps.
+//! - [`depth`]: the layer rules over the model's depth (peak layer, upper half, selector layers).
 //! - [`aggregate`]: per-image values over a manifest.
 
 pub mod aggregate;
+pub mod depth;
 pub mod edit;
 pub mod geometry;
 pub mod stats;
@@ -28,7 +30,7 @@ use crate::forward::pass::{End, Hooks};
 use crate::forward::weights::Model;
 
 use edit::{EditKind, EditSetup, Editor};
-use stats::{FeatureScore, Gate, LayerStats, LayerTensors, TokenStats};
+use stats::{FeatureScore, Gate, LayerStats, LayerTensors, TokenStats, Top1Rates};
 
 /// What to measure and which edit to run.
 #[derive(Debug, Clone)]
@@ -102,6 +104,12 @@ pub struct ImageReport {
     pub layers: BTreeMap<usize, LayerStats>,
     pub peak_layer: Option<usize>,
     pub best_box_layer: Option<usize>,
+    /// Table 10 for this image: each map's box top-1 rate over the probed layers of the upper
+    /// half ([`depth::upper_half_start`]).
+    pub upper_half: Top1Rates,
+    /// Of the tokens at `r ≥ 100` at those layers, the share inside the box, the box's own
+    /// counted; null without a box or such a token.
+    pub in_box_share_100: Option<f64>,
     pub tokens: BTreeMap<usize, Vec<TokenStats>>,
     pub features: Option<BTreeMap<String, FeatureScore>>,
     pub gate: Option<Gate>,
@@ -154,6 +162,8 @@ pub fn measure<B: Backend>(
             layers: BTreeMap::new(),
             peak_layer: None,
             best_box_layer: None,
+            upper_half: Top1Rates::each(|_| None),
+            in_box_share_100: None,
             tokens: BTreeMap::new(),
             features: None,
             gate: None,
@@ -203,7 +213,7 @@ pub fn measure<B: Backend>(
             unedited.push((layer, a));
         },
     )?;
-    let first_counted = spec.num_layers().div_ceil(4);
+    let first_counted = depth::first_counted_layer(spec.num_layers());
     for report in &mut reports {
         report.peak_layer = peak_layer(&report.layers, first_counted);
         report.best_box_layer = report
@@ -278,6 +288,15 @@ pub fn measure<B: Backend>(
                             for token in report.tokens.get_mut(layer).into_iter().flatten() {
                                 token.attention_edited = Some(after[token.position]);
                             }
+                            let image_after: Vec<f64> =
+                                image.positions.iter().map(|&j| after[j]).collect();
+                            if let Some(s) = report.layers.get_mut(layer) {
+                                s.top1_in_box_edited = stats::top1_in_box(
+                                    &image_after,
+                                    image.inside_box.as_deref(),
+                                    |_| true,
+                                );
+                            }
                         }
                         // The affected tokens' share of A_img and the largest ratio, in a pass.
                         let shares = |a: &[f64]| {
@@ -320,8 +339,22 @@ pub fn measure<B: Backend>(
             }
         }
     }
+    let upper = depth::upper_half_start(spec.num_layers());
+    for report in &mut reports {
+        upper_half(report, upper);
+    }
     measurement.images = reports;
     Ok(measurement)
+}
+
+/// Table 10 for one image from its layers `L ≥ first` (the upper half): the top-1 rates, and
+/// the share of the tokens at ≥ 100× uniform that lie in the box, over every such layer's
+/// tokens together.
+fn upper_half(report: &mut ImageReport, first: usize) {
+    let rows: Vec<&LayerStats> = report.layers.range(first..).map(|(_, s)| s).collect();
+    report.upper_half = Top1Rates::of(&rows);
+    report.in_box_share_100 =
+        stats::in_box_share_100(report.tokens.range(first..).flat_map(|(_, t)| t));
 }
 
 /// Per probed layer, the text sink t* of the question's attention `a` (the same for every

@@ -41,13 +41,7 @@ pub fn question_attention(probs: &[Vec<f32>], seq: usize) -> Vec<f64> {
 
 /// The text sink t*: the non-image position with the largest `a`, ties to the lowest.
 pub fn text_sink(a: &[f64], is_image: &[bool]) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for (j, &aj) in a.iter().enumerate() {
-        if !is_image[j] && best.is_none_or(|b| aj > a[b]) {
-            best = Some(j);
-        }
-    }
-    best
+    argmax_where(a, |j| !is_image[j])
 }
 
 /// `r_j = a_j / (A_img / n)` over the image's positions, and `A_img`; every r is 0 when
@@ -70,13 +64,91 @@ pub fn ratios(a: &[f64], positions: &[usize]) -> (Vec<f64>, f64) {
 
 /// The index of the largest value, ties to the lowest index.
 pub fn argmax(values: &[f64]) -> Option<usize> {
+    argmax_where(values, |_| true)
+}
+
+/// The index of the largest value among the indices `kept`, ties to the lowest; none when
+/// nothing is kept.
+pub fn argmax_where(values: &[f64], kept: impl Fn(usize) -> bool) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, &v) in values.iter().enumerate() {
-        if best.is_none_or(|b| v > values[b]) {
+        if kept(i) && best.is_none_or(|b| v > values[b]) {
             best = Some(i);
         }
     }
     best
+}
+
+/// Table 10's masked maps zero every image token at or above these ratios to uniform (`r ≥ X`,
+/// as the sink rule compares).
+pub const MASKED_100: f64 = 100.0;
+pub const MASKED_10: f64 = 10.0;
+
+/// Whether the image token with the largest of `attention` (one value per image token) among
+/// those `kept` lies in the box, ties to the lowest position; null without a box or when no
+/// token is kept.
+pub fn top1_in_box(
+    attention: &[f64],
+    inside_box: Option<&[bool]>,
+    kept: impl Fn(usize) -> bool,
+) -> Option<bool> {
+    inside_box
+        .zip(argmax_where(attention, kept))
+        .map(|(b, i)| b[i])
+}
+
+/// Of the `tokens` at `r ≥ 100`, the share inside the box, the box's own counted (the sink rule
+/// drops them, this does not); null without a box or such a token.
+pub fn in_box_share_100<'t>(tokens: impl Iterator<Item = &'t TokenStats>) -> Option<f64> {
+    mean_present(
+        tokens
+            .filter(|t| t.ratio >= MASKED_100)
+            .map(|t| t.inside_box.map(|b| f64::from(u8::from(b)))),
+    )
+}
+
+/// How one of Table 10's maps is read off a layer's statistics.
+pub type Top1Map = fn(&LayerStats) -> Option<bool>;
+
+/// The mean of the values that are not null; null when none is.
+pub fn mean_present(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let (sum, n) = values
+        .flatten()
+        .fold((0.0, 0usize), |(sum, n), v| (sum + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// The share of `rows` whose `map` top-1 is in the box, over the rows where it is not null.
+pub fn top1_rate(rows: &[&LayerStats], map: Top1Map) -> Option<f64> {
+    mean_present(rows.iter().map(|s| map(s).map(|b| f64::from(u8::from(b)))))
+}
+
+/// Table 10's four columns as rates: how often the top-1 of the raw map, of the maps with every
+/// token at ≥ 100× and ≥ 10× uniform zeroed, and of the edited map lies in the box (over one
+/// image's layers, or over the images of a manifest); each null where it has no value.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Top1Rates {
+    pub top1_in_box: Option<f64>,
+    pub top1_in_box_masked_100: Option<f64>,
+    pub top1_in_box_masked_10: Option<f64>,
+    pub top1_in_box_edited: Option<f64>,
+}
+
+impl Top1Rates {
+    /// Each column from `rate`, told how to read its map off a layer's statistics.
+    pub fn each(rate: impl Fn(Top1Map) -> Option<f64>) -> Top1Rates {
+        Top1Rates {
+            top1_in_box: rate(|s| s.top1_in_box),
+            top1_in_box_masked_100: rate(|s| s.top1_in_box_masked_100),
+            top1_in_box_masked_10: rate(|s| s.top1_in_box_masked_10),
+            top1_in_box_edited: rate(|s| s.top1_in_box_edited),
+        }
+    }
+
+    /// The rates over `rows`.
+    pub fn of(rows: &[&LayerStats]) -> Top1Rates {
+        Top1Rates::each(|map| top1_rate(rows, map))
+    }
 }
 
 /// One image token's features at one layer (`images[i].tokens[L][j]`).
@@ -111,6 +183,12 @@ pub struct LayerStats {
     pub sink_mean_ratio: Option<f64>,
     pub sink_share: f64,
     pub top1_in_box: Option<bool>,
+    /// The box top-1 with every image token at `r ≥ 100` (`≥ 10`) zeroed; null without a box
+    /// or when every token is.
+    pub top1_in_box_masked_100: Option<bool>,
+    pub top1_in_box_masked_10: Option<bool>,
+    /// The box top-1 of the edit pass's attention (`--edit`); null without an edit or a box.
+    pub top1_in_box_edited: Option<bool>,
     pub sink_contribution: f64,
     pub text_sink_contribution: f64,
     pub output_cos_without_sinks: f64,
@@ -249,7 +327,8 @@ pub fn layer_stats(
     let sinks: Vec<&TokenStats> = tokens.iter().filter(|s| s.sink).collect();
     let sink_positions: Vec<usize> = sinks.iter().map(|s| s.position).collect();
     let sink_attention: f64 = sinks.iter().map(|s| s.attention).sum();
-    let top1 = argmax(&positions.iter().map(|&j| a[j]).collect::<Vec<_>>());
+    let image_attention: Vec<f64> = positions.iter().map(|&j| a[j]).collect();
+    let masked_top1 = |at: f64| top1_in_box(&image_attention, inside_box, |k| r[k] < at);
     let (sink_contribution, text_sink_contribution, output_cos_without_sinks) = contributions(
         t.probs,
         t.values,
@@ -273,7 +352,11 @@ pub fn layer_stats(
         } else {
             0.0
         },
-        top1_in_box: inside_box.zip(top1).map(|(b, i)| b[i]),
+        top1_in_box: top1_in_box(&image_attention, inside_box, |_| true),
+        top1_in_box_masked_100: masked_top1(MASKED_100),
+        top1_in_box_masked_10: masked_top1(MASKED_10),
+        // The edit pass fills it in.
+        top1_in_box_edited: None,
         sink_contribution,
         text_sink_contribution,
         output_cos_without_sinks,
@@ -495,6 +578,54 @@ mod tests {
         assert!((total - 0.4).abs() < 1e-15);
         assert!((r[0] - 0.5).abs() < 1e-12 && (r[1] - 1.5).abs() < 1e-12);
         assert_eq!(ratios(&[1.0, 0.0], &[1]).0, vec![0.0]);
+    }
+
+    #[test]
+    fn masked_top1_drops_the_tokens_at_the_threshold_and_is_null_when_none_is_left() {
+        let (a, inside) = ([0.5, 0.2, 0.3], [false, false, true]);
+        assert_eq!(top1_in_box(&a, Some(&inside), |_| true), Some(false));
+        // r ≥ X is masked: 100 itself goes, 99.9 stays.
+        let r = [100.0, 0.5, 99.9];
+        assert_eq!(
+            top1_in_box(&a, Some(&inside), |k| r[k] < MASKED_100),
+            Some(true)
+        );
+        assert_eq!(top1_in_box(&a, Some(&inside), |k| r[k] < 0.1), None);
+        assert_eq!(top1_in_box(&a, None, |_| true), None);
+        assert_eq!(
+            mean_present([Some(1.0), None, Some(0.0)].into_iter()),
+            Some(0.5)
+        );
+        assert_eq!(mean_present([None].into_iter()), None);
+    }
+
+    #[test]
+    fn the_in_box_share_counts_the_box_tokens_the_sink_rule_drops() {
+        let token = |ratio: f64, inside_box: Option<bool>| TokenStats {
+            position: 0,
+            inside_box,
+            attention: 0.0,
+            ratio,
+            centered_cos: 0.0,
+            raw_cos: 0.0,
+            key_norm: 0.0,
+            value_norm: 0.0,
+            hidden_norm: 0.0,
+            logit_std: 0.0,
+            sink: false,
+            gated: false,
+            attention_edited: None,
+        };
+        let boxed = [
+            token(150.0, Some(true)),
+            token(100.0, Some(false)),
+            token(120.0, Some(false)),
+            token(99.0, Some(true)),
+        ];
+        let share = in_box_share_100(boxed.iter()).unwrap();
+        assert!((share - 1.0 / 3.0).abs() < 1e-15, "{share}");
+        assert_eq!(in_box_share_100(boxed[3..].iter()), None);
+        assert_eq!(in_box_share_100([token(300.0, None)].iter()), None);
     }
 
     #[test]
