@@ -110,8 +110,8 @@ pub fn run_captured(command: Command, progress: bool) -> Result<String> {
 /// Build rayon's global pool: `threads` workers (default: rayon's, all cores or
 /// RAYON_NUM_THREADS). With `this_thread` the calling thread is one of them, so the parallel
 /// loops it starts run on rayon's worker path instead of being handed to the pool while it
-/// sleeps on a lock: a decode step starts a few hundred loops, and the hand-off's wake-ups cost
-/// about a third of a 0.5B model's step on 2 cores (`docs/benchmarks.md`, "generate"). Only a
+/// sleeps on a lock: a decode step starts a few hundred loops, and the hand-off's wake-ups were
+/// a large part of a 0.5B model's step on 2 cores (`docs/benchmarks.md`, "generate"). Only a
 /// thread that lives as long as the process may join (the binary's main thread). A pool already
 /// built is kept (only possible when embedding the library).
 pub fn build_thread_pool(threads: Option<usize>, this_thread: bool) {
