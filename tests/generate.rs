@@ -592,7 +592,7 @@ fn the_edit_during_generate_equals_the_hooked_transformers_generate() {
 }
 
 /// The edit goldens at the library level, the editor built as the command builds it
-/// (`generate::probe`, then `sink::visual::editor`): every step's raw logits within 1e-4 of the
+/// (`edit_probe::probe`, then `sink::visual::editor`): every step's raw logits within 1e-4 of the
 /// step's largest |logit|, the same tokens and the same edited rows.
 #[test]
 fn the_edited_decode_equals_the_golden_logits() {
@@ -619,7 +619,7 @@ fn the_edited_decode_equals_the_golden_logits() {
             median_target: false,
             controls: false,
         };
-        let (vs, sinks, positions) = sinkmerge::commands::generate::probe(
+        let (vs, sinks, positions) = sinkmerge::commands::edit_probe::probe(
             &key_edit,
             0,
             &model,

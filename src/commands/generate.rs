@@ -30,10 +30,11 @@ use crate::generate::sampling::{Sampler, StepStats};
 use crate::generate::sequence::{Logits, Sequence};
 use crate::generate::teacher::{forced_logits, kl_per_position, mean, positions, Forced, Position};
 use crate::report::json_text;
+use crate::sink::visual;
 use crate::sink::visual::edit::{EditKind, Editor};
-use crate::sink::visual::{self, ImageTokens, Measured};
 
 use super::args::KeyEditArgs;
+use super::edit_probe::probe;
 use super::image_prompt::{read_pixel_file, PixelData, Prompter};
 
 /// `sinkmerge generate --help`.
@@ -844,45 +845,6 @@ impl<'j> GenerateJob<'j> {
         }
     }
 }
-
-/// The probe an edit needs on the prompt `ids` (with `pixels`, encoded in `encoded`): its image
-/// blocks and question rows as visual-sinks finds them, and each probed layer's text sink from
-/// one unedited pass. Returns the settings, `(layer, t*)` and each image's token positions.
-#[allow(clippy::too_many_arguments)]
-pub fn probe<B: Backend>(
-    key_edit: &KeyEditArgs,
-    edit_seed: u64,
-    model: &Model,
-    prompter: &Prompter,
-    backend: &B,
-    encoded: Option<&Encoded>,
-    pixels: Option<&PixelData>,
-    ids: &[u32],
-) -> Result<Probe> {
-    let Some(pixels) = pixels else {
-        bail!("--edit edits the keys of the prompt's image tokens: give an image (--image or --pixel-values)");
-    };
-    let counts = prompter.image_tokens(pixels)?;
-    let (positions, question) =
-        super::visual_sinks::image_blocks(prompter, ids, &counts, "the prompt")?;
-    // The ratio defines sinks, which the edit does not use: visual-sinks' default.
-    let vs = key_edit.settings(100.0, edit_seed, model.spec.num_layers())?;
-    let measured = Measured {
-        prompt: prompter.prompt(ids.to_vec(), Some(pixels))?,
-        question,
-        images: (positions.iter())
-            .map(|p| ImageTokens {
-                positions: p.clone(),
-                inside_box: None,
-            })
-            .collect(),
-    };
-    let (sinks, _) = visual::text_sinks(backend, model, &measured, encoded, &vs)?;
-    Ok((vs, sinks, positions))
-}
-
-/// What [`probe`] finds: the settings, `(layer, t*)` and each image's token positions.
-pub type Probe = (visual::Settings, visual::TextSinks, Vec<Vec<usize>>);
 
 /// The `--teacher-force` text report: a row per position.
 fn render_forced(r: &ForcedReport) -> String {

@@ -3,6 +3,7 @@
 pub mod ablate;
 pub mod aliases;
 pub mod args;
+pub mod edit_probe;
 pub mod extract;
 pub mod fetch;
 pub mod generate;

@@ -18,7 +18,7 @@ use crate::forward::device::{BackendJob, ComputeDevice};
 use crate::forward::model::DecoderSpec;
 use crate::forward::precision::Precision;
 use crate::forward::resident::Resident;
-use crate::forward::vlm::{image_rows, Placeholders, IMAGE_MARKER};
+use crate::forward::vlm::IMAGE_MARKER;
 use crate::forward::weights::Model;
 use crate::generate::answer;
 use crate::generate::config::{GenerationConfig, Overrides, Settings as GenerationSettings};
@@ -37,6 +37,7 @@ use crate::sink::visual::{self, ImageReport, ImageTokens, Measured, Measurement,
 use crate::{bad, bail};
 
 use super::args::KeyEditArgs;
+use super::edit_probe::{image_blocks, probe};
 use super::image_prompt::{read_pixel_file, PixelData, Prompter};
 use super::manifest::{self, Entry as Item};
 use crate::input;
@@ -354,48 +355,6 @@ fn prepare(
     ))
 }
 
-/// The image blocks of a prompt's `ids` (one per image, `counts[i]` tokens each) and its
-/// question rows: after the last image block's end token to the end (`o` names the prompt).
-pub(crate) fn image_blocks(
-    prompter: &Prompter,
-    ids: &[u32],
-    counts: &[usize],
-    o: &str,
-) -> Result<(Vec<Vec<usize>>, std::ops::Range<usize>)> {
-    let placeholders = prompter.placeholders.expect("a tower has placeholders");
-    let image_token = prompter.token(placeholders.image_token())?;
-    let end = prompter.token(match placeholders {
-        Placeholders::Qwen => "<|vision_end|>",
-        Placeholders::InternVl => "</img>",
-    })?;
-    let rows: Vec<usize> = image_rows(ids, image_token)
-        .into_iter()
-        .map(|r| r as usize)
-        .collect();
-    let last = *rows
-        .last()
-        .ok_or_else(|| bad!("{o}: the prompt has no image tokens"))?;
-    let block_end = ids[last..]
-        .iter()
-        .position(|&t| t == end)
-        .map(|p| last + p)
-        .ok_or_else(|| bad!("{o}: the last image block has no end token"))?;
-    let question = block_end + 1..ids.len();
-    if question.is_empty() {
-        bail!("{o}: the prompt has no tokens after the image, so there is no question to measure");
-    }
-    let mut blocks = Vec::new();
-    let mut start = 0;
-    for &n in counts {
-        let block = rows
-            .get(start..start + n)
-            .ok_or_else(|| bad!("{o}: the prompt has fewer image tokens than its images"))?;
-        blocks.push(block.to_vec());
-        start += n;
-    }
-    Ok((blocks, question))
-}
-
 /// The job `--device` runs: every prompt in turn, each prepared (its pixels read) just before
 /// its passes.
 struct Job<'a> {
@@ -498,7 +457,7 @@ fn answers<'a, B: Backend>(
     let prompt = prompter.prompt(p.ids.clone(), Some(pixels))?;
     let encoded = capture::encode(backend, model, &prompt)?;
     let encoded = encoded.as_ref();
-    let (vs, sinks, positions) = super::generate::probe(
+    let (vs, sinks, positions) = probe(
         a.key_edit,
         a.seed,
         model,
