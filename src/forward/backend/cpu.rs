@@ -482,6 +482,21 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn attention_cached<R: Send>(
+        &self,
+        q: &Vec<f32>,
+        keys: &Vec<f32>,
+        values: &Vec<f32>,
+        shape: &CachedShape,
+        visit: &Visitor<R>,
+    ) -> Result<Attended<R, Vec<f32>>> {
+        let (heads, context) = attention_cached(q, keys, values, shape, self.precision, visit);
+        Ok(Attended {
+            heads,
+            context: Some(context),
+        })
+    }
+
     fn linear(
         &self,
         x: &Vec<f32>,

@@ -302,12 +302,7 @@ pub trait Backend: Sync {
         new: &Self::Tensor,
         shape: &CachedShape,
         at: usize,
-    ) -> Result<()> {
-        let mut host = self.to_host(cache)?.into_owned();
-        cpu::cache_write(&mut host, &self.to_host(new)?, shape, at);
-        *cache = self.upload(host)?;
-        Ok(())
-    }
+    ) -> Result<()>;
 
     /// Attention of `q` (`[queries, heads · head_dim]`) over the cached `keys` and `values`
     /// ([`Backend::cache_write`]'s layout): the scores, masked softmax and context as
@@ -320,20 +315,7 @@ pub trait Backend: Sync {
         values: &Self::Tensor,
         shape: &CachedShape,
         visit: &Visitor<R>,
-    ) -> Result<Attended<R, Self::Tensor>> {
-        let (heads, context) = cpu::attention_cached(
-            &self.to_host(q)?,
-            &self.to_host(keys)?,
-            &self.to_host(values)?,
-            shape,
-            self.precision(),
-            visit,
-        );
-        Ok(Attended {
-            heads,
-            context: Some(self.upload(context)?),
-        })
-    }
+    ) -> Result<Attended<R, Self::Tensor>>;
 
     /// `gate = act(gate) * up`, elementwise (the gated MLP; each result rounded in bf16).
     fn act_mul(&self, gate: &mut Self::Tensor, up: &Self::Tensor, act: Activation) -> Result<()>;
